@@ -1,0 +1,276 @@
+"""The agent's lifecycle: identity, backend readiness, then connect, register and serve,
+reconnecting with backoff after any failure. The agent never exits because the backend or
+the router is down."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from hivenet_router.agent.engines import adapter_for
+from hivenet_router.agent.monitor import BackendMonitor
+from hivenet_router.agent.proxy import BackendProxy
+from hivenet_router.config.agent import AgentConfig
+from hivenet_router.config.options import ConfigError
+from hivenet_router.config.values import split_multiaddr
+from hivenet_router.domain.agent import Heartbeat, Registration, RoutingSignal
+from hivenet_router.transport import trust
+from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
+from hivenet_router.transport.link import (
+    INFERENCE_PROTOCOL,
+    ROUTER_PROTOCOL,
+    Link,
+    StreamReset,
+)
+from hivenet_router.transport.tls import RouterTlsIdentity
+
+log = logging.getLogger("hivenet.agent")
+
+MAX_BACKOFF = 30.0
+CALL_TIMEOUT = 10.0
+AUTH_PATH = "/hivenet.auth.v1/authenticate"
+LINK_PATH = "/hivenet/link"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    token: str
+    router_peer_id: str
+    link_url: str
+    heartbeat_interval: float
+
+
+class RouterRejected(Exception):
+    """The router refused this agent; the message says why."""
+
+
+class AgentProcess:
+    def __init__(self, config: AgentConfig, secret: bytes, identity: Identity) -> None:
+        self.config = config
+        self.secret = secret
+        self.identity = identity
+        self.tls = RouterTlsIdentity.from_secret(secret)
+
+    @classmethod
+    def build(cls, config: AgentConfig) -> AgentProcess:
+        try:
+            secret = trust.load_secret(config.jwt_secret_file, config.jwt_secret)
+        except trust.TrustError as exc:
+            raise ConfigError(str(exc)) from None
+        try:
+            identity, created = load_or_create(Path(config.identity_path))
+        except (IdentityError, OSError) as exc:
+            raise ConfigError(f"--identity-path: {exc}") from None
+        log.info(
+            "agent peer ID %s (%s %s)",
+            identity.peer_id,
+            "created" if created else "loaded",
+            config.identity_path,
+        )
+        return cls(config, secret, identity)
+
+    async def serve(self, stop: asyncio.Event) -> int:
+        cfg = self.config
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as backend:
+            monitor = BackendMonitor(
+                backend, adapter_for(cfg.engine), cfg.backend_url, cfg.health_url
+            )
+            proxy = BackendProxy(
+                backend, cfg.backend_url, cfg.http_timeout, cfg.stream_write_timeout
+            )
+            main = asyncio.create_task(self._main(monitor, proxy))
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (main, stopper):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await main
+            if main.done() and not main.cancelled() and main.exception() is not None:
+                log.error("agent stopped: %s", main.exception())
+                return 1
+        log.info("agent stopped")
+        return 0
+
+    async def _main(self, monitor: BackendMonitor, proxy: BackendProxy) -> None:
+        cfg = self.config
+        await monitor.wait_ready(1.0, cfg.backend_ready_timeout)
+        model = cfg.model or await monitor.discover_model(2.0)
+        log.info(
+            "serving model %s (%s, capability %s, capacity %d)",
+            model,
+            cfg.engine,
+            cfg.capability,
+            cfg.capacity,
+        )
+        async with asyncio.TaskGroup() as group:
+            group.create_task(monitor.check_health_forever(cfg.backend_check_interval))
+            group.create_task(monitor.sample_engine_forever(cfg.engine_sample_interval))
+            group.create_task(monitor.sample_hardware_forever(cfg.hardware_sample_interval))
+            group.create_task(self._connect_forever(model, monitor, proxy))
+
+    async def _connect_forever(
+        self, model: str, monitor: BackendMonitor, proxy: BackendProxy
+    ) -> None:
+        delay = self.config.reconnect_delay
+        async with aiohttp.ClientSession() as http:
+            while True:
+                try:
+                    session = await self._authenticate(http)
+                    await self._run_link(http, session, model, monitor, proxy)
+                    delay = self.config.reconnect_delay
+                    log.warning("connection to the router ended; reconnecting")
+                except RouterRejected as exc:
+                    log.error("router refused this agent: %s", exc)
+                except (aiohttp.ClientError, TimeoutError, StreamReset, OSError) as exc:
+                    log.warning(
+                        "router unreachable (%s); retrying in %.1fs",
+                        exc or type(exc).__name__,
+                        delay,
+                    )
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, MAX_BACKOFF)
+
+    async def _authenticate(self, http: aiohttp.ClientSession) -> SessionInfo:
+        cfg = self.config
+        url = f"https://{cfg.router_grpc}{AUTH_PATH}"
+        token = trust.agent_token(self.secret, self.identity.peer_id)
+        async with http.post(
+            url,
+            json={"token": token, "capacity": cfg.capacity},
+            ssl=self.tls.client_context(),
+            timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT),
+        ) as resp:
+            body = await resp.json(content_type=None)
+            if resp.status != 200:
+                reason = body.get("error") if isinstance(body, dict) else None
+                raise RouterRejected(str(reason or f"HTTP {resp.status}"))
+        addrs = body.get("addrs") or []
+        if not addrs:
+            raise RouterRejected("the router announced no data-connection address")
+        host, port = split_multiaddr(str(addrs[0]))
+        if host in {"0.0.0.0", "::"}:
+            host = cfg.router_grpc.host
+        host_part = f"[{host}]" if ":" in host else host
+        return SessionInfo(
+            token=str(body["session_token"]),
+            router_peer_id=str(body.get("router_peer_id", "")),
+            link_url=f"wss://{host_part}:{port}{LINK_PATH}",
+            heartbeat_interval=float(body.get("heartbeat_interval_ms", 5000)) / 1000,
+        )
+
+    def _registration(self, model: str, monitor: BackendMonitor) -> bytes:
+        cfg = self.config
+        reg = Registration(
+            peer_id=self.identity.peer_id,
+            model=model,
+            capability=cfg.capability,
+            engine=cfg.engine,
+            capacity=cfg.capacity,
+            version=cfg.version,
+            region=cfg.region,
+            organization=cfg.organization,
+            machine=cfg.machine,
+            tags=list(cfg.tags),
+            gpu_model=cfg.gpu_model,
+            deployment_id=cfg.deployment_id,
+            replica_id=cfg.replica_id,
+            hide_llm=cfg.hide_llm,
+            llm_pretty_name=cfg.llm_pretty_name,
+            llm_info=cfg.llm_info,
+            backend_healthy=monitor.healthy,
+        )
+        return msgspec.json.encode(reg)
+
+    async def _run_link(
+        self,
+        http: aiohttp.ClientSession,
+        session: SessionInfo,
+        model: str,
+        monitor: BackendMonitor,
+        proxy: BackendProxy,
+    ) -> None:
+        ws = await http.ws_connect(
+            session.link_url,
+            ssl=self.tls.client_context(),
+            headers={"Authorization": f"Bearer {session.token}"},
+            heartbeat=5.0,
+            max_msg_size=0,
+            autoping=True,
+            timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
+        )
+        link = Link(ws, dialer=True, handlers={INFERENCE_PROTOCOL: proxy.handle}, name="router")
+        reader = asyncio.create_task(link.run())
+        try:
+            status, reply = await link.call(
+                ROUTER_PROTOCOL, "/register", self._registration(model, monitor), CALL_TIMEOUT
+            )
+            if status != 200:
+                raise RouterRejected(
+                    f"registration refused: {reply[:200].decode(errors='replace')}"
+                )
+            log.info(
+                "registered with router %s as %s",
+                session.router_peer_id or "?",
+                self.identity.peer_id,
+            )
+            async with asyncio.TaskGroup() as group:
+                beats = group.create_task(
+                    self._heartbeats(link, session.heartbeat_interval, monitor, proxy)
+                )
+                signals = group.create_task(self._signals(link, monitor))
+                await link.wait_closed()
+                beats.cancel()
+                signals.cancel()
+        finally:
+            await link.close("agent reconnecting")
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _heartbeats(
+        self, link: Link, interval: float, monitor: BackendMonitor, proxy: BackendProxy
+    ) -> None:
+        while not link.closed:
+            beat = Heartbeat(
+                backend_healthy=monitor.healthy,
+                active_requests=proxy.active,
+                engine=monitor.engine,
+                hardware=monitor.hardware,
+            )
+            try:
+                status, _ = await link.call(
+                    ROUTER_PROTOCOL, "/heartbeat", msgspec.json.encode(beat), CALL_TIMEOUT
+                )
+            except (StreamReset, TimeoutError) as exc:
+                log.warning("heartbeat failed (%s); dropping the connection", exc)
+                await link.close("heartbeat failed")
+                return
+            if status != 200:
+                log.warning("router rejected a heartbeat (HTTP %d); re-registering", status)
+                await link.close("heartbeat rejected")
+                return
+            monitor.changed.clear()
+            # Wake early when backend health flips, so the router learns at once.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await monitor.changed.wait()
+
+    async def _signals(self, link: Link, monitor: BackendMonitor) -> None:
+        interval = self.config.routing_signal_interval
+        while not link.closed:
+            await asyncio.sleep(interval)
+            if monitor.engine is None and monitor.hardware is None:
+                continue
+            signal = RoutingSignal(engine=monitor.engine, hardware=monitor.hardware)
+            with contextlib.suppress(StreamReset, TimeoutError):
+                await link.call(
+                    ROUTER_PROTOCOL, "/routing-signals", msgspec.json.encode(signal), CALL_TIMEOUT
+                )

@@ -1,0 +1,104 @@
+"""Carry one forwarded request to the backend and stream its answer back to the router."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from hivenet_router.domain.classify import classify
+from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.transport.link import Stream, StreamReset
+
+log = logging.getLogger("hivenet.agent")
+
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+MAX_ERROR_BYTES = 64 * 1024
+# Headers that describe one hop, not the request; never forwarded.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+_JSON = [("content-type", "application/json")]
+
+
+class BackendProxy:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        backend_url: str,
+        http_timeout: float,
+        write_timeout: float,
+    ) -> None:
+        self._session = session
+        self._base = backend_url
+        self._timeout = aiohttp.ClientTimeout(total=http_timeout or None)
+        self._write_timeout = write_timeout or None
+        self.active = 0
+
+    async def handle(self, stream: Stream) -> None:
+        head = stream.request_head
+        assert head is not None  # incoming streams always carry their OPEN head
+        self.active += 1
+        try:
+            body = await stream.read_all(MAX_REQUEST_BYTES)
+            headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+            await self._forward(stream, head.method, head.path, headers, body)
+        finally:
+            self.active -= 1
+
+    async def _forward(
+        self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        try:
+            async with self._session.request(
+                method, self._base + path, data=body, headers=headers, timeout=self._timeout
+            ) as resp:
+                if resp.status >= 400:
+                    raw = await resp.content.read(MAX_ERROR_BYTES)
+                    _code, status, envelope = classify(resp.status, raw)
+                    await stream.send_head(status, _JSON)
+                    await stream.write(envelope, end=True)
+                    return
+                out_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _HOP]
+                await stream.send_head(resp.status, out_headers)
+                async for chunk in resp.content.iter_any():
+                    await stream.write(chunk, timeout=self._write_timeout)
+                await stream.end()
+        except StreamReset:
+            raise
+        except aiohttp.ClientConnectorError as exc:
+            await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, f"backend unreachable: {exc}")
+        except TimeoutError:
+            await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "backend request timed out")
+        except aiohttp.ClientError as exc:
+            await self._fail(stream, ErrorCode.BACKEND_ERROR, f"backend failed: {exc!r}")
+
+    @staticmethod
+    async def _fail(stream: Stream, code: ErrorCode, message: str) -> None:
+        log.warning("request to backend failed: %s", message)
+        if stream.error is not None:
+            return
+        try:
+            # Before the head went out the router can still retry elsewhere; after, the
+            # only honest signal is to reset the stream.
+            if stream.head_sent:
+                stream.reset(StreamReset(code.value, message))
+                return
+            await stream.send_head(503 if code is ErrorCode.BACKEND_UNAVAILABLE else 502, _JSON)
+            await stream.write(error_body(code, message, "backend"), end=True)
+        except StreamReset:
+            pass
+        except asyncio.CancelledError:
+            raise

@@ -1,0 +1,1 @@
+"""Process options, each declared once, and the parsers for their values."""

@@ -1,0 +1,215 @@
+"""Every option of `hivenet-agent`, declared once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hivenet_router.config import values as v
+from hivenet_router.config.options import ConfigError, duration_option, option
+
+ENGINES = ("vllm", "sglang", "llamacpp", "llama-cpp", "ollama", "infinity", "custom", "openai")
+CAPABILITIES = ("llm", "embedding", "reranker")
+
+
+def _engine(value: str) -> str:
+    name = value.strip().lower()
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {value!r}; use one of {', '.join(ENGINES)}")
+    return "llamacpp" if name == "llama-cpp" else name
+
+
+def _capability(value: str) -> str:
+    name = value.strip().lower()
+    if name not in CAPABILITIES:
+        raise ValueError(f"unknown capability {value!r}; use one of {', '.join(CAPABILITIES)}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    engine: str = option(
+        "vllm",
+        parse=_engine,
+        flag="--engine",
+        help="Engine adapter: vllm, sglang, llamacpp (or llama-cpp), ollama, infinity, custom",
+    )
+    backend_url: str = option(
+        "http://localhost:8888",
+        parse=v.http_url,
+        flag="--backend-url",
+        help="Base URL of the local inference server",
+    )
+    model: str = option(
+        "",
+        parse=v.text,
+        flag="--model",
+        help="Model ID to register; empty means discover it from the backend's /v1/models",
+    )
+    health_url: str = option(
+        "",
+        parse=v.optional_http_url,
+        flag="--health-url",
+        help="Health endpoint of the backend; required for the custom engine",
+    )
+    capability: str = option(
+        "llm",
+        parse=_capability,
+        flag="--capability",
+        help="llm, embedding or reranker",
+    )
+    capacity: int = option(
+        10,
+        parse=v.positive_int,
+        flag="--capacity",
+        help="Most requests the router may assign to this agent at once",
+    )
+    router_grpc: v.ListenAddress = option(
+        v.host_port("localhost:50051"),
+        parse=v.host_port,
+        flag="--router-grpc",
+        help="Router authentication address; its answer names the data-connection address",
+    )
+    router_p2p: str = option(
+        "/ip4/127.0.0.1/tcp/9000",
+        parse=v.text,
+        flag="--router-p2p",
+        help="Deprecated and ignored; the router announces its address during authentication",
+    )
+    p2p_listen_port: int = option(
+        0,
+        parse=v.port,
+        flag="--p2p-listen-port",
+        help="Accepted for compatibility; the agent only dials out and listens on nothing",
+    )
+    identity_path: str = option(
+        "./agent_identity.key",
+        parse=v.text,
+        flag="--identity-path",
+        help="Persistent Ed25519 identity file; created with mode 0600 if missing",
+    )
+    jwt_secret_file: str = option(
+        "",
+        parse=v.text,
+        flag="--jwt-secret-file",
+        help="File holding the secret shared with the router",
+    )
+    jwt_secret: str = option(
+        "",
+        parse=v.text,
+        env="HIVENET_ROUTER_JWT_SECRET",
+        secret=True,
+        help="The shared secret itself, when no --jwt-secret-file is given",
+    )
+    http_timeout: float = duration_option(
+        120.0,
+        flag="--http-timeout",
+        help="Timeout of one backend request",
+    )
+    stream_write_timeout: float = duration_option(
+        60.0,
+        flag="--stream-write-timeout",
+        positive=False,
+        help="Rolling timeout for the router to accept each streamed chunk; 0 disables it",
+    )
+    engine_sample_interval: float = duration_option(
+        0.5,
+        flag="--engine-sample-interval",
+        help="Period of engine /metrics scrapes",
+    )
+    hardware_sample_interval: float = duration_option(
+        2.0,
+        flag="--hardware-sample-interval",
+        help="Period of CPU and memory sampling",
+    )
+    routing_signal_interval: float = duration_option(
+        0.5,
+        flag="--routing-signal-interval",
+        help="Period of routing-signal pushes (engine and hardware snapshots)",
+    )
+    backend_check_interval: float = duration_option(
+        2.0,
+        flag="--backend-check-interval",
+        help="Period of backend health checks; three failures in a row mark it unhealthy",
+    )
+    reconnect_delay: float = duration_option(
+        5.0,
+        flag="--reconnect-delay",
+        help="First delay before reconnecting to the router; doubles up to 30s with jitter",
+    )
+    backend_ready_timeout: float = duration_option(
+        0.0,
+        flag="--backend-ready-timeout",
+        positive=False,
+        help="Give up if the backend is not ready in time; 0 waits forever",
+    )
+    region: str = option("UE-France", parse=v.text, flag="--region", help="Location label")
+    organization: str = option(
+        "Unknown",
+        parse=v.text,
+        flag="--organization",
+        help="Operator or provider label",
+    )
+    machine: str = option("Unknown", parse=v.text, flag="--machine", help="Machine label")
+    tags: tuple[str, ...] = option(
+        ("production",),
+        parse=v.comma_list,
+        flag="--tags",
+        help="Comma-separated routing tags",
+    )
+    gpu_model: str = option(
+        "",
+        parse=v.text,
+        flag="--gpu-model",
+        env="HIVENET_ROUTER_GPU_MODEL",
+        help="Operator-defined GPU label",
+    )
+    deployment_id: str = option(
+        "",
+        parse=v.text,
+        flag="--deployment-id",
+        env="HIVENET_ROUTER_DEPLOYMENT_ID",
+        help="Deployment identifier",
+    )
+    replica_id: str = option(
+        "",
+        parse=v.text,
+        flag="--replica-id",
+        env="HIVENET_ROUTER_REPLICA_ID",
+        help="Stable replica identifier",
+    )
+    version: str = option("dev", parse=v.text, flag="--version", help="Version label")
+    hide_llm: bool = option(
+        False,
+        parse=v.boolean,
+        flag="--hide-llm",
+        help="Set the model's hide_llm metadata flag",
+    )
+    llm_pretty_name: str = option(
+        "",
+        parse=v.text,
+        flag="--llm-pretty-name",
+        help="Human-readable model name",
+    )
+    llm_info: str = option("", parse=v.text, flag="--llm-info", help="Short model description")
+    log_level: str = option(
+        "info",
+        parse=v.text,
+        flag="--log-level",
+        env="GOLOG_LOG_LEVEL",
+        help="Log level: debug, info, warn or error",
+    )
+    log_format: str = option(
+        "text",
+        parse=v.text,
+        flag="--log-format",
+        env="GOLOG_LOG_FMT",
+        help="Log format: text or json",
+    )
+
+    def validate(self) -> None:
+        if self.engine == "custom" and not (self.model and self.health_url):
+            raise ConfigError("--engine custom needs both --model and --health-url")
+        if self.engine == "ollama" and self.capability == "reranker":
+            raise ConfigError("--engine ollama cannot serve --capability reranker")
+        if self.log_format not in {"text", "json"}:
+            raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")

@@ -1,0 +1,184 @@
+"""Declare an option once; get its flag, environment variable, default, help and docs from it.
+
+A config class is a frozen dataclass whose fields are made with `option(...)`. The loader
+builds the argument parser from the fields, applies the precedence flag > environment >
+default, and parses every value with the field's parser. A bad value stops the process with a
+message that names the flag (and the variable, when it came from there). Unlike the Go router,
+which silently ignores an invalid typed environment value, this refuses to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from hivenet_router.config import values
+
+T = TypeVar("T")
+C = TypeVar("C")
+
+
+@dataclass(frozen=True, slots=True)
+class OptionSpec:
+    flag: str | None
+    env: str | None
+    parse: Callable[[str], Any]
+    help: str
+    default_text: str
+    secret: bool = False
+    show: Callable[[Any], str] | None = None
+
+
+def option(
+    default: T,
+    *,
+    parse: Callable[[str], T],
+    help: str,
+    flag: str | None = None,
+    env: str | None = None,
+    default_text: str | None = None,
+    secret: bool = False,
+    show: Callable[[T], str] | None = None,
+) -> T:
+    """Declare one option. Returns a dataclass field typed as the option's value."""
+    if flag is None and env is None:
+        raise ValueError("an option needs a flag, an environment variable, or both")
+    spec = OptionSpec(
+        flag=flag,
+        env=env,
+        parse=parse,
+        help=help,
+        default_text=default_text
+        if default_text is not None
+        else (show(default) if show else _show(default)),
+        secret=secret,
+        show=show,
+    )
+    field: T = dataclasses.field(default=default, metadata={"option": spec})
+    return field
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+class ConfigError(Exception):
+    """An option value that cannot be used. The message names the option."""
+
+
+def specs(config_type: type[Any]) -> list[tuple[str, OptionSpec]]:
+    return [
+        (field.name, field.metadata["option"])
+        for field in dataclasses.fields(config_type)
+        if "option" in field.metadata
+    ]
+
+
+def build_parser(config_type: type[Any], prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    for name, spec in specs(config_type):
+        if spec.flag is None:
+            continue
+        env_note = f" [env {spec.env}]" if spec.env else ""
+        is_bool = spec.default_text in {"true", "false"}
+        parser.add_argument(
+            spec.flag,
+            dest=name,
+            default=None,
+            metavar="BOOL" if is_bool else "VALUE",
+            nargs="?" if is_bool else None,
+            const="true" if is_bool else None,
+            help=f"{spec.help} (default: {spec.default_text or 'empty'}){env_note}",
+        )
+    return parser
+
+
+def load(
+    config_type: type[C],
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    prog: str,
+    description: str = "",
+) -> C:
+    """Build a config from flags, then environment, then defaults. Raises ConfigError."""
+    parser = build_parser(config_type, prog, description)
+    namespace = parser.parse_args(list(argv))
+    values: dict[str, Any] = {}
+    for name, spec in specs(config_type):
+        raw = getattr(namespace, name, None)
+        origin = spec.flag or ""
+        if raw is None and spec.env is not None and spec.env in environ:
+            raw = environ[spec.env]
+            origin = f"{spec.env} (environment)"
+            if spec.flag:
+                origin = f"{spec.flag} / {spec.env} (environment)"
+        if raw is None:
+            continue
+        try:
+            values[name] = spec.parse(raw)
+        except ValueError as exc:
+            shown = "<redacted>" if spec.secret else repr(raw)
+            raise ConfigError(f"invalid value {shown} for {origin}: {exc}") from None
+    config = config_type(**values)
+    check = getattr(config, "validate", None)
+    if callable(check):
+        check()
+    return config
+
+
+def describe(config: object) -> dict[str, str]:
+    """The resolved configuration, for the startup banner. Secrets are masked."""
+    shown: dict[str, str] = {}
+    for name, spec in specs(type(config)):
+        value = getattr(config, name)
+        label = spec.flag or spec.env or name
+        if spec.secret:
+            shown[label] = "<set>" if value else "<empty>"
+        else:
+            shown[label] = spec.show(value) if spec.show else _show(value)
+    return shown
+
+
+def markdown_table(config_type: type[Any]) -> str:
+    """The reference table for docs/configuration.md, generated from the declarations."""
+    lines = [
+        "| Flag | Environment variable | Default | Description |",
+        "| --- | --- | --- | --- |",
+    ]
+    for _name, spec in specs(config_type):
+        flag = f"`{spec.flag}`" if spec.flag else "-"
+        env = f"`{spec.env}`" if spec.env else "-"
+        default = f"`{spec.default_text}`" if spec.default_text else "empty"
+        lines.append(f"| {flag} | {env} | {default} | {spec.help} |")
+    return "\n".join(lines)
+
+
+def duration_option(
+    default: float,
+    *,
+    help: str,
+    flag: str | None = None,
+    env: str | None = None,
+    positive: bool = True,
+) -> float:
+    """A duration option: accepts `500ms`, `5s`, `1h30m`; holds seconds."""
+    return option(
+        default,
+        parse=values.positive_duration if positive else values.duration,
+        help=help,
+        flag=flag,
+        env=env,
+        show=values.format_duration,
+    )

@@ -1,0 +1,176 @@
+"""Every option of `hivenet-router`, declared once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hivenet_router.config import values as v
+from hivenet_router.config.options import ConfigError, duration_option, option
+
+MIN_SECRET_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    http_port: v.ListenAddress = option(
+        v.listen_address(":8080"),
+        parse=v.listen_address,
+        flag="--http-port",
+        env="HIVENET_ROUTER_HTTP_PORT",
+        help="Listen address of the client API (/health, /v1/*)",
+    )
+    grpc_port: v.ListenAddress = option(
+        v.listen_address(":50051"),
+        parse=v.listen_address,
+        flag="--grpc-port",
+        env="HIVENET_ROUTER_GRPC_PORT",
+        help="Listen address of the agent authentication endpoint (TLS 1.3, pinned key)",
+    )
+    metrics_port: v.ListenAddress = option(
+        v.listen_address(":2112"),
+        parse=v.listen_address,
+        flag="--metrics-port",
+        env="HIVENET_ROUTER_METRICS_PORT",
+        help="Listen address of the Prometheus /metrics endpoint (no authentication)",
+    )
+    p2p_port: int = option(
+        9000,
+        parse=v.port,
+        flag="--p2p-port",
+        env="HIVENET_ROUTER_P2P_PORT",
+        help="TCP port of the agent data connection (TLS WebSocket)",
+    )
+    p2p_listen_addr: str = option(
+        "127.0.0.1",
+        parse=v.text,
+        flag="--p2p-listen-addr",
+        help="IP address the agent data connection binds to; 0.0.0.0 for remote agents",
+    )
+    p2p_announce_addr: str = option(
+        "",
+        parse=v.multiaddr,
+        flag="--p2p-announce-addr",
+        help="Multiaddress agents should dial, when the bind address is not reachable as is",
+    )
+    p2p_max_conns_per_ip: int = option(
+        32,
+        parse=v.positive_int,
+        flag="--p2p-max-conns-per-ip",
+        env="HIVENET_ROUTER_P2P_MAX_CONNS_PER_IP",
+        help="Most agent connections from one IPv4 /32 or IPv6 /56",
+    )
+    queue_size: int = option(
+        100,
+        parse=v.positive_int,
+        flag="--queue-size",
+        env="HIVENET_ROUTER_QUEUE_SIZE",
+        help="Requests that may wait for a forwarding slot before new ones wait to enqueue",
+    )
+    enqueue_timeout: float = duration_option(
+        5.0,
+        flag="--enqueue-timeout",
+        env="HIVENET_ROUTER_ENQUEUE_TIMEOUT",
+        help="How long a request may wait for room in the global queue before 503 queue_full",
+    )
+    queue_depth: int = option(
+        30,
+        parse=v.non_negative_int,
+        flag="--queue-depth",
+        env="HIVENET_ROUTER_QUEUE_DEPTH",
+        help="Requests that may wait per model for an agent slot; 0 disables waiting",
+    )
+    max_concurrent: int = option(
+        50,
+        parse=v.positive_int,
+        flag="--max-concurrent",
+        help="Most requests forwarded to agents at once by this router",
+    )
+    request_timeout: float = duration_option(
+        60.0,
+        flag="--request-timeout",
+        env="HIVENET_ROUTER_REQUEST_TIMEOUT",
+        help="Deadline of the whole router-side operation, streaming included",
+    )
+    max_tries_per_step: int = option(
+        3,
+        parse=v.positive_int,
+        flag="--max-tries-per-step",
+        env="HIVENET_ROUTER_MAX_TRIES_PER_STEP",
+        help="Forward attempts on distinct agents before the request fails",
+    )
+    max_request_bytes: int = option(
+        10_485_760,
+        parse=v.non_negative_int,
+        flag="--max-request-bytes",
+        env="HIVENET_ROUTER_MAX_REQUEST_BYTES",
+        help="Largest request body accepted on /v1/*, in bytes; 0 means 1 GiB",
+    )
+    health_check_interval: float = duration_option(
+        5.0,
+        flag="--health-check-interval",
+        help="Period of the agent health monitor",
+    )
+    heartbeat_interval: float = duration_option(
+        5.0,
+        flag="--heartbeat-interval",
+        help="Heartbeat period the router asks agents to use",
+    )
+    unhealthy_after: float = duration_option(
+        15.0,
+        flag="--unhealthy-after",
+        help="Time without a heartbeat before an agent is unhealthy",
+    )
+    remove_after: float = duration_option(
+        30.0,
+        flag="--remove-after",
+        help="Time without a heartbeat before an agent is removed",
+    )
+    session_ttl: float = duration_option(
+        3600.0,
+        flag="--session-ttl",
+        env="HIVENET_ROUTER_SESSION_TTL",
+        help="Lifetime of an agent session token; must exceed 5m",
+    )
+    jwt_secret_file: str = option(
+        "",
+        parse=v.text,
+        flag="--jwt-secret-file",
+        help="File holding the secret shared with agents (at least 32 bytes)",
+    )
+    jwt_secret: str = option(
+        "",
+        parse=v.text,
+        env="HIVENET_ROUTER_JWT_SECRET",
+        secret=True,
+        help="The shared agent secret itself, when no --jwt-secret-file is given",
+    )
+    log_level: str = option(
+        "info",
+        parse=v.text,
+        flag="--log-level",
+        env="GOLOG_LOG_LEVEL",
+        help="Log level: debug, info, warn or error",
+    )
+    log_format: str = option(
+        "text",
+        parse=v.text,
+        flag="--log-format",
+        env="GOLOG_LOG_FMT",
+        help="Log format: text or json",
+    )
+
+    def validate(self) -> None:
+        if self.session_ttl <= 300:
+            raise ConfigError("--session-ttl must be longer than 5m (agents renew 5m early)")
+        if not self.heartbeat_interval < self.unhealthy_after < self.remove_after:
+            raise ConfigError(
+                "--heartbeat-interval < --unhealthy-after < --remove-after must hold "
+                f"(got {self.heartbeat_interval:g}s, {self.unhealthy_after:g}s, "
+                f"{self.remove_after:g}s)"
+            )
+        if self.log_format not in {"text", "json"}:
+            raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")
+
+    @property
+    def body_limit(self) -> int:
+        return self.max_request_bytes or 1 << 30

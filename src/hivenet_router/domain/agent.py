@@ -1,0 +1,88 @@
+"""What an agent tells the router about itself: registration, heartbeats, routing signals.
+
+These are msgspec structs so that a payload is checked (types, sizes) while it is decoded.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Label = Annotated[str, msgspec.Meta(max_length=256)]
+ShortLabel = Annotated[str, msgspec.Meta(max_length=128)]
+
+
+class EngineSnapshot(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
+    """Scalar engine metrics; a field the engine never reported stays None (absent)."""
+
+    kv_cache_utilization: float | None = None
+    running_requests: float | None = None
+    waiting_requests: float | None = None
+    preemptions_total: float | None = None
+    avg_ttft_seconds: float | None = None
+    p90_ttft_seconds: float | None = None
+    avg_itl_seconds: float | None = None
+    p90_itl_seconds: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    prefix_cache_hit_rate: float | None = None
+
+
+class HardwareSnapshot(msgspec.Struct, omit_defaults=True):
+    cpu_usage_percent: float | None = None
+    memory_used_percent: float | None = None
+    memory_total_bytes: int | None = None
+    memory_available_bytes: int | None = None
+
+
+class Registration(msgspec.Struct, forbid_unknown_fields=True):
+    peer_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    capability: ShortLabel
+    engine: ShortLabel
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
+    version: ShortLabel = "dev"
+    region: Label = ""
+    organization: Label = ""
+    machine: Label = ""
+    tags: Annotated[list[ShortLabel], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
+    gpu_model: Label = ""
+    deployment_id: Label = ""
+    replica_id: Label = ""
+    hide_llm: bool = False
+    llm_pretty_name: Label = ""
+    llm_info: Annotated[str, msgspec.Meta(max_length=2048)] = ""
+    backend_healthy: bool = True
+
+
+class Heartbeat(msgspec.Struct):
+    backend_healthy: bool
+    active_requests: int = 0
+    engine: EngineSnapshot | None = None
+    hardware: HardwareSnapshot | None = None
+
+
+class RoutingSignal(msgspec.Struct):
+    engine: EngineSnapshot | None = None
+    hardware: HardwareSnapshot | None = None
+
+
+class RegisterReply(msgspec.Struct):
+    ok: bool
+    message: str = ""
+
+
+CAPABILITIES = ("llm", "embedding", "reranker")
+
+# Which capability a public route needs from the agent that serves it.
+ROUTE_CAPABILITY: dict[str, str] = {
+    "/v1/chat/completions": "llm",
+    "/v1/completions": "llm",
+    "/v1/messages": "llm",
+    "/v1/messages/count_tokens": "llm",
+    "/v1/embeddings": "embedding",
+    "/v1/rerank": "reranker",
+}

@@ -1,0 +1,86 @@
+"""Turn a backend's error answer into the router's error envelope.
+
+The Go agent classifies only native chat completions and passes the other routes through,
+so an Anthropic-format 400 used to reach clients as a 502 `backend_error`. Here every route
+is classified the same way, and the backend's 4xx status survives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from hivenet_router.domain.errors import STATUS, ErrorCode, code_from_str, error_body
+
+_TYPE_MAP = {
+    "context_length_exceeded": ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+    "invalid_request_error": ErrorCode.INVALID_PARAMETER,
+    "invalid_parameter": ErrorCode.INVALID_PARAMETER,
+}
+_CONTEXT_WORDS = ("length", "window", "token")
+MESSAGE_LIMIT = 512
+
+
+def _message_and_type(raw: bytes) -> tuple[str, str]:
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw[:MESSAGE_LIMIT].decode(errors="replace"), ""
+    if isinstance(body, dict):
+        inner = body.get("error")
+        source = inner if isinstance(inner, dict) else body
+        message = source.get("message") if isinstance(source, dict) else None
+        kind = source.get("type") if isinstance(source, dict) else None
+        if isinstance(inner, str):
+            message = inner
+        return (
+            str(message if message is not None else raw[:MESSAGE_LIMIT].decode(errors="replace")),
+            str(kind or ""),
+        )
+    return raw[:MESSAGE_LIMIT].decode(errors="replace"), ""
+
+
+def message_of(raw: bytes) -> str:
+    return _message_and_type(raw)[0]
+
+
+def structured_code(raw: bytes) -> ErrorCode | None:
+    """The code of a body that already is the router's own envelope, else None."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(body, dict):
+        inner = body.get("error")
+        if isinstance(inner, dict) and isinstance(inner.get("code"), str) and "source" in inner:
+            return code_from_str(inner["code"])
+    return None
+
+
+def classify(status: int, raw: bytes) -> tuple[ErrorCode, int, bytes]:
+    """Map a non-success backend answer to (code, client status, envelope body)."""
+    message, kind = _message_and_type(raw)
+    message = message[:MESSAGE_LIMIT]
+    code = _TYPE_MAP.get(kind)
+    if code is None:
+        lowered = message.lower()
+        if status in (400, 413, 422):
+            code = (
+                ErrorCode.CONTEXT_LENGTH_EXCEEDED
+                if "context" in lowered and any(word in lowered for word in _CONTEXT_WORDS)
+                else ErrorCode.INVALID_PARAMETER
+            )
+        elif status in (429, 503):
+            code = ErrorCode.BACKEND_UNAVAILABLE
+        elif status == 404:
+            code = ErrorCode.MODEL_NOT_FOUND
+        else:
+            code = ErrorCode.BACKEND_ERROR
+    client_status = (
+        400 if code in (ErrorCode.CONTEXT_LENGTH_EXCEEDED, ErrorCode.INVALID_PARAMETER) else 0
+    )
+    if code is ErrorCode.MODEL_NOT_FOUND:
+        client_status = 404
+    final_status = client_status or STATUS[code]
+    return code, final_status, error_body(code, message, "backend", final_status)

@@ -1,0 +1,1 @@
+"""The router: public HTTP edge, agent control plane, dispatch and health."""

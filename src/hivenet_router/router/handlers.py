@@ -1,0 +1,209 @@
+"""One function per public route. Thin: parse, hand to dispatch, relay the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import orjson
+from aiohttp import web
+
+from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
+from hivenet_router.router import bodies
+from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
+from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.registry import Registry
+from hivenet_router.router.usage import StreamMeter, Usage, from_body
+from hivenet_router.transport.link import StreamReset
+
+log = logging.getLogger("hivenet.api")
+
+_JSON = "application/json"
+# Never forwarded: hop-by-hop headers, and the client's router credentials, which agents and
+# backends have no use for (the Go router forwards Authorization; this one does not).
+_DROP = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "authorization",
+        "x-api-key",
+        "cookie",
+    }
+)
+
+_TIMEOUT_MESSAGES = {
+    "queue": "Request expired in queue",
+    "agent": "Request timed out waiting for an available agent",
+    "forward": "Request deadline exceeded while contacting agent",
+    "respond": "Request timeout",
+}
+
+
+def _forward_headers(request: web.Request) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
+    headers.append(("x-request-id", request["request_id"]))
+    return headers
+
+
+class Handlers:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        registry: Registry,
+        metrics: RouterMetrics,
+        request_timeout: float,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.registry = registry
+        self.metrics = metrics
+        self.request_timeout = request_timeout
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
+
+    # -- model discovery ------------------------------------------------------------------------
+
+    def _model_object(self, model: str) -> dict[str, object] | None:
+        agents = self.registry.for_model(model)
+        if not agents:
+            return None
+        first = min(agents, key=lambda a: a.registered_at)
+        return {
+            "id": model,
+            "object": "model",
+            "created": int(first.registered_at),
+            "owned_by": "hivenet-router",
+            "capabilities": sorted({a.reg.capability for a in agents}),
+            "healthy_replicas": sum(1 for a in agents if a.eligible),
+            "hide_llm": any(a.reg.hide_llm for a in agents),
+            "pretty_name": first.reg.llm_pretty_name or None,
+            "info": first.reg.llm_info or None,
+        }
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            obj
+            for model in sorted(self.registry.models())
+            if (obj := self._model_object(model)) is not None
+        ]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=_JSON)
+
+    async def model(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        obj = self._model_object(model)
+        if obj is None:
+            raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
+        return web.Response(body=orjson.dumps(obj), content_type=_JSON)
+
+    # -- inference ------------------------------------------------------------------------------
+
+    async def inference(self, request: web.Request) -> web.StreamResponse:
+        route = request.path
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise ApiError(
+                ErrorCode.REQUEST_TOO_LARGE, exc.text or "request body too large"
+            ) from None
+        facts = bodies.parse(route, body)
+        job = Job(
+            route, facts.model, facts.capability, facts.stream, body, _forward_headers(request)
+        )
+        progress = Progress()
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        try:
+            async with self.dispatcher.exchange(job, progress, deadline) as exchange:
+                if exchange.body is not None:
+                    return self._buffered(exchange, job)
+                return await self._relay(request, exchange, job, deadline)
+        except TimeoutError:
+            raise ApiError(
+                ErrorCode.REQUEST_TIMEOUT, _TIMEOUT_MESSAGES.get(progress.phase, "Request timeout")
+            ) from None
+        except ApiError as exc:
+            self.metrics.failed.labels(job.model, exc.code.value).inc()
+            raise
+
+    def _buffered(self, exchange: Exchange, job: Job) -> web.Response:
+        body = exchange.body or b""
+        exchange.ok = exchange.status < 400
+        if exchange.ok:
+            self._account(exchange, from_body(body))
+        content_type = _header(exchange.headers, "content-type") or _JSON
+        return web.Response(
+            status=exchange.status, body=body, headers={"Content-Type": content_type}
+        )
+
+    async def _relay(
+        self, request: web.Request, exchange: Exchange, job: Job, deadline: float
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=exchange.status)
+        response.headers["Content-Type"] = (
+            _header(exchange.headers, "content-type") or "text/event-stream"
+        )
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Request-ID"] = request["request_id"]
+        await response.prepare(request)
+        meter = StreamMeter()
+        chunk = exchange.first
+        try:
+            async with asyncio.timeout_at(deadline):
+                while chunk is not None:
+                    meter.feed(chunk)
+                    await response.write(chunk)
+                    chunk = await exchange.stream.read()
+            exchange.ok = True
+        except StreamReset as exc:
+            log.warning("stream from agent %s broke: %s", exchange.agent.peer_id, exc)
+            code = (
+                ErrorCode.BACKEND_ERROR
+                if exc.code != "connection_lost"
+                else ErrorCode.AGENT_DISCONNECTED
+            )
+            await self._stream_error(response, job, code, f"stream interrupted: {exc.message}")
+        except TimeoutError:
+            await self._stream_error(
+                response,
+                job,
+                ErrorCode.REQUEST_TIMEOUT,
+                "request deadline expired during the stream",
+            )
+        self._account(exchange, meter.result())
+        await response.write_eof()
+        return response
+
+    async def _stream_error(
+        self, response: web.StreamResponse, job: Job, code: ErrorCode, message: str
+    ) -> None:
+        self.metrics.failed.labels(job.model, code.value).inc()
+        if job.route.startswith("/v1/messages"):
+            event = orjson.dumps(
+                {"type": "error", "error": {"type": "api_error", "message": message}}
+            )
+            data = b"event: error\ndata: " + event + b"\n\n"
+        else:
+            data = b"data: " + error_body(code, message) + b"\n\n"
+        with contextlib.suppress(ConnectionError):
+            await response.write(data)
+
+    def _account(self, exchange: Exchange, usage: Usage | None) -> None:
+        if usage is None:
+            return
+        reg = exchange.agent.reg
+        self.metrics.input_tokens.labels(reg.peer_id, reg.model).inc(usage.input_tokens)
+        self.metrics.output_tokens.labels(reg.peer_id, reg.model).inc(usage.output_tokens)
+
+
+def _header(headers: list[tuple[str, str]], name: str) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None

@@ -1,0 +1,68 @@
+"""The health monitor: heartbeats decide liveness; silence marks an agent unhealthy, then
+removes it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from hivenet_router.clock import Clock
+from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.registry import AgentRecord, Registry
+
+log = logging.getLogger("hivenet.router")
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        registry: Registry,
+        metrics: RouterMetrics,
+        clock: Clock,
+        *,
+        unhealthy_after: float,
+        remove_after: float,
+        on_remove: Callable[[AgentRecord], None],
+    ) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.clock = clock
+        self.unhealthy_after = unhealthy_after
+        self.remove_after = remove_after
+        self.on_remove = on_remove
+
+    def sweep(self) -> None:
+        """One pass: mark silent agents unhealthy, remove long-silent ones."""
+        now = self.clock.monotonic()
+        for record in self.registry.all():
+            silent = now - record.last_heartbeat
+            if silent > self.remove_after:
+                # Recheck against the live record: it may have re-registered meanwhile.
+                current = self.registry.get(record.peer_id)
+                if current is not record or now - current.last_heartbeat <= self.remove_after:
+                    continue
+                log.warning(
+                    "removing agent %s (%s): no heartbeat for %.1fs",
+                    record.peer_id,
+                    record.model,
+                    silent,
+                )
+                self.registry.remove(record.peer_id)
+                self.metrics.disconnections.labels(record.peer_id).inc()
+                self.on_remove(record)
+            elif silent > self.unhealthy_after and record.process_healthy:
+                log.warning(
+                    "agent %s (%s) unhealthy: no heartbeat for %.1fs",
+                    record.peer_id,
+                    record.model,
+                    silent,
+                )
+                record.process_healthy = False
+                self.metrics.agent_failure.labels(record.peer_id).inc()
+                self.metrics.agent_healthy.labels(record.peer_id, record.model).set(0)
+
+    async def run(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep()

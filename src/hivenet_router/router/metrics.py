@@ -1,0 +1,132 @@
+"""The router's Prometheus metrics, in the Go router's names, on a registry of their own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_AGENT_INFO = ("peer_id", "region", "engine", "model", "capacity", "organization", "machine")
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.agent_info = Gauge(
+            "hivenet_routing_agent_info", "1 while an agent is registered", _AGENT_INFO, registry=r
+        )
+        self.agent_healthy = Gauge(
+            "hivenet_routing_agent_healthy",
+            "1 healthy, 0 unhealthy",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.agent_last_seen = Gauge(
+            "hivenet_routing_agent_last_seen_timestamp",
+            "Unix time of the last heartbeat",
+            ("peer_id",),
+            registry=r,
+        )
+        self.routed = Counter(
+            "hivenet_routing_requests_routed_total",
+            "Requests answered by an agent",
+            ("model",),
+            registry=r,
+        )
+        self.failed = Counter(
+            "hivenet_routing_requests_failed_total",
+            "Requests that ended in a router error",
+            ("model", "code"),
+            registry=r,
+        )
+        self.agent_success = Counter(
+            "hivenet_agent_requests_success_total",
+            "Successful requests per agent",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.agent_failed = Counter(
+            "hivenet_agent_requests_failed_total",
+            "Failed attempts per agent",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "hivenet_agent_input_tokens_total",
+            "Prompt tokens reported by backends",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "hivenet_agent_output_tokens_total",
+            "Completion tokens reported by backends",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.capacity_utilization = Gauge(
+            "hivenet_agent_capacity_utilization",
+            "Active requests over declared capacity",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.disconnections = Counter(
+            "hivenet_agent_disconnections_total",
+            "Agent connections lost or removed",
+            ("peer_id",),
+            registry=r,
+        )
+        self.agent_failure = Counter(
+            "hivenet_agent_failure_total",
+            "Agents marked unhealthy after missed heartbeats",
+            ("peer_id",),
+            registry=r,
+        )
+        self.backend_failure = Counter(
+            "hivenet_model_backend_failure_total",
+            "Agents that reported their backend unhealthy",
+            ("model",),
+            registry=r,
+        )
+        self.connection_resets = Counter(
+            "hivenet_agent_connection_resets_total",
+            "Forwards retried because a connection was stale",
+            ("peer_id",),
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "hivenet_queue_depth", "Requests waiting for agent capacity", ("model",), registry=r
+        )
+        self.queue_wait = Histogram(
+            "hivenet_queue_wait_seconds",
+            "Time spent waiting for agent capacity",
+            ("model",),
+            registry=r,
+        )
+        self.global_queue = Gauge(
+            "hivenet_router_pending_requests", "Requests waiting for a forwarding slot", registry=r
+        )
+        self.forwards = Gauge(
+            "hivenet_router_active_forwards", "Requests being forwarded to agents", registry=r
+        )
+        self.request_duration = Histogram(
+            "hivenet_request_duration_seconds",
+            "Duration of public API requests",
+            ("endpoint", "status"),
+            registry=r,
+        )
+        self.engine = {
+            field: Gauge(
+                f"hivenet_agent_engine_{field}",
+                f"Engine-reported {field}",
+                ("peer_id", "model"),
+                registry=r,
+            )
+            for field in (
+                "kv_cache_utilization",
+                "running_requests",
+                "waiting_requests",
+                "preemptions_total",
+                "avg_ttft_seconds",
+                "p90_ttft_seconds",
+                "avg_itl_seconds",
+                "p90_itl_seconds",
+            )
+        }

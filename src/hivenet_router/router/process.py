@@ -1,0 +1,157 @@
+"""Build the router's object graph once and run its listeners until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hivenet_router.clock import Clock, SystemClock
+from hivenet_router.config.options import ConfigError, describe
+from hivenet_router.config.router import RouterConfig
+from hivenet_router.router.app import build_app
+from hivenet_router.router.control import ControlPlane, Sessions
+from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
+from hivenet_router.router.handlers import Handlers
+from hivenet_router.router.health import HealthMonitor
+from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.registry import AgentRecord, Registry
+from hivenet_router.runtime import start_site
+from hivenet_router.transport import trust
+from hivenet_router.transport.identity import peer_id_of
+from hivenet_router.transport.tls import RouterTlsIdentity, derive_key
+
+log = logging.getLogger("hivenet.router")
+
+
+class RouterProcess:
+    def __init__(self, config: RouterConfig, secret: bytes, clock: Clock) -> None:
+        self.config = config
+        self.secret = secret
+        self.clock = clock
+        self.tls = RouterTlsIdentity.from_secret(secret)
+        self.peer_id = peer_id_of(derive_key(secret).public_key())
+
+    @classmethod
+    def build(cls, config: RouterConfig) -> RouterProcess:
+        try:
+            secret = trust.load_secret(config.jwt_secret_file, config.jwt_secret)
+        except trust.TrustError as exc:
+            raise ConfigError(str(exc)) from None
+        return cls(config, secret, SystemClock())
+
+    def _announce(self) -> str:
+        cfg = self.config
+        if cfg.p2p_announce_addr:
+            return cfg.p2p_announce_addr
+        host = cfg.p2p_listen_addr
+        proto = "ip6" if ":" in host else "ip4"
+        return f"/{proto}/{host}/tcp/{cfg.p2p_port}/tls/ws"
+
+    async def serve(self, stop: asyncio.Event) -> int:
+        cfg = self.config
+        metrics = RouterMetrics()
+        registry = Registry(metrics)
+        dispatcher = Dispatcher(
+            registry,
+            metrics,
+            self.clock,
+            DispatchLimits(
+                queue_size=cfg.queue_size,
+                max_concurrent=cfg.max_concurrent,
+                enqueue_timeout=cfg.enqueue_timeout,
+                queue_depth=cfg.queue_depth,
+                max_tries=cfg.max_tries_per_step,
+            ),
+        )
+        handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout)
+        sessions = Sessions(self.clock, cfg.session_ttl)
+        control = ControlPlane(
+            registry=registry,
+            metrics=metrics,
+            clock=self.clock,
+            secret=self.secret,
+            sessions=sessions,
+            router_peer_id=self.peer_id,
+            announce=self._announce(),
+            heartbeat_interval=cfg.heartbeat_interval,
+            max_conns_per_ip=cfg.p2p_max_conns_per_ip,
+        )
+
+        def removed(record: AgentRecord) -> None:
+            sessions.revoke_peer(record.peer_id)
+            if record.link is not None:
+                asyncio.get_running_loop().create_task(record.link.close("agent removed"))
+
+        monitor = HealthMonitor(
+            registry,
+            metrics,
+            self.clock,
+            unhealthy_after=cfg.unhealthy_after,
+            remove_after=cfg.remove_after,
+            on_remove=removed,
+        )
+
+        async def metrics_page(request: web.Request) -> web.Response:
+            return web.Response(
+                body=generate_latest(metrics.registry),
+                headers={"Content-Type": CONTENT_TYPE_LATEST},
+            )
+
+        metrics_app = web.Application()
+        metrics_app.router.add_get("/metrics", metrics_page)
+
+        server_tls = self.tls.server_context()
+        runners: list[web.AppRunner] = []
+        try:
+            runners.append(
+                await start_site(
+                    build_app(handlers, metrics, cfg.body_limit),
+                    cfg.http_port.host,
+                    cfg.http_port.port,
+                )
+            )
+            runners.append(
+                await start_site(
+                    control.auth_app(),
+                    cfg.grpc_port.host,
+                    cfg.grpc_port.port,
+                    ssl_context=server_tls,
+                )
+            )
+            runners.append(
+                await start_site(
+                    control.link_app(), cfg.p2p_listen_addr, cfg.p2p_port, ssl_context=server_tls
+                )
+            )
+            runners.append(
+                await start_site(metrics_app, cfg.metrics_port.host, cfg.metrics_port.port)
+            )
+        except OSError as exc:
+            log.error("cannot listen: %s", exc)
+            for runner in runners:
+                await runner.cleanup()
+            return 1
+        log.info(
+            "router %s ready: http %s, agent auth %s, agent link %s, metrics %s",
+            self.peer_id,
+            cfg.http_port,
+            cfg.grpc_port,
+            self._announce(),
+            cfg.metrics_port,
+        )
+        log.debug("configuration: %s", describe(cfg))
+        health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
+        await stop.wait()
+        log.info("shutting down")
+        health_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await health_task
+        for link in list(control.links):
+            await link.close("router shutting down")
+        for runner in runners:
+            await runner.cleanup()
+        return 0

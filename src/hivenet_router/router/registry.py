@@ -1,0 +1,161 @@
+"""Live agents, indexed by peer ID and by model, and their capacity slots."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
+from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.transport.link import Link
+
+log = logging.getLogger("hivenet.router")
+
+_order = itertools.count()
+
+
+@dataclass(eq=False)
+class AgentRecord:
+    reg: Registration
+    link: Link | None
+    session_digest: bytes
+    last_heartbeat: float
+    registered_at: float
+    active: int = 0
+    process_healthy: bool = True
+    backend_healthy: bool = True
+    engine: EngineSnapshot | None = None
+    hardware: HardwareSnapshot | None = None
+    last_assigned: int = field(default_factory=lambda: next(_order))
+    disconnected_at: float | None = None
+
+    @property
+    def peer_id(self) -> str:
+        return self.reg.peer_id
+
+    @property
+    def model(self) -> str:
+        return self.reg.model
+
+    @property
+    def capacity(self) -> int:
+        return self.reg.capacity
+
+    @property
+    def connected(self) -> bool:
+        return self.link is not None and not self.link.closed
+
+    @property
+    def eligible(self) -> bool:
+        return self.connected and self.process_healthy and self.backend_healthy
+
+    @property
+    def load(self) -> float:
+        return self.active / self.capacity
+
+    def try_acquire(self) -> bool:
+        """Take one capacity slot if one is free. Synchronous, so check and take are atomic."""
+        if self.active >= self.capacity:
+            return False
+        self.active += 1
+        self.last_assigned = next(_order)
+        return True
+
+    def release(self) -> None:
+        if self.active <= 0:
+            raise RuntimeError(f"slot released twice on agent {self.peer_id}")
+        self.active -= 1
+
+
+class Registry:
+    """Agents known to this router. `on_slot` and `on_join` wake requests waiting by model."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._by_peer: dict[str, AgentRecord] = {}
+        self._by_model: dict[str, dict[str, AgentRecord]] = {}
+        self._metrics = metrics
+        self.on_join: Callable[[str], None] = lambda model: None
+        self.on_slot: Callable[[str], None] = lambda model: None
+
+    def get(self, peer_id: str) -> AgentRecord | None:
+        return self._by_peer.get(peer_id)
+
+    def all(self) -> list[AgentRecord]:
+        return list(self._by_peer.values())
+
+    def for_model(self, model: str) -> list[AgentRecord]:
+        agents = self._by_model.get(model)
+        return list(agents.values()) if agents else []
+
+    def models(self) -> dict[str, list[AgentRecord]]:
+        return {model: list(agents.values()) for model, agents in self._by_model.items() if agents}
+
+    def upsert(self, record: AgentRecord) -> AgentRecord | None:
+        """Add or replace the agent with this peer ID; returns the record it replaced."""
+        old = self._by_peer.get(record.peer_id)
+        if old is not None:
+            # The in-flight slots of the old connection still get released on the old record;
+            # carry the count so the new record does not over-admit meanwhile.
+            record.active = old.active
+            self._drop(old)
+        self._by_peer[record.peer_id] = record
+        self._by_model.setdefault(record.model, {})[record.peer_id] = record
+        reg = record.reg
+        self._metrics.agent_info.labels(
+            reg.peer_id,
+            reg.region,
+            reg.engine,
+            reg.model,
+            str(reg.capacity),
+            reg.organization,
+            reg.machine,
+        ).set(1)
+        self._metrics.agent_healthy.labels(reg.peer_id, reg.model).set(1)
+        self.on_join(record.model)
+        return old
+
+    def remove(self, peer_id: str) -> AgentRecord | None:
+        record = self._by_peer.pop(peer_id, None)
+        if record is not None:
+            self._drop(record)
+        return record
+
+    def _drop(self, record: AgentRecord) -> None:
+        agents = self._by_model.get(record.model)
+        if agents is not None:
+            agents.pop(record.peer_id, None)
+            if not agents:
+                del self._by_model[record.model]
+        reg = record.reg
+        for metric, labels in (
+            (
+                self._metrics.agent_info,
+                (
+                    reg.peer_id,
+                    reg.region,
+                    reg.engine,
+                    reg.model,
+                    str(reg.capacity),
+                    reg.organization,
+                    reg.machine,
+                ),
+            ),
+            (self._metrics.agent_healthy, (reg.peer_id, reg.model)),
+            (self._metrics.capacity_utilization, (reg.peer_id, reg.model)),
+            (self._metrics.agent_last_seen, (reg.peer_id,)),
+        ):
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
+        for gauge in self._metrics.engine.values():
+            with contextlib.suppress(KeyError):
+                gauge.remove(reg.peer_id, reg.model)
+
+    def release(self, record: AgentRecord) -> None:
+        record.release()
+        current = self._by_peer.get(record.peer_id)
+        if current is not None and current is not record and current.active > 0:
+            current.active -= 1
+        self.on_slot(record.model)

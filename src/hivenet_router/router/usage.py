@@ -1,0 +1,96 @@
+"""Token usage read from answers, for accounting. Reads as little as it can.
+
+A buffered answer is parsed only when it mentions usage. A stream keeps references to its
+first chunk and last few chunks (no copies) and parses them once, at the end: OpenAI streams
+put usage in the last data event when `stream_options.include_usage` is set; Anthropic
+streams put input tokens in `message_start` and output tokens in `message_delta`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+TAIL_CHUNKS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _from_usage(usage: Any) -> tuple[int, int] | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    if prompt is None and completion is None:
+        return None
+    return _int(prompt), _int(completion)
+
+
+def from_body(body: bytes) -> Usage | None:
+    if b'"usage"' not in body:
+        return None
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    found = _from_usage(value.get("usage"))
+    return Usage(*found) if found else None
+
+
+class StreamMeter:
+    def __init__(self) -> None:
+        self._first: bytes | None = None
+        self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._first is None:
+            self._first = chunk
+        else:
+            self._tail.append(chunk)
+
+    def result(self) -> Usage | None:
+        if self._first is None:
+            return None
+        text = self._first + b"".join(self._tail)
+        if b'"usage"' not in text:
+            return None
+        prompt = completion = 0
+        seen = False
+        for line in text.split(b"\n"):
+            if not line.startswith(b"data:") or b'"usage"' not in line:
+                continue
+            try:
+                event = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                continue  # a line cut by the tail window
+            if not isinstance(event, dict):
+                continue
+            message = event.get("message")
+            usage = event.get("usage")
+            if usage is None and isinstance(message, dict):
+                usage = message.get("usage")
+            found = _from_usage(usage)
+            if found is None:
+                continue
+            seen = True
+            if event.get("type") == "message_start":
+                prompt = found[0]
+            elif event.get("type") == "message_delta":
+                completion = found[1]
+                prompt = prompt or found[0]
+            else:
+                prompt, completion = found
+        return Usage(prompt, completion) if seen else None

@@ -1,0 +1,1 @@
+"""The engine simulator: an OpenAI- and Anthropic-compatible server that behaves like vLLM."""

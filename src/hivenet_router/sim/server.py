@@ -1,0 +1,328 @@
+"""The simulator's HTTP server: OpenAI and Anthropic routes, /metrics, /health, fault admin."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import random
+import struct
+import time
+import zlib
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from hivenet_router.config.sim import SimConfig
+from hivenet_router.sim.engine import Engine, Timing, count_tokens
+from hivenet_router.sim.faults import FaultDice, Faults
+from hivenet_router.sim.formats import ChatFormat, CompletionFormat, Format, MessagesFormat
+from hivenet_router.sim.metrics import render_metrics
+from hivenet_router.sim.text import Corpus, chat_prompt, completion_prompt
+
+log = logging.getLogger("hivenet.sim")
+
+_JSON = "application/json"
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON)
+
+
+def _anthropic_error(status: int, message: str, kind: str) -> web.Response:
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON)
+
+
+class Simulator:
+    """One simulated engine and the handlers that expose it."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.engine = Engine(
+            max_num_seqs=config.max_num_seqs,
+            kv_cache_tokens=config.kv_cache_tokens,
+            block_size=config.block_size,
+            timing=Timing(
+                config.ttft_base, config.prefill_per_token, config.itl, config.batch_slowdown
+            ),
+            zero_latency=config.zero_latency,
+        )
+        self.faults = Faults(
+            error_rate=config.fault_error_rate,
+            latency=config.fault_latency,
+            hang_rate=config.fault_hang_rate,
+            stall_rate=config.fault_stall_rate,
+            repeat_rate=config.fault_repeat_rate,
+            crash_after=config.fault_crash_after,
+        )
+        self.dice = FaultDice(self.faults, config.seed)
+        self.corpus = Corpus(config.seed)
+        self.requests = 0
+        self.created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/rerank", self.rerank)
+        app.router.add_get("/admin/faults", self.get_faults)
+        app.router.add_post("/admin/faults", self.set_faults)
+        app.router.add_post("/admin/crash", self.crash)
+        return app
+
+    # -- plain routes ------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(body=b"{}", content_type=_JSON)
+
+    async def models(self, request: web.Request) -> web.Response:
+        model = {
+            "id": self.config.model,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "hivenet-sim",
+            "root": self.config.model,
+            "max_model_len": self.config.max_model_len,
+        }
+        return web.Response(
+            body=orjson.dumps({"object": "list", "data": [model]}), content_type=_JSON
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = render_metrics(self.engine, self.config.model)
+        return web.Response(text=text, content_type="text/plain")
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.faults.as_dict()), content_type=_JSON)
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            changes = orjson.loads(await request.read())
+            if not isinstance(changes, dict):
+                raise ValueError("body must be a JSON object")
+            self.faults.update(changes)
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            return _error(400, str(exc), "BadRequestError")
+        log.info("faults now %s", self.faults.as_dict())
+        return web.Response(body=orjson.dumps(self.faults.as_dict()), content_type=_JSON)
+
+    async def crash(self, request: web.Request) -> web.Response:
+        log.warning("crash requested through /admin/crash")
+        os._exit(3)
+
+    # -- request intake ----------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        self.requests += 1
+        crash_after = self.faults.crash_after
+        if crash_after and self.requests >= crash_after:
+            log.warning("crashing after %d requests (fault injection)", self.requests)
+            os._exit(3)
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"invalid JSON: {exc}", "BadRequestError")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object", "BadRequestError")
+        model = body.get("model")
+        if model != self.config.model:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if self.faults.latency:
+            await asyncio.sleep(self.faults.latency)
+        return body
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            return _error(400, "messages must be a non-empty list", "BadRequestError")
+        fmt = ChatFormat(self.config.model, int(time.time()))
+        return await self._generate(request, body, chat_prompt(body), fmt, anthropic=False)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        if "prompt" not in body:
+            return _error(400, "prompt is required", "BadRequestError")
+        fmt = CompletionFormat(self.config.model, int(time.time()))
+        return await self._generate(request, body, completion_prompt(body), fmt, anthropic=False)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return _anthropic_error(body.status, body.text or "", "invalid_request_error")
+        if not isinstance(body.get("max_tokens"), int):
+            return _anthropic_error(400, "max_tokens: Field required", "invalid_request_error")
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            return _anthropic_error(400, "messages: Field required", "invalid_request_error")
+        fmt = MessagesFormat(self.config.model, 0)
+        return await self._generate(request, body, chat_prompt(body), fmt, anthropic=True)
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        tokens = count_tokens(chat_prompt(body))
+        return web.Response(body=orjson.dumps({"input_tokens": tokens}), content_type=_JSON)
+
+    # -- generation --------------------------------------------------------------------------
+
+    async def _generate(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        prompt: bytes,
+        fmt: Format,
+        *,
+        anthropic: bool,
+    ) -> web.StreamResponse:
+        draw = self.dice.draw()
+        if draw.hang:
+            await asyncio.Event().wait()
+        if draw.error:
+            return _error(500, "simulated engine failure", "InternalServerError")
+        requested = body.get("max_completion_tokens", body.get("max_tokens"))
+        if requested is not None and (
+            isinstance(requested, bool) or not isinstance(requested, int) or requested < 1
+        ):
+            return _error(400, "max_tokens must be a positive integer", "BadRequestError")
+        max_new = requested if requested is not None else self.config.output_tokens
+        prompt_tokens = count_tokens(prompt)
+        if prompt_tokens + max_new > self.config.max_model_len:
+            message = (
+                f"This model's maximum context length is {self.config.max_model_len} tokens. "
+                f"However, you requested {prompt_tokens + max_new} tokens "
+                f"({prompt_tokens} in the messages, {max_new} in the completion)."
+            )
+            if anthropic:
+                return _anthropic_error(400, message, "invalid_request_error")
+            return _error(400, message, "BadRequestError")
+        finish = "length" if requested is not None else "stop"
+        stream = body.get("stream") is True
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        arrived = time.monotonic()
+        engine = self.engine
+        seq = await engine.admit(prompt, max_new)
+        generated = 0
+        outcome = "abort"
+        try:
+            delay = engine.prefill_delay(seq)
+            if delay:
+                await asyncio.sleep(delay)
+            engine.stats.ttft.observe(time.monotonic() - arrived)
+            tokens = self.corpus.answer(prompt, max_new, draw.repeat)
+            if not stream:
+                per_token = engine.token_delay()
+                if per_token:
+                    await asyncio.sleep(per_token * len(tokens))
+                    engine.stats.itl.observe(per_token)
+                generated = len(tokens)
+                outcome = finish
+                return web.Response(
+                    body=fmt.whole("".join(tokens), finish, prompt_tokens, generated),
+                    content_type=_JSON,
+                )
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            head = fmt.stream_start(prompt_tokens)
+            stall_at = len(tokens) // 2 if draw.stall else -1
+            for index, token in enumerate(tokens):
+                if index == stall_at:
+                    await asyncio.Event().wait()
+                per_token = engine.token_delay()
+                if per_token and index:
+                    await asyncio.sleep(per_token)
+                    engine.stats.itl.observe(per_token)
+                chunk = fmt.stream_token(token)
+                if head:
+                    chunk, head = head + chunk, b""
+                await response.write(chunk)
+                generated += 1
+            await response.write(fmt.stream_end(finish, prompt_tokens, generated, include_usage))
+            await response.write_eof()
+            outcome = finish
+            return response
+        finally:
+            engine.release(seq, outcome, generated)
+
+    # -- embeddings and rerank ---------------------------------------------------------------
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        raw = body.get("input")
+        items: list[Any] = raw if isinstance(raw, list) else [raw]
+        if raw is None or not items:
+            return _error(400, "input is required", "BadRequestError")
+        as_base64 = body.get("encoding_format") == "base64"
+        dim = self.config.embedding_dim
+        data = []
+        total = 0
+        for index, item in enumerate(items):
+            text = item.encode() if isinstance(item, str) else orjson.dumps(item)
+            total += count_tokens(text)
+            rng = random.Random(zlib.crc32(text, self.config.seed & 0xFFFFFFFF))
+            vector = [rng.uniform(-1.0, 1.0) for _ in range(dim)]
+            norm = sum(x * x for x in vector) ** 0.5 or 1.0
+            vector = [x / norm for x in vector]
+            embedding: Any = (
+                base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode() if as_base64 else vector
+            )
+            data.append({"object": "embedding", "index": index, "embedding": embedding})
+        out = {
+            "object": "list",
+            "data": data,
+            "model": self.config.model,
+            "usage": {"prompt_tokens": total, "total_tokens": total},
+        }
+        return web.Response(body=orjson.dumps(out), content_type=_JSON)
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        query = body.get("query")
+        documents = body.get("documents")
+        if not isinstance(query, str) or not isinstance(documents, list):
+            return _error(
+                400, "query (string) and documents (list) are required", "BadRequestError"
+            )
+        query_words = set(query.lower().split())
+        results = []
+        total = count_tokens(query.encode())
+        for index, doc in enumerate(documents):
+            text = doc.get("text", "") if isinstance(doc, dict) else str(doc)
+            words = set(str(text).lower().split())
+            total += count_tokens(str(text).encode())
+            overlap = len(query_words & words) / (len(query_words) or 1)
+            results.append(
+                {"index": index, "document": {"text": text}, "relevance_score": round(overlap, 6)}
+            )
+        results.sort(key=lambda item: -float(item["relevance_score"]))  # type: ignore[arg-type]
+        top_n = body.get("top_n")
+        if isinstance(top_n, int) and top_n > 0:
+            results = results[:top_n]
+        out = {
+            "id": "rerank-" + os.urandom(8).hex(),
+            "model": self.config.model,
+            "usage": {"total_tokens": total},
+            "results": results,
+        }
+        return web.Response(body=orjson.dumps(out), content_type=_JSON)

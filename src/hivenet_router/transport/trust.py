@@ -1,0 +1,112 @@
+"""The shared secret and the agent's proof that it knows it.
+
+This is the interim bootstrap: the agent presents a one-hour HMAC-SHA256 JWT over TLS 1.3 to
+the router's pinned key, and receives a session token and the data-connection address. The
+full bootstrap (gRPC, challenge-signed registration, renewal) replaces the exchange but keeps
+these pieces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+
+MIN_SECRET_BYTES = 32
+ISSUER = "hivenet-agent"
+AUDIENCE = "hivenet-router"
+TOKEN_LIFETIME = 3600
+CLOCK_SKEW = 30
+
+
+class TrustError(Exception):
+    """A secret or a token that cannot be used. Messages never contain the secret."""
+
+
+def load_secret(path: str, raw: str) -> bytes:
+    """The shared secret from a file (preferred) or a raw value, trimmed, at least 32 bytes."""
+    if path:
+        try:
+            data = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise TrustError(f"cannot read --jwt-secret-file {path}: {exc.strerror}") from None
+        origin = f"--jwt-secret-file {path}"
+    elif raw:
+        data = raw.strip().encode()
+        origin = "HIVENET_ROUTER_JWT_SECRET"
+    else:
+        raise TrustError("no shared secret: set --jwt-secret-file or HIVENET_ROUTER_JWT_SECRET")
+    if len(data) < MIN_SECRET_BYTES:
+        raise TrustError(f"the secret from {origin} is {len(data)} bytes; at least 32 are needed")
+    return data
+
+
+def write_secret(path: Path) -> None:
+    """Create a new random secret file readable only by its owner."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(48) + "\n")
+
+
+def agent_token(secret: bytes, peer_id: str, now: float | None = None) -> str:
+    issued = int(time.time() if now is None else now)
+    claims = {
+        "sub": peer_id,
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "iat": issued,
+        "exp": issued + TOKEN_LIFETIME,
+    }
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def verify_agent_token(secret: bytes, token: str, now: float | None = None) -> str:
+    """Check signature, issuer, audience and times; return the peer ID (the subject)."""
+    try:
+        claims = jwt.decode(
+            token,
+            secret,
+            algorithms=["HS256"],
+            audience=AUDIENCE,
+            issuer=ISSUER,
+            leeway=CLOCK_SKEW,
+            options={"require": ["sub", "iss", "aud", "iat", "exp"]},
+        )
+    except jwt.PyJWTError as exc:
+        raise TrustError(f"agent token rejected: {type(exc).__name__}") from None
+    issued = claims["iat"]
+    current = time.time() if now is None else now
+    if not isinstance(issued, int | float) or issued > current + CLOCK_SKEW:
+        raise TrustError("agent token rejected: issued in the future")
+    subject = claims["sub"]
+    if not isinstance(subject, str) or not subject:
+        raise TrustError("agent token rejected: no subject")
+    return subject
+
+
+@dataclass(frozen=True, slots=True)
+class SessionGrant:
+    token: str
+    digest: bytes
+    peer_id: str
+    expires_at: float
+
+
+def new_session(peer_id: str, ttl: float, now: float) -> SessionGrant:
+    token = secrets.token_urlsafe(32)
+    return SessionGrant(token, token_digest(token), peer_id, now + ttl)
+
+
+def token_digest(token: str) -> bytes:
+    """Sessions are looked up by digest, so the table never holds a usable token."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def same_secret(a: bytes, b: bytes) -> bool:
+    return hmac.compare_digest(a, b)

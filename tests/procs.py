@@ -1,0 +1,271 @@
+"""Start the project's programs as real processes on free loopback ports, for tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx2 as httpx
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    args: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        handle = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            [str(BIN / self.args[0]), *self.args[1:]],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        handle.close()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.send_signal(sig)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=5)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def wait_until(predicate: object, timeout: float = 15.0, interval: float = 0.05) -> None:
+    """Poll `predicate` until it returns truthy; fail the test after `timeout` seconds."""
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels`."""
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        match = re.match(rf"^{re.escape(name)}(\{{.*\}})? (\S+)$", line)
+        if not match:
+            continue
+        label_text = match.group(1) or ""
+        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(match.group(2))
+            found = True
+    return total if found else 0.0
+
+
+@dataclass
+class Sim:
+    proc: Proc
+    port: int
+    model: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=5).text
+
+    def set_faults(self, **faults: float) -> None:
+        httpx.post(self.url + "/admin/faults", json=faults, timeout=5).raise_for_status()
+
+
+@dataclass
+class Router:
+    proc: Proc
+    http: int
+    grpc: int
+    p2p: int
+    metrics_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http}"
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def models(self) -> list[str]:
+        data = httpx.get(self.url + "/v1/models", timeout=5).json()["data"]
+        return [m["id"] for m in data]
+
+    def healthy_replicas(self, model: str) -> int:
+        data = httpx.get(self.url + "/v1/models", timeout=5).json()["data"]
+        return sum(m["healthy_replicas"] for m in data if m["id"] == model)
+
+
+@dataclass
+class Cluster:
+    """Processes of one test; `close` stops them all and the test prints their logs on failure."""
+
+    tmp: Path
+    secret_file: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def _proc(self, name: str, args: list[str]) -> Proc:
+        proc = Proc(name, args, self.tmp / f"{name}.log").start()
+        self.procs.append(proc)
+        return proc
+
+    def sim(self, model: str = "sim-model", *extra: str, name: str = "sim") -> Sim:
+        port = free_port()
+        proc = self._proc(
+            name,
+            [
+                "hivenet-sim",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model",
+                model,
+                "--seed",
+                "7",
+                *extra,
+            ],
+        )
+        sim = Sim(proc, port, model)
+        wait_until(lambda: httpx.get(sim.url + "/health", timeout=1).status_code == 200)
+        return sim
+
+    def router(self, *extra: str, name: str = "router", ports: Router | None = None) -> Router:
+        http, grpc, p2p, met = (
+            (ports.http, ports.grpc, ports.p2p, ports.metrics_port)
+            if ports
+            else (free_port(), free_port(), free_port(), free_port())
+        )
+        proc = self._proc(
+            name,
+            [
+                "hivenet-router",
+                "--http-port",
+                f"127.0.0.1:{http}",
+                "--grpc-port",
+                f"127.0.0.1:{grpc}",
+                "--metrics-port",
+                f"127.0.0.1:{met}",
+                "--p2p-port",
+                str(p2p),
+                "--jwt-secret-file",
+                str(self.secret_file),
+                "--health-check-interval",
+                "200ms",
+                "--heartbeat-interval",
+                "300ms",
+                "--unhealthy-after",
+                "1500ms",
+                "--remove-after",
+                "3s",
+                *extra,
+            ],
+        )
+        router = Router(proc, http, grpc, p2p, met)
+        wait_until(lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200)
+        return router
+
+    def agent(
+        self,
+        router: Router,
+        sim: Sim | None,
+        *extra: str,
+        name: str = "agent",
+        backend_url: str | None = None,
+        wait: bool = True,
+    ) -> Proc:
+        backend = backend_url or (sim.url if sim else "")
+        proc = self._proc(
+            name,
+            [
+                "hivenet-agent",
+                "--backend-url",
+                backend,
+                "--router-grpc",
+                f"127.0.0.1:{router.grpc}",
+                "--jwt-secret-file",
+                str(self.secret_file),
+                "--identity-path",
+                str(self.tmp / f"{name}.key"),
+                "--reconnect-delay",
+                "200ms",
+                "--routing-signal-interval",
+                "200ms",
+                "--engine-sample-interval",
+                "200ms",
+                "--backend-check-interval",
+                "200ms",
+                *extra,
+            ],
+        )
+        return proc
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {p.name} =====\n{p.log()[-6000:]}" for p in self.procs)
+
+
+@contextmanager
+def cluster(tmp: Path) -> Iterator[Cluster]:
+    secret = tmp / "jwt.secret"
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(48))
+    c = Cluster(tmp, secret)
+    try:
+        yield c
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.close()
+
+
+def wait_registered(router: Router, model: str, replicas: int = 1, timeout: float = 20) -> None:
+    wait_until(lambda: router.healthy_replicas(model) >= replicas, timeout=timeout)

@@ -152,8 +152,8 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def sim(self, model: str = "sim-model", *extra: str, name: str = "sim") -> Sim:
-        port = free_port()
+    def sim(self, model: str = "sim-model", *extra: str, name: str = "sim", port: int = 0) -> Sim:
+        port = port or free_port()
         proc = self._proc(
             name,
             [

@@ -63,15 +63,14 @@ def classify(status: int, raw: bytes) -> tuple[ErrorCode, int, bytes]:
     message, kind = _message_and_type(raw)
     message = message[:MESSAGE_LIMIT]
     code = _TYPE_MAP.get(kind)
-    if code is None:
-        lowered = message.lower()
-        if status in (400, 413, 422):
-            code = (
-                ErrorCode.CONTEXT_LENGTH_EXCEEDED
-                if "context" in lowered and any(word in lowered for word in _CONTEXT_WORDS)
-                else ErrorCode.INVALID_PARAMETER
-            )
-        elif status in (429, 503):
+    lowered = message.lower()
+    context_words = "context" in lowered and any(word in lowered for word in _CONTEXT_WORDS)
+    if code in (None, ErrorCode.INVALID_PARAMETER) and status in (400, 413, 422):
+        # Anthropic and OpenAI both say invalid_request_error for an over-long prompt; the
+        # message tells the two apart.
+        code = ErrorCode.CONTEXT_LENGTH_EXCEEDED if context_words else ErrorCode.INVALID_PARAMETER
+    elif code is None:
+        if status in (429, 503):
             code = ErrorCode.BACKEND_UNAVAILABLE
         elif status == 404:
             code = ErrorCode.MODEL_NOT_FOUND

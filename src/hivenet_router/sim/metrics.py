@@ -14,7 +14,7 @@ def _histogram(lines: list[str], name: str, labels: str, hist: Histogram) -> Non
     lines.append(f"{name}_count{{{labels}}} {hist.total}")
 
 
-def render_metrics(engine: Engine, model: str) -> str:
+def render_metrics(engine: Engine, model: str, requests: int) -> str:
     labels = f'model_name="{model}"'
     stats = engine.stats
     lines: list[str] = []
@@ -27,6 +27,7 @@ def render_metrics(engine: Engine, model: str) -> str:
         lines.append(f"# TYPE {name} counter")
         lines.append(f"{name}{{{labels}}} {value}")
 
+    counter("hivenet_sim_requests_total", requests)
     gauge("vllm:num_requests_running", engine.running)
     gauge("vllm:num_requests_waiting", engine.waiting)
     gauge("vllm:kv_cache_usage_perc", engine.kv_usage)

@@ -100,7 +100,7 @@ class Simulator:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
-        text = render_metrics(self.engine, self.config.model)
+        text = render_metrics(self.engine, self.config.model, self.requests)
         return web.Response(text=text, content_type="text/plain")
 
     async def get_faults(self, request: web.Request) -> web.Response:

@@ -1,0 +1,133 @@
+"""Bad requests get documented statuses and codes, and never reach an agent."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from tests.procs import Cluster, Router, Sim, cluster, metric, wait_registered
+
+MODEL = "m"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, Sim]]:
+    tmp: Path = tmp_path_factory.mktemp("bad")
+    c: Cluster
+    with cluster(tmp) as c:
+        router = c.router("--max-request-bytes", "4096")
+        sim = c.sim(MODEL, "--zero-latency")
+        c.agent(router, sim)
+        wait_registered(router, MODEL)
+        yield router, sim
+
+
+@pytest.fixture
+def client(fleet: tuple[Router, Sim]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fleet[0].url, timeout=10) as c:
+        yield c
+
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "needle"),
+    [
+        (CHAT, b"{not json", "malformed JSON"),
+        (CHAT, b"", "empty"),
+        (CHAT, b"[1, 2]", "JSON object"),
+        (CHAT, b'{"messages": [{"role": "user", "content": "x"}]}', "model field is required"),
+        (CHAT, b'{"model": 7, "messages": []}', "`$.model`"),
+        (CHAT, b'{"model": "m", "messages": "hello"}', "`$.messages`"),
+        (CHAT, b'{"model": "m", "messages": []}', "`$.messages`"),
+        (CHAT, b'{"model": "m", "messages": [{}], "stream": "yes"}', "`$.stream`"),
+        (CHAT, b'{"model": "m", "messages": [{}], "max_tokens": -1}', "`$.max_tokens`"),
+        (CHAT, b'{"model": "m", "messages": [{}], "max_tokens": "ten"}', "`$.max_tokens`"),
+        (CHAT, b'{"model": "' + b"x" * 300 + b'", "messages": [{}]}', "`$.model`"),
+        ("/v1/embeddings", b'{"model": "m"}', "`input`"),
+        ("/v1/rerank", b'{"model": "m", "query": "q"}', "`documents`"),
+        ("/v1/completions", b'{"model": "m"}', "`prompt`"),
+        ("/v1/messages", b'{"model": "m", "max_tokens": 5}', "`messages`"),
+    ],
+)
+def test_invalid_bodies(client: httpx.Client, route: str, body: bytes, needle: str) -> None:
+    reply = client.post(route, content=body, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "request_invalid"
+    assert error["type"] == "invalid_request_error"
+    assert error["source"] == "router"
+    assert needle in error["message"]
+
+
+def test_invalid_bodies_never_reach_the_engine(
+    client: httpx.Client, fleet: tuple[Router, Sim]
+) -> None:
+    before = metric(fleet[1].metrics(), "hivenet_sim_requests_total")
+    client.post(CHAT, content=b"{broken")
+    client.post(CHAT, json={"model": "m"})
+    assert metric(fleet[1].metrics(), "hivenet_sim_requests_total") == before
+
+
+def test_oversized_body_is_413(client: httpx.Client) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
+    reply = client.post(CHAT, json=body)
+    assert reply.status_code == 413
+    assert reply.json()["error"]["code"] == "request_too_large"
+
+
+def test_unknown_model_is_404(client: httpx.Client) -> None:
+    reply = client.post(
+        CHAT, json={"model": "nope", "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/responses",
+        "/admin/agents",
+        "/v1/chat",
+        "/metrics",
+        "/register",
+        "/hivenet/link",
+        "/v1/models/../../etc",
+    ],
+)
+def test_unknown_paths_are_404(client: httpx.Client, path: str) -> None:
+    reply = client.post(path, json={"model": MODEL})
+    assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == "not_found"
+
+
+def test_wrong_method_is_405(client: httpx.Client) -> None:
+    reply = client.get(CHAT)
+    assert reply.status_code == 405
+    assert reply.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_request_ids(client: httpx.Client) -> None:
+    mine = str(uuid.uuid4())
+    assert client.get("/health", headers={"X-Request-ID": mine}).headers["X-Request-ID"] == mine
+    replaced = client.get("/health", headers={"X-Request-ID": "not-a-uuid"})
+    assert uuid.UUID(replaced.headers["X-Request-ID"])
+    error = client.post(CHAT, content=b"{")
+    assert uuid.UUID(error.headers["X-Request-ID"])
+
+
+def test_backend_rejections_keep_their_status(client: httpx.Client) -> None:
+    # Anthropic-style error from the engine: classified, status kept (the Go router made it
+    # a 502 backend_error).
+    reply = client.post(
+        "/v1/messages",
+        json={"model": MODEL, "max_tokens": 100000, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "context_length_exceeded"

@@ -1,0 +1,160 @@
+"""Agents, routers and engines coming and going, and streams cut from either end."""
+
+from __future__ import annotations
+
+import time
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from tests.procs import Cluster, Router, metric, wait_registered, wait_until
+
+MODEL = "m"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _ok(router: Router) -> bool:
+    reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
+    return reply.status_code == 200
+
+
+def test_dead_agent_leaves_the_pool_then_the_registry(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    agent = make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    agent.kill()
+    # The connection drops at once, so the agent stops being eligible at once...
+    wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=5)
+    reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
+    assert reply.json()["error"]["code"] == "no_agents_available"
+    # ...and is removed once --remove-after (3s) passes without a heartbeat.
+    wait_until(lambda: MODEL not in router.models(), timeout=10)
+    reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
+    assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == "model_not_found"
+
+
+def test_unhealthy_backend_is_taken_out_and_back(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    sim.proc.kill()
+    wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=10)
+    assert MODEL in router.models()  # the agent itself is alive and stays registered
+    reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
+    assert reply.status_code == 503
+    make_cluster.sim(MODEL, "--zero-latency", port=sim.port, name="sim-again")
+    wait_until(lambda: router.healthy_replicas(MODEL) == 1, timeout=10)
+    assert _ok(router)
+
+
+def test_agent_started_before_router_registers_when_router_comes(
+    make_cluster: Cluster,
+) -> None:
+    first = make_cluster.router(name="router-probe")
+    first.proc.stop()
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(first, sim)
+    time.sleep(0.5)
+    router = make_cluster.router(ports=first, name="router")
+    wait_registered(router, MODEL)
+    assert _ok(router)
+
+
+def test_router_restart_agents_reconnect(make_cluster: Cluster) -> None:
+    router = make_cluster.router(name="router1")
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    router.proc.stop()
+    again = make_cluster.router(ports=router, name="router2")
+    wait_registered(again, MODEL)
+    assert _ok(again)
+
+
+def test_agent_restart_keeps_peer_id(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    agent = make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    peers = {
+        line
+        for line in router.metrics().splitlines()
+        if line.startswith("hivenet_routing_agent_info")
+    }
+    agent.stop()
+    make_cluster.agent(router, sim, name="agent")
+    wait_until(lambda: router.healthy_replicas(MODEL) == 1, timeout=10)
+    after = {
+        line
+        for line in router.metrics().splitlines()
+        if line.startswith("hivenet_routing_agent_info")
+    }
+    assert peers == after
+    assert _ok(router)
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_agent_dying_mid_stream_ends_the_stream_with_an_error(
+    make_cluster: Cluster, api: str
+) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
+    agent = make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    route = "/v1/chat/completions" if api == "openai" else "/v1/messages"
+    body = {**CHAT, "max_tokens": 100, "stream": True}
+    with httpx.stream("POST", router.url + route, json=body, timeout=20) as reply:
+        assert reply.status_code == 200
+        lines = reply.iter_lines()
+        for _ in range(6):
+            next(lines)
+        agent.kill()
+        rest = "\n".join(lines)
+    assert "stream interrupted" in rest
+    assert ("event: error" in rest) == (api == "anthropic")
+    text = router.metrics()
+    assert metric(text, "hivenet_router_active_forwards") == 0.0
+    assert metric(text, "hivenet_agent_capacity_utilization") == 0.0
+
+
+def test_openai_sdk_raises_on_a_broken_stream(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
+    agent = make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=100,
+            stream=True,
+        )
+        seen = 0
+        with pytest.raises(openai.APIError, match="stream interrupted"):
+            for _chunk in stream:
+                seen += 1
+                if seen == 3:
+                    agent.kill()
+    assert seen >= 3
+
+
+def test_client_disconnect_cancels_the_backend_request(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    body = {**CHAT, "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=20) as reply:
+        lines = reply.iter_lines()
+        for _ in range(4):
+            next(lines)
+        assert metric(sim.metrics(), "vllm:num_requests_running") == 1.0
+    # Closing the client connection resets the stream; the agent cancels the backend call.
+    wait_until(lambda: metric(sim.metrics(), "vllm:num_requests_running") == 0.0, timeout=5)
+    wait_until(lambda: metric(router.metrics(), "hivenet_router_active_forwards") == 0.0, timeout=5)
+    assert metric(sim.metrics(), "vllm:request_success_total", finished_reason="abort") == 1.0
+    assert _ok(router)

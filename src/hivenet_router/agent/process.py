@@ -21,7 +21,7 @@ from hivenet_router.config.agent import AgentConfig
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.values import split_multiaddr
 from hivenet_router.domain.agent import Heartbeat, Registration, RoutingSignal
-from hivenet_router.transport import trust
+from hivenet_router.transport import frames, trust
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
 from hivenet_router.transport.link import (
     INFERENCE_PROTOCOL,
@@ -202,7 +202,7 @@ class AgentProcess:
             ssl=self.tls.client_context(),
             headers={"Authorization": f"Bearer {session.token}"},
             heartbeat=5.0,
-            max_msg_size=0,
+            max_msg_size=frames.WS_MAX_MSG_SIZE,
             autoping=True,
             timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
         )

@@ -165,7 +165,9 @@ class ControlPlane:
                 source,
             )
             return _refuse(429, "too many connections from this address")
-        ws = web.WebSocketResponse(heartbeat=5.0, max_msg_size=frames.MAX_FRAME, autoping=True)
+        ws = web.WebSocketResponse(
+            heartbeat=5.0, max_msg_size=frames.WS_MAX_MSG_SIZE, autoping=True
+        )
         await ws.prepare(request)
         self._conns[source] += 1
         holder: list[AgentRecord] = []

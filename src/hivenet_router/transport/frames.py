@@ -21,6 +21,8 @@ WINDOW = struct.Struct("!I")
 MAX_PAYLOAD = 64 * 1024
 MAX_FRAME = HEADER.size + MAX_PAYLOAD
 MAX_STREAM_ID = 2**32 - 1
+# aiohttp refuses a message whose size reaches max_msg_size, so allow one byte more.
+WS_MAX_MSG_SIZE = MAX_FRAME + 1
 
 
 class FrameType(IntEnum):

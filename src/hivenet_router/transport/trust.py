@@ -67,7 +67,10 @@ def agent_token(secret: bytes, peer_id: str, now: float | None = None) -> str:
 
 
 def verify_agent_token(secret: bytes, token: str, now: float | None = None) -> str:
-    """Check signature, issuer, audience and times; return the peer ID (the subject)."""
+    """Check signature, issuer, audience and times; return the peer ID (the subject).
+
+    Times are checked here against `now` (the injected clock) rather than by PyJWT.
+    """
     try:
         claims = jwt.decode(
             token,
@@ -75,15 +78,25 @@ def verify_agent_token(secret: bytes, token: str, now: float | None = None) -> s
             algorithms=["HS256"],
             audience=AUDIENCE,
             issuer=ISSUER,
-            leeway=CLOCK_SKEW,
-            options={"require": ["sub", "iss", "aud", "iat", "exp"]},
+            options={
+                "require": ["sub", "iss", "aud", "iat", "exp"],
+                "verify_exp": False,
+                "verify_iat": False,
+                "verify_nbf": False,
+            },
         )
     except jwt.PyJWTError as exc:
         raise TrustError(f"agent token rejected: {type(exc).__name__}") from None
-    issued = claims["iat"]
     current = time.time() if now is None else now
-    if not isinstance(issued, int | float) or issued > current + CLOCK_SKEW:
+    issued, expires = claims["iat"], claims["exp"]
+    if not isinstance(issued, int | float) or not isinstance(expires, int | float):
+        raise TrustError("agent token rejected: malformed times")
+    if issued > current + CLOCK_SKEW:
         raise TrustError("agent token rejected: issued in the future")
+    if expires <= current - CLOCK_SKEW:
+        raise TrustError("agent token rejected: expired")
+    if expires - issued > TOKEN_LIFETIME + CLOCK_SKEW:
+        raise TrustError("agent token rejected: lifetime longer than one hour")
     subject = claims["sub"]
     if not isinstance(subject, str) or not subject:
         raise TrustError("agent token rejected: no subject")

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import pytest
+
+from hivenet_router.config import values
+from hivenet_router.config.agent import AgentConfig
+from hivenet_router.config.options import ConfigError, describe, load, markdown_table
+from hivenet_router.config.router import RouterConfig
+from hivenet_router.config.sim import SimConfig
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("500ms", 0.5),
+        ("5s", 5.0),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1h30m", 5400.0),
+        ("0", 0.0),
+        ("1.5s", 1.5),
+        ("250us", 0.00025),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert values.duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "five", "5", "5 s", "-1s", "1d", "s"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        values.duration(text)
+
+
+def test_defaults_match_the_documented_interface() -> None:
+    config = load(RouterConfig, [], {"HIVENET_ROUTER_JWT_SECRET": "x" * 32}, "r")
+    assert str(config.http_port) == "0.0.0.0:8080"
+    assert config.grpc_port.port == 50051
+    assert config.metrics_port.port == 2112
+    assert config.p2p_port == 9000
+    assert config.p2p_listen_addr == "127.0.0.1"
+    assert (config.queue_size, config.queue_depth, config.max_concurrent) == (100, 30, 50)
+    assert config.request_timeout == 60.0
+    assert (config.unhealthy_after, config.remove_after) == (15.0, 30.0)
+    assert config.max_request_bytes == 10_485_760
+    agent = load(AgentConfig, [], {}, "a")
+    assert (agent.engine, agent.capability, agent.capacity) == ("vllm", "llm", 10)
+    assert agent.backend_url == "http://localhost:8888"
+    assert (agent.routing_signal_interval, agent.stream_write_timeout) == (0.5, 60.0)
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    env = {"HIVENET_ROUTER_QUEUE_SIZE": "7", "HIVENET_ROUTER_HTTP_PORT": ":8081"}
+    config = load(RouterConfig, ["--http-port", ":8082"], env, "r")
+    assert config.http_port.port == 8082
+    assert config.queue_size == 7
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        (["--request-timeout", "five minutes"], {}, "--request-timeout"),
+        ([], {"HIVENET_ROUTER_REQUEST_TIMEOUT": "five"}, "HIVENET_ROUTER_REQUEST_TIMEOUT"),
+        (["--queue-size", "0"], {}, "--queue-size"),
+        (["--queue-depth", "-1"], {}, "--queue-depth"),
+        (["--http-port", "8080"], {}, "--http-port"),
+        (["--p2p-announce-addr", "router:9000"], {}, "--p2p-announce-addr"),
+        (["--session-ttl", "5m"], {}, "--session-ttl"),
+        (["--unhealthy-after", "40s"], {}, "--unhealthy-after"),
+    ],
+)
+def test_bad_values_name_the_option(argv: list[str], env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace("-", r"\-")):
+        load(RouterConfig, argv, env, "r")
+
+
+def test_agent_validation() -> None:
+    with pytest.raises(ConfigError, match="--engine"):
+        load(AgentConfig, ["--engine", "tgi"], {}, "a")
+    with pytest.raises(ConfigError, match="custom"):
+        load(AgentConfig, ["--engine", "custom"], {}, "a")
+    with pytest.raises(ConfigError, match="reranker"):
+        load(AgentConfig, ["--engine", "ollama", "--capability", "reranker"], {}, "a")
+    assert load(AgentConfig, ["--engine", "llama-cpp"], {}, "a").engine == "llamacpp"
+    tags = load(AgentConfig, ["--tags", "production, realtime,,gpu"], {}, "a").tags
+    assert tags == ("production", "realtime", "gpu")
+
+
+def test_secrets_are_masked() -> None:
+    config = load(RouterConfig, [], {"HIVENET_ROUTER_JWT_SECRET": "s" * 40}, "r")
+    shown = describe(config)
+    assert "s" * 40 not in str(shown)
+    assert shown["HIVENET_ROUTER_JWT_SECRET"] == "<set>"
+    with pytest.raises(ConfigError) as info:
+        load(SimConfig, ["--fault-error-rate", "2"], {}, "s")
+    assert "--fault-error-rate" in str(info.value)
+
+
+def test_every_option_is_documented() -> None:
+    table = markdown_table(RouterConfig)
+    for flag in (
+        "--http-port",
+        "--grpc-port",
+        "--metrics-port",
+        "--p2p-port",
+        "--queue-size",
+        "--queue-depth",
+        "--max-concurrent",
+        "--request-timeout",
+        "--health-check-interval",
+        "--unhealthy-after",
+        "--remove-after",
+        "--jwt-secret-file",
+    ):
+        assert f"`{flag}`" in table

@@ -1,0 +1,255 @@
+"""The multiplexer over a real aiohttp WebSocket on loopback (no TLS: that is tested end to end)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from hivenet_router.transport import frames
+from hivenet_router.transport.frames import FrameType
+from hivenet_router.transport.link import (
+    INITIAL_WINDOW,
+    Link,
+    LinkClosed,
+    Stream,
+    StreamReset,
+    WriteTimeout,
+)
+
+PROTO = "/test/1.0.0"
+Handler = Callable[[Stream], Awaitable[None]]
+
+
+@dataclass
+class Pair:
+    client: Link  # the dialer, which opens streams in these tests
+    server_links: list[Link]
+    client_ws: aiohttp.ClientWebSocketResponse
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[[Handler], Awaitable[Pair]]]:
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+
+    async def make(handler: Handler) -> Pair:
+        server_links: list[Link] = []
+
+        async def accept(request: web.Request) -> web.WebSocketResponse:
+            ws = web.WebSocketResponse(max_msg_size=frames.WS_MAX_MSG_SIZE)
+            await ws.prepare(request)
+            link = Link(ws, dialer=False, handlers={PROTO: handler}, name="server")
+            server_links.append(link)
+            await link.run()
+            return ws
+
+        app = web.Application()
+        app.router.add_get("/ws", accept)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        session = aiohttp.ClientSession()
+        ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=0)
+        client = Link(ws, dialer=True, handlers={}, name="client")
+        reader = asyncio.create_task(client.run())
+
+        async def cleanup() -> None:
+            await client.close()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await session.close()
+            await runner.cleanup()
+
+        cleanups.append(cleanup)
+        while not server_links:
+            await asyncio.sleep(0.01)
+        return Pair(client, server_links, ws)
+
+    yield make
+    for cleanup in cleanups:
+        await cleanup()
+
+
+async def echo(stream: Stream) -> None:
+    body = await stream.read_all(1 << 24)
+    await stream.send_head(200, [("x-echo", "1")])
+    await stream.write(body, end=True)
+
+
+async def test_many_concurrent_streams(connect: Callable[[Handler], Awaitable[Pair]]) -> None:
+    pair = await connect(echo)
+
+    async def one(i: int) -> bytes:
+        async with pair.client.request(PROTO, "POST", "/e", [], f"body-{i}".encode()) as s:
+            head = await s.response_head()
+            assert head.status == 200 and ("x-echo", "1") in head.headers
+            return await s.read_all(1024)
+
+    bodies = await asyncio.gather(*(one(i) for i in range(200)))
+    assert bodies == [f"body-{i}".encode() for i in range(200)]
+    assert pair.client.active_streams == 0
+    assert pair.server_links[0].active_streams == 0
+
+
+async def test_large_bodies_cross_many_windows(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    pair = await connect(echo)
+    payload = bytes(range(256)) * 8192  # 2 MiB, eight windows
+    async with pair.client.request(PROTO, "POST", "/e", [], payload) as s:
+        await s.response_head()
+        assert await s.read_all(1 << 24) == payload
+
+
+async def test_a_stalled_reader_does_not_block_other_streams(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    async def big(stream: Stream) -> None:
+        await stream.read_all(1024)
+        await stream.send_head(200, [])
+        if stream.request_head and stream.request_head.path == "/big":
+            await stream.write(b"x" * (4 * INITIAL_WINDOW), end=True, timeout=5)
+        else:
+            await stream.write(b"small", end=True)
+
+    pair = await connect(big)
+    async with pair.client.request(PROTO, "POST", "/big", [], b"") as stalled:
+        await stalled.response_head()  # and never read its body
+        for _ in range(20):
+            async with pair.client.request(PROTO, "POST", "/small", [], b"") as other:
+                await other.response_head()
+                assert await other.read_all(1024) == b"small"
+
+
+async def test_write_timeout_when_the_reader_stops(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    outcome: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+    async def flood(stream: Stream) -> None:
+        await stream.read_all(1024)
+        await stream.send_head(200, [])
+        try:
+            await stream.write(b"y" * (2 * INITIAL_WINDOW), end=True, timeout=0.2)
+            outcome.set_result(None)
+        except StreamReset as exc:
+            outcome.set_result(exc)
+            raise
+
+    pair = await connect(flood)
+    async with pair.client.request(PROTO, "POST", "/", [], b"") as s:
+        await s.response_head()
+        error = await asyncio.wait_for(outcome, 5)
+        assert isinstance(error, WriteTimeout)
+        with pytest.raises(StreamReset, match="write_timeout"):
+            await s.read_all(1 << 24)
+
+
+async def test_requester_reset_cancels_the_handler(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def slow(stream: Stream) -> None:
+        await stream.read_all(1024)
+        await stream.send_head(200, [])
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    pair = await connect(slow)
+    async with pair.client.request(PROTO, "POST", "/", [], b"x") as s:
+        await s.response_head()
+        await started.wait()
+    # Leaving the context without finishing resets the stream.
+    await asyncio.wait_for(cancelled.wait(), 5)
+    await asyncio.sleep(0.05)
+    assert pair.server_links[0].active_streams == 0
+
+
+async def test_peer_vanishing_fails_open_streams(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    async def hang(stream: Stream) -> None:
+        await stream.read_all(1024)
+        await stream.send_head(200, [])
+        await stream.write(b"part")
+        await asyncio.sleep(30)
+
+    pair = await connect(hang)
+    async with pair.client.request(PROTO, "POST", "/", [], b"") as s:
+        await s.response_head()
+        assert await s.read() == b"part"
+        await pair.server_links[0].close("going away")
+        with pytest.raises(LinkClosed):
+            await asyncio.wait_for(s.read(), 5)
+    assert pair.client.closed
+    with pytest.raises(LinkClosed):
+        await pair.client.open(PROTO, "POST", "/", [], b"")
+
+
+async def test_unknown_protocol_is_refused(connect: Callable[[Handler], Awaitable[Pair]]) -> None:
+    pair = await connect(echo)
+    async with pair.client.request("/nope/1.0.0", "POST", "/", [], b"x") as s:
+        with pytest.raises(StreamReset, match="unknown_protocol"):
+            await asyncio.wait_for(s.response_head(), 5)
+    assert not pair.client.closed
+
+
+async def test_a_frame_that_breaks_the_protocol_closes_the_link(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    pair = await connect(echo)
+    await pair.client_ws.send_bytes(frames.HEADER.pack(77, 0, 1))
+    await asyncio.wait_for(pair.server_links[0].wait_closed(), 5)
+    assert "protocol error" in pair.server_links[0].close_reason
+
+
+async def test_an_oversized_message_closes_the_link(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    pair = await connect(echo)
+    lying = frames.HEADER.pack(FrameType.DATA, 0, 1) + b"z" * (frames.MAX_FRAME + 10)
+    await pair.client_ws.send_bytes(lying)
+    await asyncio.wait_for(pair.server_links[0].wait_closed(), 5)
+
+
+async def test_sending_past_the_window_resets_only_that_stream(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    seen: list[str] = []
+
+    async def sink(stream: Stream) -> None:
+        try:
+            await asyncio.sleep(30)  # never reads, so never grants more credit
+        except asyncio.CancelledError:
+            seen.append(stream.error.code if stream.error else "?")
+            raise
+
+    pair = await connect(sink)
+    ws = pair.client_ws
+    await ws.send_bytes(
+        frames.encode_json(
+            FrameType.OPEN, 1, {"proto": PROTO, "method": "POST", "path": "/", "headers": []}
+        )
+    )
+    chunk = b"q" * frames.MAX_PAYLOAD
+    for _ in range(INITIAL_WINDOW // frames.MAX_PAYLOAD + 1):
+        await ws.send_bytes(frames.encode(FrameType.DATA, 1, chunk))
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.02)
+    assert seen == ["flow_control"]
+    assert not pair.server_links[0].closed
+    assert pair.server_links[0].active_streams == 0

@@ -35,7 +35,7 @@ integration: $(STAMP)
 
 ## Router overhead benchmark (not in CI); results go to docs/benchmarks.md.
 bench: $(STAMP)
-	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/overhead.py $(ARGS)
 
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_config_docs.py

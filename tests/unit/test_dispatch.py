@@ -28,10 +28,11 @@ def record(
     )
     return AgentRecord(
         reg=reg,
-        link=OpenLink(),
+        link=OpenLink(),  # type: ignore[arg-type]
         session_digest=b"",
-        last_heartbeat=now,  # type: ignore[arg-type]
+        last_heartbeat=now,
         registered_at=0.0,
+        meters=RouterMetrics().agent_meters(peer, model),
     )
 
 

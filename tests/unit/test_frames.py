@@ -52,3 +52,28 @@ def test_limits_and_malformed_frames() -> None:
     with pytest.raises(FrameError, match="JSON"):
         frames.decode_json(frames.decode(frames.encode(FrameType.OPEN, 1, b"{nope")))
     assert frames.decode_window(frames.decode(frames.encode_window(3, 500))) == 500
+
+
+def test_head_frames_carry_what_fits() -> None:
+    head = {"status": 200, "headers": [["a", "b"]]}
+    frame, inline = frames.encode_head(FrameType.HEADERS, 5, head, b"body", 100, END)
+    assert inline == 4
+    decoded = frames.decode(frame)
+    assert decoded.end and frames.decode_head(decoded) == (head, b"body")
+    big = b"x" * (frames.MAX_PAYLOAD * 2)
+    frame, inline = frames.encode_head(FrameType.HEADERS, 5, head, big, 10**9, END)
+    decoded = frames.decode(frame)
+    assert 0 < inline < len(big) and not decoded.end
+    frame, inline = frames.encode_head(FrameType.OPEN, 5, head, b"body", 2, END)
+    assert inline == 2 and not frames.decode(frame).end
+
+
+def test_head_frames_that_lie() -> None:
+    lying = frames.encode(FrameType.HEADERS, 1, frames.HEAD_LENGTH.pack(500) + b"{}")
+    with pytest.raises(FrameError, match="claims"):
+        frames.decode_head(frames.decode(lying))
+    with pytest.raises(FrameError, match="without a head"):
+        frames.decode_head(frames.decode(frames.encode(FrameType.HEADERS, 1, b"\x00")))
+    not_object = frames.encode(FrameType.OPEN, 1, frames.HEAD_LENGTH.pack(2) + b"[]")
+    with pytest.raises(FrameError, match="not a JSON object"):
+        frames.decode_head(frames.decode(not_object))

@@ -239,9 +239,14 @@ async def test_sending_past_the_window_resets_only_that_stream(
     pair = await connect(sink)
     ws = pair.client_ws
     await ws.send_bytes(
-        frames.encode_json(
-            FrameType.OPEN, 1, {"proto": PROTO, "method": "POST", "path": "/", "headers": []}
-        )
+        frames.encode_head(
+            FrameType.OPEN,
+            1,
+            {"proto": PROTO, "method": "POST", "path": "/", "headers": []},
+            b"",
+            0,
+            0,
+        )[0]
     )
     chunk = b"q" * frames.MAX_PAYLOAD
     for _ in range(INITIAL_WINDOW // frames.MAX_PAYLOAD + 1):
@@ -253,3 +258,19 @@ async def test_sending_past_the_window_resets_only_that_stream(
     assert seen == ["flow_control"]
     assert not pair.server_links[0].closed
     assert pair.server_links[0].active_streams == 0
+
+
+async def test_bodies_ride_with_their_head_and_spill_over(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    async def inline(stream: Stream) -> None:
+        body = await stream.read_all(1 << 24)
+        await stream.send_head(201, [], body, end=True)
+
+    pair = await connect(inline)
+    for size in (0, 10, frames.MAX_PAYLOAD - 100, frames.MAX_PAYLOAD * 3, INITIAL_WINDOW * 2):
+        payload = bytes(i % 251 for i in range(size))
+        async with pair.client.request(PROTO, "POST", "/", [], payload) as s:
+            assert (await s.response_head()).status == 201
+            assert await s.read_all(1 << 24) == payload
+    assert pair.client.active_streams == 0

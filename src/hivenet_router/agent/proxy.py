@@ -68,11 +68,19 @@ class BackendProxy:
                 if resp.status >= 400:
                     raw = await resp.content.read(MAX_ERROR_BYTES)
                     _code, status, envelope = classify(resp.status, raw)
-                    await stream.send_head(status, _JSON)
-                    await stream.write(envelope, end=True)
+                    await stream.send_head(status, _JSON, envelope, end=True)
                     return
                 out_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _HOP]
-                await stream.send_head(resp.status, out_headers)
+                if not resp.content_type.startswith("text/event-stream"):
+                    # A whole answer travels with its head in as few frames as it fits.
+                    body = await resp.read()
+                    await stream.send_head(resp.status, out_headers, body, end=True)
+                    return
+                # A stream: the head leaves with the first chunk (the router waits for both).
+                first = await resp.content.readany()
+                await stream.send_head(resp.status, out_headers, first, end=not first)
+                if not first:
+                    return
                 async for chunk in resp.content.iter_any():
                     await stream.write(chunk, timeout=self._write_timeout)
                 await stream.end()
@@ -96,8 +104,8 @@ class BackendProxy:
             if stream.head_sent:
                 stream.reset(StreamReset(code.value, message))
                 return
-            await stream.send_head(503 if code is ErrorCode.BACKEND_UNAVAILABLE else 502, _JSON)
-            await stream.write(error_body(code, message, "backend"), end=True)
+            status = 503 if code is ErrorCode.BACKEND_UNAVAILABLE else 502
+            await stream.send_head(status, _JSON, error_body(code, message, "backend"), end=True)
         except StreamReset:
             pass
         except asyncio.CancelledError:

@@ -234,6 +234,7 @@ class ControlPlane:
             last_heartbeat=now,
             registered_at=self.clock.wall(),
             backend_healthy=reg.backend_healthy,
+            meters=self.metrics.agent_meters(reg.peer_id, reg.model),
         )
         holder[:] = [record]
         old = self.registry.upsert(record)
@@ -303,8 +304,9 @@ class ControlPlane:
 
 
 async def _answer(stream: Stream, status: int, reply: dict[str, object]) -> None:
-    await stream.send_head(status, [("content-type", "application/json")])
-    await stream.write(orjson.dumps(reply), end=True)
+    await stream.send_head(
+        status, [("content-type", "application/json")], orjson.dumps(reply), end=True
+    )
 
 
 def _refuse(status: int, message: str) -> web.Response:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
@@ -85,6 +86,7 @@ class Dispatcher:
         self.limits = limits
         self.pending = PendingQueue(limits.queue_size, limits.max_concurrent)
         self._queues: dict[str, CapacityQueue] = {}
+        self._routed_by_model: dict[str, Any] = {}
         registry.on_join = self._wake_all
         registry.on_slot = self._wake_one
 
@@ -120,40 +122,52 @@ class Dispatcher:
         bounds the relay itself, since only it can still tell the client what happened.
         """
         progress.phase = "queue"
-        async with asyncio.timeout_at(deadline):
-            entered = await self.pending.enter(self.limits.enqueue_timeout)
-        if not entered:
-            raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
-        self.metrics.global_queue.set(self.pending.waiting)
+        pending = self.pending
+        forwarding = False
         try:
+            # One timer for the whole way to the answer's head.
             async with asyncio.timeout_at(deadline):
-                await self.pending.take_slot()
-        finally:
-            self.metrics.global_queue.set(self.pending.waiting)
-        self.metrics.forwards.set(self.pending.forwarding)
-        try:
-            async with asyncio.timeout_at(deadline):
+                if not await pending.enter(self.limits.enqueue_timeout):
+                    raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
+                try:
+                    await pending.take_slot()
+                    forwarding = True
+                finally:
+                    self.metrics.global_queue.set(pending.waiting)
+                    self.metrics.forwards.set(pending.forwarding)
                 exchange = await self._route(job, progress)
-            try:
-                progress.phase = "respond"
-                yield exchange
-            finally:
-                if not exchange.stream.finished:
-                    exchange.stream.reset(StreamReset("cancelled", "router abandoned the request"))
-                reg = exchange.agent.reg
-                if exchange.ok:
-                    self.metrics.routed.labels(job.model).inc()
-                    self.metrics.agent_success.labels(reg.peer_id, reg.model).inc()
-                else:
-                    self.metrics.agent_failed.labels(reg.peer_id, reg.model).inc()
-                self._release(exchange.agent)
+        except BaseException:
+            if forwarding:
+                self._leave_forwarding()
+            raise
+        try:
+            progress.phase = "respond"
+            yield exchange
         finally:
-            self.pending.release_slot()
-            self.metrics.forwards.set(self.pending.forwarding)
+            if not exchange.stream.finished:
+                exchange.stream.reset(StreamReset("cancelled", "router abandoned the request"))
+            meters = exchange.agent.meters
+            if exchange.ok:
+                self._routed(job.model).inc()
+                meters.success.inc()
+            else:
+                meters.failed.inc()
+            self._release(exchange.agent)
+            self._leave_forwarding()
+
+    def _leave_forwarding(self) -> None:
+        self.pending.release_slot()
+        self.metrics.forwards.set(self.pending.forwarding)
+
+    def _routed(self, model: str) -> Any:
+        child = self._routed_by_model.get(model)
+        if child is None:
+            child = self._routed_by_model[model] = self.metrics.routed.labels(model)
+        return child
 
     def _release(self, agent: AgentRecord) -> None:
         self.registry.release(agent)
-        self.metrics.capacity_utilization.labels(agent.peer_id, agent.model).set(agent.load)
+        agent.meters.utilization.set(agent.load)
 
     # -- routing with retries -----------------------------------------------------------------
 
@@ -173,12 +187,12 @@ class Dispatcher:
                     ErrorCode.NO_AGENTS_AVAILABLE,
                     f"no eligible agent left after {tries} failed attempt(s); last failure: {last}",
                 ) from exc
-            self.metrics.capacity_utilization.labels(agent.peer_id, agent.model).set(agent.load)
+            agent.meters.utilization.set(agent.load)
             progress.phase = "forward"
             try:
                 return await self._attempt(agent, job)
             except _Retry as retry:
-                self.metrics.agent_failed.labels(agent.peer_id, agent.model).inc()
+                agent.meters.failed.inc()
                 self._release(agent)
                 log.info("attempt on agent %s failed: %s", agent.peer_id, retry.error)
                 if retry.stale and not redialed:

@@ -197,9 +197,9 @@ class Handlers:
     def _account(self, exchange: Exchange, usage: Usage | None) -> None:
         if usage is None:
             return
-        reg = exchange.agent.reg
-        self.metrics.input_tokens.labels(reg.peer_id, reg.model).inc(usage.input_tokens)
-        self.metrics.output_tokens.labels(reg.peer_id, reg.model).inc(usage.output_tokens)
+        meters = exchange.agent.meters
+        meters.input_tokens.inc(usage.input_tokens)
+        meters.output_tokens.inc(usage.output_tokens)
 
 
 def _header(headers: list[tuple[str, str]], name: str) -> str | None:

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _AGENT_INFO = ("peer_id", "region", "engine", "model", "capacity", "organization", "machine")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMeters:
+    """One agent's labelled series, looked up once at registration instead of per request."""
+
+    success: Any
+    failed: Any
+    utilization: Any
+    input_tokens: Any
+    output_tokens: Any
 
 
 class RouterMetrics:
@@ -130,3 +144,12 @@ class RouterMetrics:
                 "p90_itl_seconds",
             )
         }
+
+    def agent_meters(self, peer_id: str, model: str) -> AgentMeters:
+        return AgentMeters(
+            success=self.agent_success.labels(peer_id, model),
+            failed=self.agent_failed.labels(peer_id, model),
+            utilization=self.capacity_utilization.labels(peer_id, model),
+            input_tokens=self.input_tokens.labels(peer_id, model),
+            output_tokens=self.output_tokens.labels(peer_id, model),
+        )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
-from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.metrics import AgentMeters, RouterMetrics
 from hivenet_router.transport.link import Link
 
 log = logging.getLogger("hivenet.router")
@@ -24,6 +24,7 @@ class AgentRecord:
     session_digest: bytes
     last_heartbeat: float
     registered_at: float
+    meters: AgentMeters
     active: int = 0
     process_healthy: bool = True
     backend_healthy: bool = True

@@ -181,20 +181,26 @@ class Stream:
     # -- writing ------------------------------------------------------------------------------
 
     async def send_head(
-        self, status: int, headers: list[tuple[str, str]], end: bool = False
+        self,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes = b"",
+        end: bool = False,
     ) -> None:
+        """Send the response head, with as much of `body` as fits in the same frame."""
         self._check_writable()
         self.head_sent = True
-        if end:
-            self._send_done = True
-        await self.link.send(
-            frames.encode_json(
-                FrameType.HEADERS,
-                self.id,
-                {"status": status, "headers": headers},
-                END if end else 0,
-            )
+        head = {"status": status, "headers": headers}
+        frame, inline = frames.encode_head(
+            FrameType.HEADERS, self.id, head, body, self._send_credit, END if end else 0
         )
+        rest = body[inline:] if inline < len(body) else b""
+        if end and inline == len(body):
+            self._send_done = True
+        self._send_credit -= inline
+        await self.link.send(frame)
+        if inline < len(body) or (end and not self._send_done):
+            await self.write(rest, end=end)
         self.link._forget_if_finished(self)
 
     async def write(self, data: bytes, end: bool = False, timeout: float | None = None) -> None:
@@ -326,12 +332,17 @@ class Link:
         stream = Stream(self, stream_id, None)
         self._streams[stream_id] = stream
         head = {"proto": protocol, "method": method, "path": path, "headers": headers}
-        no_body = not body
-        if no_body:
+        body = body or b""
+        frame, inline = frames.encode_head(
+            FrameType.OPEN, stream_id, head, body, stream._send_credit, END
+        )
+        whole = inline == len(body)
+        if whole:
             stream._send_done = True
-        await self.send(frames.encode_json(FrameType.OPEN, stream_id, head, END if no_body else 0))
-        if body:
-            await stream.write(body, end=True)
+        stream._send_credit -= inline
+        await self.send(frame)
+        if not whole:
+            await stream.write(body[inline:], end=True)
         return stream
 
     @contextlib.asynccontextmanager
@@ -440,13 +451,13 @@ class Link:
                 stream._on_data(frame.payload, frame.end)
                 self._forget_if_finished(stream)
             elif kind is FrameType.HEADERS:
-                payload = frames.decode_json(frame)
+                payload, body = frames.decode_head(frame)
                 status = payload.get("status")
                 if not isinstance(status, int):
                     raise FrameError("HEADERS without an integer status")
                 stream._on_head(Head("", "", "", status, _headers(payload)))
-                if frame.end:
-                    stream._on_data(b"", True)
+                if body or frame.end:
+                    stream._on_data(body, frame.end)
                     self._forget_if_finished(stream)
             elif kind is FrameType.WINDOW:
                 stream._on_window(frames.decode_window(frame))
@@ -462,7 +473,7 @@ class Link:
     def _on_open(self, frame: frames.Frame, existing: Stream | None) -> None:
         if frame.stream_id % 2 != self._peer_parity or existing is not None:
             raise FrameError(f"OPEN on stream {frame.stream_id} that the peer cannot open")
-        payload = frames.decode_json(frame)
+        payload, body = frames.decode_head(frame)
         protocol = payload.get("proto")
         handler = self._handlers.get(protocol) if isinstance(protocol, str) else None
         method = payload.get("method")
@@ -471,8 +482,12 @@ class Link:
             raise FrameError("OPEN without method and path")
         head = Head(str(protocol), method, path, 0, _headers(payload))
         stream = Stream(self, frame.stream_id, head)
-        if frame.end:
-            stream._recv_done = True
+        if body or frame.end:
+            try:
+                stream._on_data(body, frame.end)
+            except StreamReset as exc:
+                stream.reset(exc)
+                return
         if handler is None or len(self._streams) >= MAX_STREAMS:
             code = "unknown_protocol" if handler is None else "refused"
             self.send_nowait(

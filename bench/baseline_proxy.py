@@ -20,11 +20,15 @@ async def main(port: int, upstream: str) -> None:
     async def proxy(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         orjson.loads(body)  # a real proxy reads at least the model field
-        async with session.post(upstream + request.path, data=body,
-                                headers={"Content-Type": "application/json"}) as upstream_resp:
+        async with session.post(
+            upstream + request.path, data=body, headers={"Content-Type": "application/json"}
+        ) as upstream_resp:
             if not upstream_resp.content_type.startswith("text/event-stream"):
-                return web.Response(status=upstream_resp.status, body=await upstream_resp.read(),
-                                    content_type=upstream_resp.content_type)
+                return web.Response(
+                    status=upstream_resp.status,
+                    body=await upstream_resp.read(),
+                    content_type=upstream_resp.content_type,
+                )
             response = web.StreamResponse(status=upstream_resp.status)
             response.content_type = "text/event-stream"
             await response.prepare(request)

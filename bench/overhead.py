@@ -36,11 +36,18 @@ MODEL = "bench-model"
 
 LOADS = {
     # ~1 KB JSON answer (130 tokens of the simulator's words)
-    "json-1k": {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
-                "max_tokens": 130},
+    "json-1k": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 130,
+    },
     # 50 content chunks plus the role, finish and [DONE] events
-    "sse-50": {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
-               "max_tokens": 50, "stream": True},
+    "sse-50": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 50,
+        "stream": True,
+    },
 }
 
 
@@ -69,7 +76,7 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 (loopback)
+            with urllib.request.urlopen(url, timeout=1) as resp:
                 if MODEL in resp.read().decode():
                     return
         except OSError:
@@ -101,8 +108,9 @@ class Row:
     cpu_us: dict[str, float]
 
 
-def run_wrk(wrk: str, url: str, body: dict[str, object], conns: int, seconds: int,
-            script_dir: Path) -> tuple[int, float, float, float, int]:
+def run_wrk(
+    wrk: str, url: str, body: dict[str, object], conns: int, seconds: int, script_dir: Path
+) -> tuple[int, float, float, float, int]:
     script = script_dir / "post.lua"
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
@@ -110,7 +118,9 @@ def run_wrk(wrk: str, url: str, body: dict[str, object], conns: int, seconds: in
     )
     out = subprocess.run(
         [wrk, "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(script), url],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
@@ -163,19 +173,64 @@ def main() -> int:
     sim, http, grpc, p2p, met, base = (free_port() for _ in range(6))
     fleet = Fleet(tmp)
     sim_url = f"http://127.0.0.1:{sim}"
-    fleet.start("sim", [str(BIN / "hivenet-sim"), "--port", str(sim), "--model", MODEL,
-                        "--zero-latency", "--max-num-seqs", "4096"])
-    fleet.start("baseline", [sys.executable, str(ROOT / "bench" / "baseline_proxy.py"),
-                             str(base), sim_url])
-    fleet.start("router", [str(BIN / "hivenet-router"), "--http-port", f"127.0.0.1:{http}",
-                           "--grpc-port", f"127.0.0.1:{grpc}", "--metrics-port",
-                           f"127.0.0.1:{met}", "--p2p-port", str(p2p), "--jwt-secret-file",
-                           str(secret), "--max-concurrent", "1024", "--queue-size", "4096",
-                           "--log-level", "warn"])
-    fleet.start("agent", [str(BIN / "hivenet-agent"), "--backend-url", sim_url,
-                          "--router-grpc", f"127.0.0.1:{grpc}", "--jwt-secret-file", str(secret),
-                          "--identity-path", str(tmp / "id.key"), "--capacity", "1024",
-                          "--reconnect-delay", "200ms", "--log-level", "warn"])
+    fleet.start(
+        "sim",
+        [
+            str(BIN / "hivenet-sim"),
+            "--port",
+            str(sim),
+            "--model",
+            MODEL,
+            "--zero-latency",
+            "--max-num-seqs",
+            "4096",
+        ],
+    )
+    fleet.start(
+        "baseline", [sys.executable, str(ROOT / "bench" / "baseline_proxy.py"), str(base), sim_url]
+    )
+    fleet.start(
+        "router",
+        [
+            str(BIN / "hivenet-router"),
+            "--http-port",
+            f"127.0.0.1:{http}",
+            "--grpc-port",
+            f"127.0.0.1:{grpc}",
+            "--metrics-port",
+            f"127.0.0.1:{met}",
+            "--p2p-port",
+            str(p2p),
+            "--jwt-secret-file",
+            str(secret),
+            "--max-concurrent",
+            "1024",
+            "--queue-size",
+            "4096",
+            "--log-level",
+            "warn",
+        ],
+    )
+    fleet.start(
+        "agent",
+        [
+            str(BIN / "hivenet-agent"),
+            "--backend-url",
+            sim_url,
+            "--router-grpc",
+            f"127.0.0.1:{grpc}",
+            "--jwt-secret-file",
+            str(secret),
+            "--identity-path",
+            str(tmp / "id.key"),
+            "--capacity",
+            "1024",
+            "--reconnect-delay",
+            "200ms",
+            "--log-level",
+            "warn",
+        ],
+    )
     rows: list[Row] = []
     try:
         wait_ready(f"{sim_url}/v1/models")
@@ -191,18 +246,27 @@ def main() -> int:
             for conns in levels:
                 for target, (url, procs) in targets.items():
                     done += 1
-                    print(f"[{done}/{total}] {target:14s} {load:8s} c={conns:<4d}", end=" ",
-                          flush=True)
+                    print(
+                        f"[{done}/{total}] {target:14s} {load:8s} c={conns:<4d}",
+                        end=" ",
+                        flush=True,
+                    )
                     run_wrk(wrk, url + "/v1/chat/completions", body, conns, 1, tmp)  # warm-up
                     before = {p: cpu_ticks(fleet.pid(p)) for p in procs}
                     n, rps, p50, p99, errors = run_wrk(
-                        wrk, url + "/v1/chat/completions", body, conns, seconds, tmp)
+                        wrk, url + "/v1/chat/completions", body, conns, seconds, tmp
+                    )
                     tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
-                    cpu = {p: round((cpu_ticks(fleet.pid(p)) - before[p]) * tick_us / max(n, 1),
-                                    1) for p in procs}
+                    cpu = {
+                        p: round((cpu_ticks(fleet.pid(p)) - before[p]) * tick_us / max(n, 1), 1)
+                        for p in procs
+                    }
                     rows.append(Row(target, load, conns, n, rps, p50, p99, errors, cpu))
-                    print(f"{rps:9.0f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  "
-                          f"cpu/req {cpu}  errors {errors}", flush=True)
+                    print(
+                        f"{rps:9.0f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  "
+                        f"cpu/req {cpu}  errors {errors}",
+                        flush=True,
+                    )
     finally:
         fleet.stop()
     report = render(rows, seconds)
@@ -225,15 +289,18 @@ def render(rows: list[Row], seconds: int) -> str:
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "
         f"wrk -t1, {seconds} s per cell.",
         "",
-        "| load | conc. | target | req/s | p50 ms | p99 ms | added p50 ms | CPU/req (us) | errors |",
+        "| load | conc. | target | req/s | p50 ms | p99 ms | added p50 ms | CPU/req (us) "
+        "| errors |",
         "| --- | --: | --- | --: | --: | --: | --: | --- | --: |",
     ]
     for r in rows:
         base = direct[(r.load, r.concurrency)]
         added = "" if r.target == "direct" else f"{r.p50_ms - base.p50_ms:+.2f}"
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in r.cpu_us.items())
-        lines.append(f"| {r.load} | {r.concurrency} | {r.target} | {r.rps:,.0f} | "
-                     f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} | {r.errors} |")
+        lines.append(
+            f"| {r.load} | {r.concurrency} | {r.target} | {r.rps:,.0f} | "
+            f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {added} | {cpu} | {r.errors} |"
+        )
     return "\n".join(lines)
 
 

@@ -161,6 +161,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="3 s per cell")
     parser.add_argument("--concurrency", default="1,32,256")
+    parser.add_argument("--loads", default=",".join(LOADS))
+    parser.add_argument("--targets", default="direct,aiohttp proxy,router+agent")
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
@@ -240,9 +242,11 @@ def main() -> int:
             "aiohttp proxy": (f"http://127.0.0.1:{base}", ["baseline", "sim"]),
             "router+agent": (f"http://127.0.0.1:{http}", ["router", "agent", "sim"]),
         }
-        total = len(targets) * len(LOADS) * len(levels)
+        targets = {k: v for k, v in targets.items() if k in args.targets.split(",")}
+        loads = {k: v for k, v in LOADS.items() if k in args.loads.split(",")}
+        total = len(targets) * len(loads) * len(levels)
         done = 0
-        for load, body in LOADS.items():
+        for load, body in loads.items():
             for conns in levels:
                 for target, (url, procs) in targets.items():
                     done += 1
@@ -284,6 +288,8 @@ def main() -> int:
 
 def render(rows: list[Row], seconds: int) -> str:
     direct = {(r.load, r.concurrency): r for r in rows if r.target == "direct"}
+    if not direct:
+        direct = {(r.load, r.concurrency): r for r in rows}
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.router.handlers import Handlers
@@ -29,12 +28,6 @@ INFERENCE_ROUTES = (
     "/v1/embeddings",
     "/v1/rerank",
 )
-
-_HTTP_CODES = {
-    404: ErrorCode.NOT_FOUND,
-    405: ErrorCode.METHOD_NOT_ALLOWED,
-    413: ErrorCode.REQUEST_TOO_LARGE,
-}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -59,58 +52,78 @@ def _error_response(status: int, body: bytes, rid: str) -> web.Response:
     )
 
 
-def edge_middleware(metrics: RouterMetrics) -> Middleware:
-    loop_time = asyncio.get_running_loop().time
-    durations: dict[tuple[str, int], Any] = {}
+class Edge:
+    """What every public request goes through: request ID, error envelope, duration metric.
 
-    @web.middleware
-    async def edge(request: web.Request, handler: Handler) -> web.StreamResponse:
-        rid = request_id(request.headers.get("X-Request-ID"))
-        request["request_id"] = rid
-        started = loop_time()
-        try:
-            response = await handler(request)
-        except ApiError as exc:
-            response = _error_response(exc.http_status, exc.body(), rid)
-        except web.HTTPException as exc:
-            code = _HTTP_CODES.get(exc.status, ErrorCode.REQUEST_INVALID)
-            message = (
-                exc.reason if exc.status != 404 else f"no route {request.method} {request.path}"
-            )
-            response = _error_response(
-                exc.status, error_body(code, message, status=exc.status), rid
-            )
-        except (asyncio.CancelledError, ConnectionError):
-            raise
-        except Exception:
-            log.exception(
-                "unhandled error on %s %s (request %s)", request.method, request.path, rid
-            )
-            response = _error_response(
-                500,
-                error_body(ErrorCode.BACKEND_ERROR, "internal router error", status=500),
-                rid,
-            )
-        if not response.prepared:
-            response.headers["X-Request-ID"] = rid
-        resource = request.match_info.route.resource
-        endpoint = resource.canonical if resource is not None else "unmatched"
-        key = (endpoint, response.status)
-        series = durations.get(key)
-        if series is None:
-            series = durations[key] = metrics.request_duration.labels(endpoint, str(key[1]))
-        series.observe(loop_time() - started)
-        return response
+    Applied by wrapping each route's handler rather than as aiohttp middleware, which costs
+    a few percent of the router's CPU per request for nothing this needs.
+    """
 
-    return edge
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._metrics = metrics
+        self._loop_time = asyncio.get_running_loop().time
+
+    def wrap(self, endpoint: str, handler: Handler) -> Handler:
+        loop_time = self._loop_time
+        durations: dict[int, Any] = {}
+        histogram = self._metrics.request_duration
+
+        async def edge(request: web.Request) -> web.StreamResponse:
+            rid = request_id(request.headers.get("X-Request-ID"))
+            request["request_id"] = rid
+            started = loop_time()
+            try:
+                response = await handler(request)
+            except ApiError as exc:
+                response = _error_response(exc.http_status, exc.body(), rid)
+            except (asyncio.CancelledError, ConnectionError):
+                raise
+            except Exception:
+                log.exception(
+                    "unhandled error on %s %s (request %s)", request.method, request.path, rid
+                )
+                response = _error_response(
+                    500,
+                    error_body(ErrorCode.BACKEND_ERROR, "internal router error", status=500),
+                    rid,
+                )
+            if not response.prepared:
+                response.headers["X-Request-ID"] = rid
+            series = durations.get(response.status)
+            if series is None:
+                series = durations[response.status] = histogram.labels(
+                    endpoint, str(response.status)
+                )
+            series.observe(loop_time() - started)
+            return response
+
+        return edge
 
 
 def build_app(handlers: Handlers, metrics: RouterMetrics, body_limit: int) -> web.Application:
+    """The route allowlist. Anything else, any method, gets a structured 404 or 405."""
     # aiohttp's own limits bound the request line and each header (8 KiB).
-    app = web.Application(middlewares=[edge_middleware(metrics)], client_max_size=body_limit)
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/v1/models", handlers.models)
-    app.router.add_get("/v1/models/{model:.+}", handlers.model)
+    app = web.Application(client_max_size=body_limit)
+    edge = Edge(metrics)
+    known: dict[str, str] = {}
+
+    def add(method: str, path: str, handler: Handler) -> None:
+        app.router.add_route(method, path, edge.wrap(path, handler))
+        if "{" not in path:
+            known[path] = method
+
+    add("GET", "/health", handlers.health)
+    add("GET", "/v1/models", handlers.models)
+    add("GET", "/v1/models/{model:.+}", handlers.model)
     for route in INFERENCE_ROUTES:
-        app.router.add_post(route, handlers.inference)
+        add("POST", route, handlers.inference)
+
+    async def unrouted(request: web.Request) -> web.StreamResponse:
+        allowed = known.get(request.path)
+        if allowed is not None or request.path.startswith("/v1/models/"):
+            allowed = allowed or "GET"
+            raise ApiError(ErrorCode.METHOD_NOT_ALLOWED, f"{request.path} accepts {allowed} only")
+        raise ApiError(ErrorCode.NOT_FOUND, f"no route {request.method} {request.path}")
+
+    app.router.add_route("*", "/{tail:.*}", edge.wrap("unmatched", unrouted))
     return app

@@ -60,9 +60,13 @@ async def start_site(
     *,
     ssl_context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
+    shutdown_timeout: float = 2.0,
 ) -> web.AppRunner:
-    """Start serving `app`. Handlers are cancelled when their client goes away."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+    """Start serving `app`. Handlers are cancelled when their client goes away; on cleanup,
+    in-flight requests get `shutdown_timeout` seconds to finish."""
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout
+    )
     await runner.setup()
     site = web.TCPSite(
         runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port, backlog=1024

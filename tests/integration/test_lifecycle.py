@@ -158,3 +158,32 @@ def test_client_disconnect_cancels_the_backend_request(make_cluster: Cluster) ->
     wait_until(lambda: metric(router.metrics(), "hivenet_router_active_forwards") == 0.0, timeout=5)
     assert metric(sim.metrics(), "vllm:request_success_total", finished_reason="abort") == 1.0
     assert _ok(router)
+
+
+def test_agent_started_before_its_backend_waits_for_it(make_cluster: Cluster) -> None:
+    from tests.procs import free_port
+
+    router = make_cluster.router()
+    port = free_port()
+    make_cluster.agent(router, None, backend_url=f"http://127.0.0.1:{port}", name="agent")
+    time.sleep(1.0)
+    assert MODEL not in router.models()
+    make_cluster.sim(MODEL, "--zero-latency", port=port)
+    wait_registered(router, MODEL)
+    assert _ok(router)
+
+
+def test_router_shutdown_lets_in_flight_streams_finish(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--itl", "40ms", "--ttft-base", "0")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    body = {**CHAT, "max_tokens": 30, "stream": True}
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=20) as reply:
+        lines = reply.iter_lines()
+        next(lines)
+        router.proc.popen.send_signal(__import__("signal").SIGTERM)  # type: ignore[union-attr]
+        rest = "\n".join(lines)
+    assert rest.rstrip().endswith("data: [DONE]")
+    router.proc.popen.wait(timeout=10)  # type: ignore[union-attr]
+    assert router.proc.popen.returncode == 0  # type: ignore[union-attr]

@@ -205,3 +205,37 @@ def test_health_monitor_spares_a_reregistered_agent() -> None:
     registry.upsert(record("a", now=clock.monotonic()))
     monitor.sweep()
     assert registry.get("a") is not None
+
+
+class StaleLink:
+    """Looks open, but fails the moment a stream is opened: a connection that died quietly."""
+
+    closed = False
+
+    async def open(self, *args: object, **kwargs: object) -> None:
+        from hivenet_router.transport.link import LinkClosed
+
+        self.closed = True
+        raise LinkClosed("stale")
+
+
+async def test_a_stale_connection_costs_no_try() -> None:
+    clock = ManualClock()
+    metrics = RouterMetrics()
+    registry = Registry(metrics)
+    limits = DispatchLimits(
+        queue_size=10, max_concurrent=10, enqueue_timeout=1.0, queue_depth=0, max_tries=1
+    )
+    dispatcher = Dispatcher(registry, metrics, clock, limits)
+    stale = record("stale")
+    stale.link = StaleLink()  # type: ignore[assignment]
+    registry.upsert(stale)
+    with pytest.raises(ApiError) as info:
+        await dispatcher._route(
+            JOB, __import__("hivenet_router.router.dispatch", fromlist=["Progress"]).Progress()
+        )
+    # The stale agent was dropped without using the single try; the failure reported is the
+    # absence of any other agent, with the stale connection named as the last failure.
+    assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
+    assert "after 0 failed attempt" in info.value.message
+    assert stale.active == 0

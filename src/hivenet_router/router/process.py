@@ -26,6 +26,8 @@ from hivenet_router.transport.tls import RouterTlsIdentity, derive_key
 
 log = logging.getLogger("hivenet.router")
 
+SHUTDOWN_GRACE = 30.0
+
 
 class RouterProcess:
     def __init__(self, config: RouterConfig, secret: bytes, clock: Clock) -> None:
@@ -107,13 +109,13 @@ class RouterProcess:
         server_tls = self.tls.server_context()
         runners: list[web.AppRunner] = []
         try:
-            runners.append(
-                await start_site(
-                    build_app(handlers, metrics, cfg.body_limit),
-                    cfg.http_port.host,
-                    cfg.http_port.port,
-                )
+            public = await start_site(
+                build_app(handlers, metrics, cfg.body_limit),
+                cfg.http_port.host,
+                cfg.http_port.port,
+                shutdown_timeout=min(cfg.request_timeout, SHUTDOWN_GRACE),
             )
+            runners.append(public)
             runners.append(
                 await start_site(
                     control.auth_app(),
@@ -146,12 +148,16 @@ class RouterProcess:
         log.debug("configuration: %s", describe(cfg))
         health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
         await stop.wait()
-        log.info("shutting down")
+        log.info("shutting down: no new requests; in-flight ones get up to %.0fs",
+                 min(cfg.request_timeout, SHUTDOWN_GRACE))
+        # The public port closes first, while agent connections still carry what is in
+        # flight; only then do the agents hear that the router is going away.
+        await public.cleanup()
         health_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await health_task
         for link in list(control.links):
             await link.close("router shutting down")
-        for runner in runners:
+        for runner in runners[1:]:
             await runner.cleanup()
         return 0

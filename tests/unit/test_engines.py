@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from hivenet_router.agent.engines import adapter_for
+from hivenet_router.sim.engine import Engine, Timing
+from hivenet_router.sim.metrics import render_metrics
+
+SGLANG = """
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.25
+sglang:num_running_reqs{model_name="m"} 3
+sglang:num_queue_reqs{model_name="m"} 1
+sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 5
+sglang:time_to_first_token_seconds_bucket{le="0.2",model_name="m"} 10
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 10
+sglang:time_to_first_token_seconds_sum{model_name="m"} 1.0
+sglang:time_to_first_token_seconds_count{model_name="m"} 10
+"""
+
+LLAMACPP = """
+# TYPE llamacpp:kv_cache_usage_ratio gauge
+llamacpp:kv_cache_usage_ratio 0.5
+llamacpp:requests_processing 2
+llamacpp:requests_deferred 0
+llamacpp:tokens_predicted_total 100
+llamacpp:tokens_predicted_seconds_total 2
+llamacpp:prompt_tokens_total 40
+"""
+
+
+async def test_vllm_adapter_reads_the_simulator() -> None:
+    engine = Engine(
+        max_num_seqs=4,
+        kv_cache_tokens=1000,
+        block_size=4,
+        timing=Timing(0.01, 0.0, 0.01, 0.0),
+        zero_latency=True,
+    )
+    seq = await engine.admit(b"x" * 400, 50)
+    for value in (0.01, 0.02, 0.03, 0.5):
+        engine.stats.ttft.observe(value)
+    snap = adapter_for("vllm").parse_metrics(render_metrics(engine, "m", 1))
+    assert snap.running_requests == 1 and snap.waiting_requests == 0
+    assert snap.kv_cache_utilization == pytest.approx(0.15)
+    assert snap.avg_ttft_seconds == pytest.approx(0.14)
+    assert snap.p90_ttft_seconds is not None and 0.25 < snap.p90_ttft_seconds <= 0.5
+    assert snap.prompt_tokens_total == 100
+    engine.release(seq, "stop", 50)
+
+
+def test_sglang_adapter() -> None:
+    snap = adapter_for("sglang").parse_metrics(SGLANG)
+    assert (snap.kv_cache_utilization, snap.running_requests, snap.waiting_requests) == (0.25, 3, 1)
+    assert snap.avg_ttft_seconds == pytest.approx(0.1)
+    assert snap.p90_ttft_seconds == pytest.approx(0.18)
+    assert snap.preemptions_total is None  # absent, not zero
+
+
+def test_llamacpp_adapter() -> None:
+    snap = adapter_for("llamacpp").parse_metrics(LLAMACPP)
+    assert (snap.kv_cache_utilization, snap.running_requests) == (0.5, 2)
+    assert snap.avg_itl_seconds == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("engine", ["ollama", "infinity", "custom", "openai"])
+def test_engines_without_metrics(engine: str) -> None:
+    adapter = adapter_for(engine)
+    assert adapter.metrics_path() is None
+    assert adapter.parse_metrics("whatever") == adapter.parse_metrics("")

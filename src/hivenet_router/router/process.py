@@ -148,8 +148,10 @@ class RouterProcess:
         log.debug("configuration: %s", describe(cfg))
         health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
         await stop.wait()
-        log.info("shutting down: no new requests; in-flight ones get up to %.0fs",
-                 min(cfg.request_timeout, SHUTDOWN_GRACE))
+        log.info(
+            "shutting down: no new requests; in-flight ones get up to %.0fs",
+            min(cfg.request_timeout, SHUTDOWN_GRACE),
+        )
         # The public port closes first, while agent connections still carry what is in
         # flight; only then do the agents hear that the router is going away.
         await public.cleanup()

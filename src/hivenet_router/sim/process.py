@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
+import signal
 
 from hivenet_router.config.sim import SimConfig
 from hivenet_router.runtime import run, setup_logging, start_site
@@ -50,6 +51,14 @@ def serve(config: SimConfig) -> int:
     ]
     for worker in workers:
         worker.start()
+
+    def stop(signum: int, frame: object) -> None:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     for worker in workers:
         worker.join()
     return max((worker.exitcode or 0) for worker in workers)

@@ -1,12 +1,26 @@
 from __future__ import annotations
 
+import base64
+
 import msgspec
+import pytest
 
 from hivenet_router.clock import ManualClock
-from hivenet_router.domain.agent import EngineSnapshot, Heartbeat, Registration, RoutingSignal
-from hivenet_router.router.control import ControlPlane, Sessions
+from hivenet_router.domain.agent import (
+    EngineSnapshot,
+    Heartbeat,
+    Registration,
+    Renewal,
+    RoutingSignal,
+)
+from hivenet_router.router.agent_auth import FailureLimiter, Sessions, source_prefix
+from hivenet_router.router.control import Binding, ControlPlane
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import Registry
+from hivenet_router.transport import trust
+from hivenet_router.transport.identity import Identity
+
+ROUTER = "router-peer"
 
 
 class OpenLink:
@@ -22,51 +36,91 @@ def plane() -> tuple[ControlPlane, Registry, ManualClock, Sessions]:
         registry=registry,
         metrics=metrics,
         clock=clock,
-        secret=b"s" * 32,
         sessions=sessions,
-        router_peer_id="router",
-        announce="/ip4/127.0.0.1/tcp/9000/tls/ws",
-        heartbeat_interval=5.0,
+        router_peer_id=ROUTER,
         max_conns_per_ip=2,
     )
     return control, registry, clock, sessions
 
 
-def register(control: ControlPlane, sessions: Sessions, peer: str = "peer-a") -> list:  # type: ignore[type-arg]
-    grant = sessions.issue(peer)
-    holder: list = []  # type: ignore[type-arg]
-    reg = Registration(peer_id=peer, model="m", capability="llm", engine="vllm", capacity=2)
-    status, _ = control._register(OpenLink(), grant, msgspec.json.encode(reg), holder)  # type: ignore[arg-type]
+def proof(identity: Identity, grant: trust.SessionGrant) -> str:
+    message = trust.proof_message(grant.challenge, identity.peer_id, ROUTER)
+    return base64.b64encode(identity.sign(message)).decode()
+
+
+def registration(identity: Identity, grant: trust.SessionGrant, **changes: object) -> bytes:
+    fields: dict[str, object] = {
+        "peer_id": identity.peer_id,
+        "model": "m",
+        "capability": "llm",
+        "engine": "vllm",
+        "capacity": 2,
+        "signature": proof(identity, grant),
+    }
+    fields.update(changes)
+    return msgspec.json.encode(Registration(**fields))  # type: ignore[arg-type]
+
+
+def registered() -> tuple[ControlPlane, Registry, ManualClock, Sessions, Binding, Identity]:
+    control, registry, clock, sessions = plane()
+    identity = Identity.generate()
+    grant = sessions.issue(identity.peer_id)
+    binding = Binding(OpenLink(), grant)  # type: ignore[arg-type]
+    status, _ = control._register(binding, registration(identity, grant))
     assert status == 200
-    return holder
+    return control, registry, clock, sessions, binding, identity
 
 
 def test_routing_signals_never_refresh_liveness() -> None:
-    control, registry, clock, sessions = plane()
-    holder = register(control, sessions)
-    record = registry.get("peer-a")
+    control, registry, clock, _, binding, identity = registered()
+    record = registry.get(identity.peer_id)
     assert record is not None
     seen = record.last_heartbeat
     clock.advance(20)
     signal = RoutingSignal(engine=EngineSnapshot(kv_cache_utilization=0.5))
-    assert control._signal(holder, msgspec.json.encode(signal))[0] == 200
+    assert control._signal(binding, msgspec.json.encode(signal))[0] == 200
     assert record.last_heartbeat == seen
     assert record.engine is not None and record.engine.kv_cache_utilization == 0.5
     beat = Heartbeat(backend_healthy=False)
-    assert control._heartbeat(holder, msgspec.json.encode(beat))[0] == 200
+    assert control._heartbeat(binding, msgspec.json.encode(beat))[0] == 200
     assert record.last_heartbeat == seen + 20
     assert not record.eligible  # the backend is down: out of the pool at once
 
 
-def test_registration_must_match_the_session() -> None:
+def test_registration_must_match_the_session_and_prove_the_peer_id() -> None:
     control, registry, _, sessions = plane()
-    grant = sessions.issue("peer-a")
-    reg = Registration(
-        peer_id="someone-else", model="m", capability="llm", engine="vllm", capacity=1
-    )
-    status, _ = control._register(OpenLink(), grant, msgspec.json.encode(reg), [])  # type: ignore[arg-type]
-    assert status == 403
-    assert registry.get("someone-else") is None
+    identity, other = Identity.generate(), Identity.generate()
+    grant = sessions.issue(identity.peer_id)
+    binding = Binding(OpenLink(), grant)  # type: ignore[arg-type]
+    # someone else's peer ID on this session
+    body = registration(other, grant)
+    assert control._register(binding, body)[0] == 403
+    # the right peer ID, signed by the wrong key
+    forged = registration(identity, grant, signature=proof(other, grant))
+    assert control._register(binding, forged)[0] == 403
+    # a signature over another session's challenge
+    stale = registration(identity, grant, signature=proof(identity, sessions.issue("x")))
+    assert control._register(binding, stale)[0] == 403
+    assert control._register(binding, registration(identity, grant, signature=""))[0] == 403
+    assert registry.all() == []
+    assert control._register(binding, registration(identity, grant))[0] == 200
+
+
+def test_renewal_rebinds_the_connection() -> None:
+    control, registry, _clock, sessions, binding, identity = registered()
+    fresh = sessions.issue(identity.peer_id)
+    body = msgspec.json.encode(Renewal(session_token=fresh.token, signature=proof(identity, fresh)))
+    assert control._renew(binding, body)[0] == 200
+    assert binding.grant is fresh
+    record = registry.get(identity.peer_id)
+    assert record is not None and record.session_digest == fresh.digest
+    # a session of another peer cannot be grafted onto this connection
+    thief = Identity.generate()
+    theirs = sessions.issue(thief.peer_id)
+    body = msgspec.json.encode(Renewal(session_token=theirs.token, signature=proof(thief, theirs)))
+    assert control._renew(binding, body)[0] == 403
+    body = msgspec.json.encode(Renewal(session_token="forged", signature="AAAA"))
+    assert control._renew(binding, body)[0] == 401
 
 
 def test_sessions_expire_and_are_revoked() -> None:
@@ -79,26 +133,36 @@ def test_sessions_expire_and_are_revoked() -> None:
     again = sessions.issue("peer-a")
     sessions.revoke_peer("peer-a")
     assert sessions.check(again.token) is None
+    assert not sessions.live(again)
+
+
+def test_failed_authentications_are_limited_per_source() -> None:
+    clock = ManualClock()
+    limiter = FailureLimiter(clock, limit=3)
+    for _ in range(3):
+        assert not limiter.blocked("10.0.0.1")
+        limiter.failed("10.0.0.1")
+    assert limiter.blocked("10.0.0.1")
+    assert not limiter.blocked("10.0.0.2")
+    clock.advance(61)
+    assert not limiter.blocked("10.0.0.1")
+
+
+def test_source_prefixes() -> None:
+    assert source_prefix("192.0.2.7") == "192.0.2.7"
+    assert source_prefix("2001:db8:1:2:3::1") == source_prefix("2001:db8:1:2:ff::9")
+    assert source_prefix("2001:db8:1:200::1") != source_prefix("2001:db8:1:100::1")
 
 
 def test_oversized_metadata_is_refused() -> None:
-    import pytest
-
     decoder = msgspec.json.Decoder(Registration)
-    body = msgspec.json.encode(
-        {
-            "peer_id": "p",
-            "model": "m",
-            "capability": "llm",
-            "engine": "vllm",
-            "capacity": 1,
-            "region": "x" * 300,
-        }
-    )
-    with pytest.raises(msgspec.ValidationError):
-        decoder.decode(body)
-    body = msgspec.json.encode(
-        {"peer_id": "p", "model": "m", "capability": "llm", "engine": "vllm", "capacity": 0}
-    )
-    with pytest.raises(msgspec.ValidationError):
-        decoder.decode(body)
+    base = {"peer_id": "p", "model": "m", "capability": "llm", "engine": "vllm", "capacity": 1}
+    for bad in (
+        {"region": "x" * 300},
+        {"capacity": 0},
+        {"tags": ["t"] * 100},
+        {"llm_info": "i" * 5000},
+        {"unexpected": 1},
+    ):
+        with pytest.raises(msgspec.ValidationError):
+            decoder.decode(msgspec.json.encode({**base, **bad}))

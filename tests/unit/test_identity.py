@@ -79,3 +79,50 @@ def test_secret_loading(tmp_path: Path) -> None:
     assert len(trust.load_secret(str(path), "")) >= 32
     with pytest.raises(trust.TrustError, match="cannot read"):
         trust.load_secret(str(tmp_path / "missing"), "")
+
+
+def test_libp2p_published_vectors() -> None:
+    # The Ed25519 key of the libp2p peer-ids specification's test vectors, and the peer ID
+    # go-libp2p's peer-id-auth tests expect for it.
+    private = bytes.fromhex(
+        "080112407e0830617c4a7de83925dfb2694556b12936c477a0e1feb2e148ec9da60fee7d"
+        "1ed1e8fae2c4a144b8be8fd4b47bf3d3b34b871c3cacf6010f0e42d474fce27e"
+    )
+    identity = Identity.decode(private)
+    assert identity.encode() == private
+    public = public_key_of_peer_id(identity.peer_id)
+    from hivenet_router.transport.identity import raw_public
+
+    assert "08011220" + raw_public(public).hex() == (
+        "080112201ed1e8fae2c4a144b8be8fd4b47bf3d3b34b871c3cacf6010f0e42d474fce27e"
+    )
+    assert identity.peer_id == "12D3KooWBtg3aaRMjxwedh83aGiUkwSxDwUZkzuJcfaqUmo7R3pq"
+
+
+def test_derived_key_is_recorded() -> None:
+    from hivenet_router.transport.identity import raw_public
+    from hivenet_router.transport.tls import derive_key
+
+    # Recorded once from this implementation; a change here changes every router identity.
+    secret = b"hivenet-router-test-secret-0123456789"
+    key = derive_key(secret)
+    assert raw_public(key.public_key()).hex() == RECORDED_PUBLIC_KEY
+    # The seed is HKDF-SHA256 (RFC 5869) with the documented salt and info, computed by hand.
+    import hashlib
+    import hmac
+
+    prk = hmac.new(b"hivenet-router-grpc-tls-v2", secret, hashlib.sha256).digest()
+    seed = hmac.new(prk, b"ed25519" + b"\x01", hashlib.sha256).digest()
+    from cryptography.hazmat.primitives import serialization
+
+    assert (
+        key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        == seed
+    )
+
+
+RECORDED_PUBLIC_KEY = "2ab07eaf203d0fe7c490a7f936a61b61d0ab81dc38fda5e532f7cac0f8364e77"

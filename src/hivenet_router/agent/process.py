@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -17,10 +16,16 @@ import msgspec
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.monitor import BackendMonitor
 from hivenet_router.agent.proxy import BackendProxy
+from hivenet_router.agent.session import (
+    CALL_TIMEOUT,
+    HttpsRouterAuth,
+    RouterAuth,
+    RouterRejected,
+    Session,
+)
 from hivenet_router.config.agent import AgentConfig
 from hivenet_router.config.options import ConfigError
-from hivenet_router.config.values import split_multiaddr
-from hivenet_router.domain.agent import Heartbeat, Registration, RoutingSignal
+from hivenet_router.domain.agent import Heartbeat, Registration, Renewal, RoutingSignal
 from hivenet_router.transport import frames, trust
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
 from hivenet_router.transport.link import (
@@ -34,21 +39,6 @@ from hivenet_router.transport.tls import RouterTlsIdentity
 log = logging.getLogger("hivenet.agent")
 
 MAX_BACKOFF = 30.0
-CALL_TIMEOUT = 10.0
-AUTH_PATH = "/hivenet.auth.v1/authenticate"
-LINK_PATH = "/hivenet/link"
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    token: str
-    router_peer_id: str
-    link_url: str
-    heartbeat_interval: float
-
-
-class RouterRejected(Exception):
-    """The router refused this agent; the message says why."""
 
 
 class AgentProcess:
@@ -121,10 +111,13 @@ class AgentProcess:
     ) -> None:
         delay = self.config.reconnect_delay
         async with aiohttp.ClientSession() as http:
+            auth = HttpsRouterAuth(
+                http, self.config.router_grpc, self.secret, self.identity, self.config.capacity
+            )
             while True:
                 try:
-                    session = await self._authenticate(http)
-                    await self._run_link(http, session, model, monitor, proxy)
+                    session = await auth.authenticate()
+                    await self._run_link(http, auth, session, model, monitor, proxy)
                     delay = self.config.reconnect_delay
                     log.warning("connection to the router ended; reconnecting")
                 except RouterRejected as exc:
@@ -138,35 +131,7 @@ class AgentProcess:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, MAX_BACKOFF)
 
-    async def _authenticate(self, http: aiohttp.ClientSession) -> SessionInfo:
-        cfg = self.config
-        url = f"https://{cfg.router_grpc}{AUTH_PATH}"
-        token = trust.agent_token(self.secret, self.identity.peer_id)
-        async with http.post(
-            url,
-            json={"token": token, "capacity": cfg.capacity},
-            ssl=self.tls.client_context(),
-            timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT),
-        ) as resp:
-            body = await resp.json(content_type=None)
-            if resp.status != 200:
-                reason = body.get("error") if isinstance(body, dict) else None
-                raise RouterRejected(str(reason or f"HTTP {resp.status}"))
-        addrs = body.get("addrs") or []
-        if not addrs:
-            raise RouterRejected("the router announced no data-connection address")
-        host, port = split_multiaddr(str(addrs[0]))
-        if host in {"0.0.0.0", "::"}:
-            host = cfg.router_grpc.host
-        host_part = f"[{host}]" if ":" in host else host
-        return SessionInfo(
-            token=str(body["session_token"]),
-            router_peer_id=str(body.get("router_peer_id", "")),
-            link_url=f"wss://{host_part}:{port}{LINK_PATH}",
-            heartbeat_interval=float(body.get("heartbeat_interval_ms", 5000)) / 1000,
-        )
-
-    def _registration(self, model: str, monitor: BackendMonitor) -> bytes:
+    def _registration(self, model: str, monitor: BackendMonitor, session: Session) -> bytes:
         cfg = self.config
         reg = Registration(
             peer_id=self.identity.peer_id,
@@ -186,13 +151,15 @@ class AgentProcess:
             llm_pretty_name=cfg.llm_pretty_name,
             llm_info=cfg.llm_info,
             backend_healthy=monitor.healthy,
+            signature=session.proof(self.identity),
         )
         return msgspec.json.encode(reg)
 
     async def _run_link(
         self,
         http: aiohttp.ClientSession,
-        session: SessionInfo,
+        auth: RouterAuth,
+        session: Session,
         model: str,
         monitor: BackendMonitor,
         proxy: BackendProxy,
@@ -209,8 +176,9 @@ class AgentProcess:
         link = Link(ws, dialer=True, handlers={INFERENCE_PROTOCOL: proxy.handle}, name="router")
         reader = asyncio.create_task(link.run())
         try:
+            registration = self._registration(model, monitor, session)
             status, reply = await link.call(
-                ROUTER_PROTOCOL, "/register", self._registration(model, monitor), CALL_TIMEOUT
+                ROUTER_PROTOCOL, "/register", registration, CALL_TIMEOUT
             )
             if status != 200:
                 raise RouterRejected(
@@ -222,18 +190,44 @@ class AgentProcess:
                 self.identity.peer_id,
             )
             async with asyncio.TaskGroup() as group:
-                beats = group.create_task(
-                    self._heartbeats(link, session.heartbeat_interval, monitor, proxy)
-                )
-                signals = group.create_task(self._signals(link, monitor))
+                tasks = [
+                    group.create_task(
+                        self._heartbeats(link, session.heartbeat_interval, monitor, proxy)
+                    ),
+                    group.create_task(self._signals(link, monitor)),
+                    group.create_task(self._renewals(link, auth, session)),
+                ]
                 await link.wait_closed()
-                beats.cancel()
-                signals.cancel()
+                for task in tasks:
+                    task.cancel()
         finally:
             await link.close("agent reconnecting")
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def _renewals(self, link: Link, auth: RouterAuth, session: Session) -> None:
+        """Renew the session before it expires, over the live connection, so in-flight
+        requests never notice. A failed renewal is retried; if the session expires anyway
+        the router refuses heartbeats and the agent reconnects."""
+        loop = asyncio.get_running_loop()
+        while not link.closed:
+            await asyncio.sleep(max(session.renew_at - loop.time(), 0.0))
+            try:
+                fresh = await auth.authenticate()
+                body = msgspec.json.encode(
+                    Renewal(session_token=fresh.token, signature=fresh.proof(self.identity))
+                )
+                status, reply = await link.call(ROUTER_PROTOCOL, "/renew", body, CALL_TIMEOUT)
+                if status != 200:
+                    raise RouterRejected(reply[:200].decode(errors="replace"))
+            except (RouterRejected, aiohttp.ClientError, TimeoutError, StreamReset, OSError) as exc:
+                retry = self.config.session_retry_interval
+                log.warning("session renewal failed (%s); retrying in %.0fs", exc, retry)
+                await asyncio.sleep(retry)
+                continue
+            session = fresh
+            log.info("session renewed")
 
     async def _heartbeats(
         self, link: Link, interval: float, monitor: BackendMonitor, proxy: BackendProxy

@@ -136,6 +136,11 @@ class AgentConfig:
         flag="--reconnect-delay",
         help="First delay before reconnecting to the router; doubles up to 30s with jitter",
     )
+    session_retry_interval: float = duration_option(
+        30.0,
+        flag="--session-retry-interval",
+        help="Wait before retrying a failed session renewal",
+    )
     backend_ready_timeout: float = duration_option(
         0.0,
         flag="--backend-ready-timeout",

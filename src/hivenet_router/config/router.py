@@ -131,6 +131,17 @@ class RouterConfig:
         env="HIVENET_ROUTER_SESSION_TTL",
         help="Lifetime of an agent session token; must exceed 5m",
     )
+    session_renew_margin: float = duration_option(
+        300.0,
+        flag="--session-renew-margin",
+        help="How long before expiry agents renew their session; --session-ttl must exceed it",
+    )
+    auth_failure_limit: int = option(
+        10,
+        parse=v.positive_int,
+        flag="--auth-failure-limit",
+        help="Failed agent authentications per source address and minute before refusing",
+    )
     jwt_secret_file: str = option(
         "",
         parse=v.text,
@@ -160,8 +171,11 @@ class RouterConfig:
     )
 
     def validate(self) -> None:
-        if self.session_ttl <= 300:
-            raise ConfigError("--session-ttl must be longer than 5m (agents renew 5m early)")
+        if self.session_ttl <= self.session_renew_margin:
+            raise ConfigError(
+                "--session-ttl must be longer than --session-renew-margin "
+                f"({self.session_renew_margin:g}s): agents renew that long before expiry"
+            )
         if not self.heartbeat_interval < self.unhealthy_after < self.remove_after:
             raise ConfigError(
                 "--heartbeat-interval < --unhealthy-after < --remove-after must hold "

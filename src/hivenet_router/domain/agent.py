@@ -56,6 +56,15 @@ class Registration(msgspec.Struct, forbid_unknown_fields=True):
     llm_pretty_name: Label = ""
     llm_info: Annotated[str, msgspec.Meta(max_length=2048)] = ""
     backend_healthy: bool = True
+    # Base64 Ed25519 signature over the session's challenge: proves the peer ID.
+    signature: Annotated[str, msgspec.Meta(max_length=256)] = ""
+
+
+class Renewal(msgspec.Struct, forbid_unknown_fields=True):
+    """A fresh session for a live connection, proven like a registration."""
+
+    session_token: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    signature: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
 class Heartbeat(msgspec.Struct):

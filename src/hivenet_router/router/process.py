@@ -12,8 +12,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
+from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.app import build_app
-from hivenet_router.router.control import ControlPlane, Sessions
+from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
@@ -71,15 +72,22 @@ class RouterProcess:
         )
         handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout)
         sessions = Sessions(self.clock, cfg.session_ttl)
+        authenticator = AgentAuthenticator(
+            secret=self.secret,
+            sessions=sessions,
+            clock=self.clock,
+            router_peer_id=self.peer_id,
+            announce=self._announce(),
+            heartbeat_interval=cfg.heartbeat_interval,
+            renew_margin=cfg.session_renew_margin,
+            failure_limit=cfg.auth_failure_limit,
+        )
         control = ControlPlane(
             registry=registry,
             metrics=metrics,
             clock=self.clock,
-            secret=self.secret,
             sessions=sessions,
             router_peer_id=self.peer_id,
-            announce=self._announce(),
-            heartbeat_interval=cfg.heartbeat_interval,
             max_conns_per_ip=cfg.p2p_max_conns_per_ip,
         )
 
@@ -118,7 +126,7 @@ class RouterProcess:
             runners.append(public)
             runners.append(
                 await start_site(
-                    control.auth_app(),
+                    authenticator.app(),
                     cfg.grpc_port.host,
                     cfg.grpc_port.port,
                     ssl_context=server_tls,

@@ -280,6 +280,9 @@ class Link:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    def add_handler(self, protocol: str, handler: Handler) -> None:
+        self._handlers[protocol] = handler
+
     @property
     def active_streams(self) -> int:
         return len(self._streams)

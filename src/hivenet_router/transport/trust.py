@@ -8,6 +8,7 @@ these pieces.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
+from cryptography.exceptions import InvalidSignature
+
+from hivenet_router.transport.identity import public_key_of_peer_id
 
 MIN_SECRET_BYTES = 32
 ISSUER = "hivenet-agent"
@@ -109,11 +113,30 @@ class SessionGrant:
     digest: bytes
     peer_id: str
     expires_at: float
+    challenge: bytes
 
 
 def new_session(peer_id: str, ttl: float, now: float) -> SessionGrant:
     token = secrets.token_urlsafe(32)
-    return SessionGrant(token, token_digest(token), peer_id, now + ttl)
+    return SessionGrant(token, token_digest(token), peer_id, now + ttl, secrets.token_bytes(32))
+
+
+def proof_message(challenge: bytes, peer_id: str, router_peer_id: str) -> bytes:
+    """What an agent signs with its identity key to prove it owns its peer ID."""
+    return b"hivenet-router session proof v1\n" + b"\n".join(
+        (challenge.hex().encode(), peer_id.encode(), router_peer_id.encode())
+    )
+
+
+def verify_proof(signature_b64: str, challenge: bytes, peer_id: str, router_peer_id: str) -> bool:
+    """True when the signature was made by the key embedded in `peer_id`."""
+    try:
+        signature = base64.b64decode(signature_b64, validate=True)
+        public = public_key_of_peer_id(peer_id)
+        public.verify(signature, proof_message(challenge, peer_id, router_peer_id))
+    except (ValueError, InvalidSignature):
+        return False
+    return True
 
 
 def token_digest(token: str) -> bytes:

@@ -18,7 +18,7 @@ from hivenet_router.agent.monitor import BackendMonitor
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.session import (
     CALL_TIMEOUT,
-    HttpsRouterAuth,
+    GrpcRouterAuth,
     RouterAuth,
     RouterRejected,
     Session,
@@ -111,8 +111,8 @@ class AgentProcess:
     ) -> None:
         delay = self.config.reconnect_delay
         async with aiohttp.ClientSession() as http:
-            auth = HttpsRouterAuth(
-                http, self.config.router_grpc, self.secret, self.identity, self.config.capacity
+            auth = GrpcRouterAuth(
+                self.config.router_grpc, self.secret, self.identity, self.config.capacity
             )
             while True:
                 try:
@@ -123,6 +123,7 @@ class AgentProcess:
                 except RouterRejected as exc:
                     log.error("router refused this agent: %s", exc)
                 except (aiohttp.ClientError, TimeoutError, StreamReset, OSError) as exc:
+                    # ConnectionError (an OSError) covers an unreachable router.
                     log.warning(
                         "router unreachable (%s); retrying in %.1fs",
                         exc or type(exc).__name__,

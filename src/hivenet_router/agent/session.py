@@ -1,25 +1,30 @@
 """How an agent gets a session from its router, and proves its peer ID with it.
 
-`RouterAuth` is the small interface the agent's lifecycle depends on; `HttpsRouterAuth`
-speaks the authentication endpoint over TLS 1.3 pinned to the key derived from the shared
-secret.
+`RouterAuth` is the small interface the agent's lifecycle depends on; `GrpcRouterAuth`
+calls the router's authentication RPC (grpcio) through TLS 1.3 pinned to the key derived
+from the shared secret.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import aiohttp
+import grpc
+import orjson
 
 from hivenet_router.config.values import ListenAddress, split_multiaddr
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import Identity
 from hivenet_router.transport.tls import RouterTlsIdentity
+from hivenet_router.transport.tunnel import relay
 
-AUTH_PATH = "/hivenet.auth.v1/authenticate"
+SERVICE = "hivenet.auth.v1.AgentAuth"
+METHOD = "Authenticate"
 LINK_PATH = "/hivenet/link"
 CALL_TIMEOUT = 10.0
 
@@ -48,16 +53,17 @@ class RouterAuth(Protocol):
     async def authenticate(self) -> Session: ...
 
 
-class HttpsRouterAuth:
+class GrpcRouterAuth:
+    """One authentication = one gRPC call through a fresh pinned TLS connection.
+
+    grpcio cannot verify an Ed25519 server key itself, so its channel talks plaintext
+    HTTP/2 to a one-shot listener on this host's loopback, which relays into a TLS 1.3
+    connection that accepts exactly the router's derived certificate.
+    """
+
     def __init__(
-        self,
-        http: aiohttp.ClientSession,
-        router: ListenAddress,
-        secret: bytes,
-        identity: Identity,
-        capacity: int,
+        self, router: ListenAddress, secret: bytes, identity: Identity, capacity: int
     ) -> None:
-        self._http = http
         self._router = router
         self._secret = secret
         self._identity = identity
@@ -67,29 +73,66 @@ class HttpsRouterAuth:
     async def authenticate(self) -> Session:
         token = trust.agent_token(self._secret, self._identity.peer_id)
         started = time.monotonic()
-        async with self._http.post(
-            f"https://{self._router}{AUTH_PATH}",
-            json={"token": token, "capacity": self._capacity},
-            ssl=self._tls,
-            timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT),
-        ) as resp:
-            body = await resp.json(content_type=None)
-            if resp.status != 200:
-                reason = body.get("error") if isinstance(body, dict) else None
-                raise RouterRejected(str(reason or f"HTTP {resp.status}"))
+        request = orjson.dumps({"token": token, "capacity": self._capacity})
+        tunnel_errors: list[BaseException] = []
+
+        async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                upstream = await asyncio.open_connection(
+                    self._router.host,
+                    self._router.port,
+                    ssl=self._tls,
+                    server_hostname="hivenet-router",
+                    ssl_handshake_timeout=CALL_TIMEOUT,
+                )
+            except (OSError, TimeoutError) as exc:
+                tunnel_errors.append(exc)
+                writer.close()
+                return
+            await relay((reader, writer), upstream)
+
+        listener = await asyncio.start_server(bridge, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
         try:
-            addrs = body.get("addrs") or []
-            host, port = split_multiaddr(str(addrs[0]))
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+                    f"/{SERVICE}/{METHOD}"
+                )
+                answer = await call(request, timeout=CALL_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            raise self._explain(exc, tunnel_errors) from None
+        finally:
+            listener.close()
+        return self._session(orjson.loads(answer), started)
+
+    @staticmethod
+    def _explain(exc: grpc.aio.AioRpcError, tunnel_errors: list[BaseException]) -> Exception:
+        for error in tunnel_errors:
+            if isinstance(error, ssl.SSLCertVerificationError):
+                return RouterRejected(
+                    "the router's TLS key does not match the shared secret "
+                    "(wrong secret, or a man in the middle)"
+                )
+            return ConnectionError(f"router unreachable: {error}")
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return ConnectionError(f"router unreachable: {exc.details()}")
+        return RouterRejected(f"{exc.code().name}: {exc.details()}")
+
+    def _session(self, body: object, started: float) -> Session:
+        try:
+            assert isinstance(body, dict)
+            host, port = split_multiaddr(str(body["addrs"][0]))
             ttl = float(body["session_ttl_s"])
             margin = float(body["renew_margin_s"])
             challenge = base64.b64decode(body["challenge"])
-        except (IndexError, KeyError, TypeError, ValueError) as exc:
-            raise RouterRejected(f"unusable authentication answer: {exc}") from None
+            token = str(body["session_token"])
+        except (AssertionError, IndexError, KeyError, TypeError, ValueError) as exc:
+            raise RouterRejected(f"unusable authentication answer: {exc!r}") from None
         if host in {"0.0.0.0", "::"}:
             host = self._router.host
         host_part = f"[{host}]" if ":" in host else host
         return Session(
-            token=str(body["session_token"]),
+            token=token,
             challenge=challenge,
             router_peer_id=str(body.get("router_peer_id", "")),
             link_url=f"wss://{host_part}:{port}{LINK_PATH}",

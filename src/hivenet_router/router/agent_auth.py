@@ -14,14 +14,12 @@ import logging
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
 
 from hivenet_router.clock import Clock
 from hivenet_router.transport import trust
 
 log = logging.getLogger("hivenet.auth")
 
-AUTH_PATH = "/hivenet.auth.v1/authenticate"
 MAX_AUTH_BODY = 16 * 1024
 FAILURE_WINDOW = 60.0
 
@@ -135,19 +133,15 @@ class AgentAuthenticator:
         self.renew_margin = renew_margin
         self.failures = FailureLimiter(clock, failure_limit)
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_AUTH_BODY)
-        app.router.add_post(AUTH_PATH, self.authenticate)
-        return app
-
-    async def authenticate(self, request: web.Request) -> web.Response:
-        source = source_prefix(request.remote or "")
+    def answer(self, body: bytes, source: str) -> tuple[int, dict[str, object]]:
+        """Check one authentication request from `source`; (status, answer) as HTTP would
+        say it. The transport that carried it maps the status to its own codes."""
         if self.failures.blocked(source):
-            return _refuse(429, "too many failed attempts; retry later")
+            return 429, {"error": "too many failed attempts; retry later"}
         try:
-            body = orjson.loads(await request.read())
-            token = body["token"]
-            capacity = body.get("capacity", 1)
+            request = orjson.loads(body)
+            token = request["token"]
+            capacity = request.get("capacity", 1)
             if not isinstance(token, str) or not isinstance(capacity, int):
                 raise TypeError
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
@@ -158,27 +152,21 @@ class AgentAuthenticator:
             return self._failed(source, str(exc), 401)
         if capacity <= 0:
             log.warning("authentication of %s refused: capacity %d", peer_id, capacity)
-            return _refuse(400, "capacity must be positive")
+            return 400, {"error": "capacity must be positive"}
         grant = self.sessions.issue(peer_id)
-        log.info("agent %s authenticated from %s", peer_id, request.remote)
-        return web.json_response(
-            {
-                "session_token": grant.token,
-                "challenge": base64.b64encode(grant.challenge).decode(),
-                "router_peer_id": self.router_peer_id,
-                "addrs": [self.announce],
-                "heartbeat_interval_ms": int(self.heartbeat_interval * 1000),
-                "session_ttl_s": self.sessions.ttl,
-                "renew_margin_s": self.renew_margin,
-            }
-        )
+        log.info("agent %s authenticated from %s", peer_id, source)
+        return 200, {
+            "session_token": grant.token,
+            "challenge": base64.b64encode(grant.challenge).decode(),
+            "router_peer_id": self.router_peer_id,
+            "addrs": [self.announce],
+            "heartbeat_interval_ms": int(self.heartbeat_interval * 1000),
+            "session_ttl_s": self.sessions.ttl,
+            "renew_margin_s": self.renew_margin,
+        }
 
-    def _failed(self, source: str, reason: str, status: int) -> web.Response:
+    def _failed(self, source: str, reason: str, status: int) -> tuple[int, dict[str, object]]:
         # The reason names what failed, never the token or the secret.
         log.warning("agent authentication from %s refused: %s", source, reason)
         self.failures.failed(source)
-        return _refuse(status, "authentication failed" if status == 401 else reason)
-
-
-def _refuse(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+        return status, {"error": "authentication failed" if status == 401 else reason}

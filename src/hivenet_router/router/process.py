@@ -14,6 +14,7 @@ from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.app import build_app
+from hivenet_router.router.auth_grpc import GrpcAuthServer
 from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
 from hivenet_router.router.handlers import Handlers
@@ -115,6 +116,7 @@ class RouterProcess:
         metrics_app.router.add_get("/metrics", metrics_page)
 
         server_tls = self.tls.server_context()
+        auth_server = GrpcAuthServer(authenticator, server_tls)
         runners: list[web.AppRunner] = []
         try:
             public = await start_site(
@@ -124,14 +126,7 @@ class RouterProcess:
                 shutdown_timeout=min(cfg.request_timeout, SHUTDOWN_GRACE),
             )
             runners.append(public)
-            runners.append(
-                await start_site(
-                    authenticator.app(),
-                    cfg.grpc_port.host,
-                    cfg.grpc_port.port,
-                    ssl_context=server_tls,
-                )
-            )
+            await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
             runners.append(
                 await start_site(
                     control.link_app(), cfg.p2p_listen_addr, cfg.p2p_port, ssl_context=server_tls
@@ -140,8 +135,9 @@ class RouterProcess:
             runners.append(
                 await start_site(metrics_app, cfg.metrics_port.host, cfg.metrics_port.port)
             )
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             log.error("cannot listen: %s", exc)
+            await auth_server.stop()
             for runner in runners:
                 await runner.cleanup()
             return 1
@@ -168,6 +164,7 @@ class RouterProcess:
             await health_task
         for link in list(control.links):
             await link.close("router shutting down")
+        await auth_server.stop()
         for runner in runners[1:]:
             await runner.cleanup()
         return 0

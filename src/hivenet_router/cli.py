@@ -37,14 +37,62 @@ def sim_main(argv: Sequence[str] | None = None) -> int:
     return serve(config)
 
 
+def _gen_secret(args: Sequence[str]) -> int:
+    """`hivenet-router gen-secret FILE`: a new shared secret, readable by its owner only."""
+    import argparse
+    from pathlib import Path
+
+    from hivenet_router.transport.trust import write_secret
+
+    parser = argparse.ArgumentParser(
+        prog="hivenet-router gen-secret",
+        description="Create a new random shared secret file (mode 0600) for router and agents.",
+    )
+    parser.add_argument("path", help="file to create; an existing file is never overwritten")
+    path = Path(parser.parse_args(list(args)).path)
+    try:
+        write_secret(path)
+    except FileExistsError:
+        return _fail("hivenet-router gen-secret", f"{path} exists; refusing to overwrite it")
+    except OSError as exc:
+        return _fail("hivenet-router gen-secret", f"cannot create {path}: {exc.strerror}")
+    print(f"wrote a new shared secret to {path} (mode 0600); give the same file to every agent")
+    return 0
+
+
+def _peer_id(args: Sequence[str]) -> int:
+    """`hivenet-agent peer-id --identity-path FILE`: print the agent's peer ID."""
+    import argparse
+    from pathlib import Path
+
+    from hivenet_router.transport.identity import Identity, IdentityError
+
+    parser = argparse.ArgumentParser(
+        prog="hivenet-agent peer-id", description="Print the peer ID of an identity file."
+    )
+    parser.add_argument("--identity-path", default="./agent_identity.key")
+    path = Path(parser.parse_args(list(args)).identity_path)
+    try:
+        identity = Identity.decode(path.read_bytes())
+    except OSError as exc:
+        return _fail("hivenet-agent peer-id", f"cannot read {path}: {exc.strerror}")
+    except IdentityError as exc:
+        return _fail("hivenet-agent peer-id", f"{path}: {exc}")
+    print(identity.peer_id)
+    return 0
+
+
 def router_main(argv: Sequence[str] | None = None) -> int:
     from hivenet_router.config.router import RouterConfig
     from hivenet_router.router.process import RouterProcess
 
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["gen-secret"]:
+        return _gen_secret(args[1:])
     try:
         config = load(
             RouterConfig,
-            sys.argv[1:] if argv is None else argv,
+            args,
             os.environ,
             "hivenet-router",
             "Route OpenAI and Anthropic requests to agents.",
@@ -64,10 +112,13 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
     from hivenet_router.agent.process import AgentProcess
     from hivenet_router.config.agent import AgentConfig
 
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["peer-id"]:
+        return _peer_id(args[1:])
     try:
         config = load(
             AgentConfig,
-            sys.argv[1:] if argv is None else argv,
+            args,
             os.environ,
             "hivenet-agent",
             "Connect one inference engine to a Hivenet router.",

@@ -53,6 +53,56 @@ class RouterAuth(Protocol):
     async def authenticate(self) -> Session: ...
 
 
+async def call_authenticate(router: ListenAddress, tls: ssl.SSLContext, request: bytes) -> bytes:
+    """One Authenticate call through a fresh pinned TLS connection; the raw JSON answer.
+
+    Raises RouterRejected when the router refuses (or its key is not the expected one) and
+    ConnectionError when it cannot be reached.
+    """
+    tunnel_errors: list[BaseException] = []
+
+    async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream = await asyncio.open_connection(
+                router.host,
+                router.port,
+                ssl=tls,
+                server_hostname="hivenet-router",
+                ssl_handshake_timeout=CALL_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as exc:
+            tunnel_errors.append(exc)
+            writer.close()
+            return
+        await relay((reader, writer), upstream)
+
+    listener = await asyncio.start_server(bridge, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+                f"/{SERVICE}/{METHOD}"
+            )
+            return await call(request, timeout=CALL_TIMEOUT)
+    except grpc.aio.AioRpcError as exc:
+        raise _explain(exc, tunnel_errors) from None
+    finally:
+        listener.close()
+
+
+def _explain(exc: grpc.aio.AioRpcError, tunnel_errors: list[BaseException]) -> Exception:
+    for error in tunnel_errors:
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return RouterRejected(
+                "the router's TLS key does not match the shared secret "
+                "(wrong secret, or a man in the middle)"
+            )
+        return ConnectionError(f"router unreachable: {error}")
+    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return ConnectionError(f"router unreachable: {exc.details()}")
+    return RouterRejected(f"{exc.code().name}: {exc.details()}")
+
+
 class GrpcRouterAuth:
     """One authentication = one gRPC call through a fresh pinned TLS connection.
 
@@ -74,49 +124,8 @@ class GrpcRouterAuth:
         token = trust.agent_token(self._secret, self._identity.peer_id)
         started = time.monotonic()
         request = orjson.dumps({"token": token, "capacity": self._capacity})
-        tunnel_errors: list[BaseException] = []
-
-        async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                upstream = await asyncio.open_connection(
-                    self._router.host,
-                    self._router.port,
-                    ssl=self._tls,
-                    server_hostname="hivenet-router",
-                    ssl_handshake_timeout=CALL_TIMEOUT,
-                )
-            except (OSError, TimeoutError) as exc:
-                tunnel_errors.append(exc)
-                writer.close()
-                return
-            await relay((reader, writer), upstream)
-
-        listener = await asyncio.start_server(bridge, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
-                    f"/{SERVICE}/{METHOD}"
-                )
-                answer = await call(request, timeout=CALL_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
-            raise self._explain(exc, tunnel_errors) from None
-        finally:
-            listener.close()
+        answer = await call_authenticate(self._router, self._tls, request)
         return self._session(orjson.loads(answer), started)
-
-    @staticmethod
-    def _explain(exc: grpc.aio.AioRpcError, tunnel_errors: list[BaseException]) -> Exception:
-        for error in tunnel_errors:
-            if isinstance(error, ssl.SSLCertVerificationError):
-                return RouterRejected(
-                    "the router's TLS key does not match the shared secret "
-                    "(wrong secret, or a man in the middle)"
-                )
-            return ConnectionError(f"router unreachable: {error}")
-        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return ConnectionError(f"router unreachable: {exc.details()}")
-        return RouterRejected(f"{exc.code().name}: {exc.details()}")
 
     def _session(self, body: object, started: float) -> Session:
         try:

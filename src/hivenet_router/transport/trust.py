@@ -1,10 +1,5 @@
-"""The shared secret and the agent's proof that it knows it.
-
-This is the interim bootstrap: the agent presents a one-hour HMAC-SHA256 JWT over TLS 1.3 to
-the router's pinned key, and receives a session token and the data-connection address. The
-full bootstrap (gRPC, challenge-signed registration, renewal) replaces the exchange but keeps
-these pieces.
-"""
+"""The pieces of agent trust both sides share: the secret, the agent JWT, sessions, and the
+signed proof that binds a session to the agent's peer ID. See docs/security.md."""
 
 from __future__ import annotations
 

@@ -9,7 +9,15 @@ import pytest
 from hivenet_router.clock import ManualClock
 from hivenet_router.domain.agent import Registration
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.router.dispatch import Dispatcher, DispatchLimits, Job
+from hivenet_router.policy.document import BUILT_IN
+from hivenet_router.policy.store import PolicyStore
+from hivenet_router.router.dispatch import (
+    Dispatcher,
+    DispatchLimits,
+    Job,
+    Progress,
+    _StepExhausted,
+)
 from hivenet_router.router.health import HealthMonitor
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import AgentRecord, Registry
@@ -43,9 +51,10 @@ def setup(queue_depth: int = 2) -> tuple[Registry, Dispatcher, ManualClock]:
     limits = DispatchLimits(
         queue_size=10, max_concurrent=10, enqueue_timeout=1.0, queue_depth=queue_depth, max_tries=3
     )
-    return registry, Dispatcher(registry, metrics, clock, limits), clock
+    return registry, Dispatcher(registry, metrics, clock, limits, PolicyStore()), clock
 
 
+STEP = BUILT_IN.steps[0]
 JOB = Job("/v1/chat/completions", "m", "llm", False, b"{}", [])
 
 
@@ -54,7 +63,7 @@ async def test_least_loaded_then_least_recently_used() -> None:
     a, b = record("a", capacity=4), record("b", capacity=2)
     registry.upsert(a)
     registry.upsert(b)
-    picks = [(await dispatcher._acquire(JOB, set())).peer_id for _ in range(6)]
+    picks = [(await dispatcher._acquire(JOB, STEP, set())).peer_id for _ in range(6)]
     assert sorted(picks[:2]) == ["a", "b"]
     assert (a.active, b.active) == (4, 2)
 
@@ -62,32 +71,32 @@ async def test_least_loaded_then_least_recently_used() -> None:
 async def test_errors_for_missing_and_ineligible_agents() -> None:
     registry, dispatcher, _ = setup()
     with pytest.raises(ApiError) as info:
-        await dispatcher._acquire(JOB, set())
+        await dispatcher._route(JOB, Progress())
     assert info.value.code is ErrorCode.MODEL_NOT_FOUND
     agent = record("a", capability="embedding")
     registry.upsert(agent)
     with pytest.raises(ApiError) as info:
-        await dispatcher._acquire(JOB, set())
+        await dispatcher._route(JOB, Progress())
     assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
     ok = record("b")
     registry.upsert(ok)
-    with pytest.raises(ApiError) as info:
-        await dispatcher._acquire(JOB, {"b"})
-    assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
+    with pytest.raises(_StepExhausted):
+        await dispatcher._acquire(JOB, STEP, {"b"})
     ok.backend_healthy = False
-    with pytest.raises(ApiError):
-        await dispatcher._acquire(JOB, set())
+    with pytest.raises(ApiError) as info:
+        await dispatcher._route(JOB, Progress())
+    assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
 
 
 async def test_waiters_are_served_in_order_and_bounded() -> None:
     registry, dispatcher, _ = setup(queue_depth=2)
     agent = record("a", capacity=1)
     registry.upsert(agent)
-    await dispatcher._acquire(JOB, set())
+    await dispatcher._acquire(JOB, STEP, set())
     order: list[int] = []
 
     async def wait(i: int) -> None:
-        got = await dispatcher._acquire(JOB, set())
+        got = await dispatcher._acquire(JOB, STEP, set())
         order.append(i)
         await asyncio.sleep(0)
         registry.release(got)
@@ -97,7 +106,7 @@ async def test_waiters_are_served_in_order_and_bounded() -> None:
     second = asyncio.create_task(wait(2))
     await asyncio.sleep(0)
     with pytest.raises(ApiError) as info:
-        await dispatcher._acquire(JOB, set())
+        await dispatcher._route(JOB, Progress())
     assert info.value.code is ErrorCode.NO_CAPACITY
     assert dispatcher.queued("m") == 2
     registry.release(agent)
@@ -109,8 +118,8 @@ async def test_waiters_are_served_in_order_and_bounded() -> None:
 async def test_a_new_agent_wakes_waiters() -> None:
     registry, dispatcher, _ = setup()
     registry.upsert(record("a"))
-    await dispatcher._acquire(JOB, set())
-    waiter = asyncio.create_task(dispatcher._acquire(JOB, set()))
+    await dispatcher._acquire(JOB, STEP, set())
+    waiter = asyncio.create_task(dispatcher._acquire(JOB, STEP, set()))
     await asyncio.sleep(0)
     assert not waiter.done()
     registry.upsert(record("b"))
@@ -121,8 +130,8 @@ async def test_cancelled_waiter_leaves_no_entry() -> None:
     registry, dispatcher, _ = setup()
     agent = record("a")
     registry.upsert(agent)
-    await dispatcher._acquire(JOB, set())
-    waiter = asyncio.create_task(dispatcher._acquire(JOB, set()))
+    await dispatcher._acquire(JOB, STEP, set())
+    waiter = asyncio.create_task(dispatcher._acquire(JOB, STEP, set()))
     await asyncio.sleep(0)
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -226,16 +235,14 @@ async def test_a_stale_connection_costs_no_try() -> None:
     limits = DispatchLimits(
         queue_size=10, max_concurrent=10, enqueue_timeout=1.0, queue_depth=0, max_tries=1
     )
-    dispatcher = Dispatcher(registry, metrics, clock, limits)
+    dispatcher = Dispatcher(registry, metrics, clock, limits, PolicyStore())
     stale = record("stale")
     stale.link = StaleLink()  # type: ignore[assignment]
     registry.upsert(stale)
     with pytest.raises(ApiError) as info:
-        await dispatcher._route(
-            JOB, __import__("hivenet_router.router.dispatch", fromlist=["Progress"]).Progress()
-        )
+        await dispatcher._route(JOB, Progress())
     # The stale agent was dropped without using the single try; the failure reported is the
     # absence of any other agent, with the stale connection named as the last failure.
     assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
-    assert "after 0 failed attempt" in info.value.message
+    assert "last failure: agent_disconnected" in info.value.message
     assert stale.active == 0

@@ -91,6 +91,20 @@ class RouterConfig:
         env="HIVENET_ROUTER_REQUEST_TIMEOUT",
         help="Deadline of the whole router-side operation, streaming included",
     )
+    policy_file: str = option(
+        "",
+        parse=v.text,
+        flag="--policy-file",
+        env="HIVENET_ROUTER_POLICY_FILE",
+        help="Global routing-policy YAML; empty means least-loaded with no filters",
+    )
+    policy_model_dir: str = option(
+        "",
+        parse=v.text,
+        flag="--policy-model-dir",
+        env="HIVENET_ROUTER_POLICY_MODEL_DIR",
+        help="Directory of per-model policies; its _default.yaml is the global policy",
+    )
     max_tries_per_step: int = option(
         3,
         parse=v.positive_int,

@@ -18,6 +18,9 @@ from typing import Any
 from hivenet_router.clock import Clock
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
+from hivenet_router.policy.document import Step
+from hivenet_router.policy.store import PolicyStore
+from hivenet_router.policy.strategies import STRATEGIES
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue
@@ -58,6 +61,15 @@ class Exchange:
     body: bytes | None
     first: bytes | None
     ok: bool = False
+    rtt_ms: float | None = None
+
+
+class _StepExhausted(Exception):
+    """The current policy step can do nothing more for this request."""
+
+    def __init__(self, full: bool) -> None:
+        super().__init__("step exhausted")
+        self.full = full
 
 
 class _Retry(Exception):
@@ -78,8 +90,14 @@ class DispatchLimits:
 
 class Dispatcher:
     def __init__(
-        self, registry: Registry, metrics: RouterMetrics, clock: Clock, limits: DispatchLimits
+        self,
+        registry: Registry,
+        metrics: RouterMetrics,
+        clock: Clock,
+        limits: DispatchLimits,
+        policies: PolicyStore,
     ) -> None:
+        self.policies = policies
         self.registry = registry
         self.metrics = metrics
         self.clock = clock
@@ -150,8 +168,10 @@ class Dispatcher:
             if exchange.ok:
                 self._routed(job.model).inc()
                 meters.success.inc()
+                exchange.agent.succeeded(exchange.rtt_ms)
             else:
                 meters.failed.inc()
+                exchange.agent.failed()
             self._release(exchange.agent)
             self._leave_forwarding()
 
@@ -172,80 +192,100 @@ class Dispatcher:
     # -- routing with retries -----------------------------------------------------------------
 
     async def _route(self, job: Job, progress: Progress) -> Exchange:
-        failed: set[str] = set()
-        tries = 0
-        redialed = False
+        """Walk the policy's steps: the primary step, then each fallback step, each with
+        its own try budget and its own set of agents that already failed this request."""
+        policy = self.policies.current.for_model(job.model)
         last: ApiError | None = None
-        while True:
-            progress.phase = "agent"
-            try:
-                agent = await self._acquire(job, failed)
-            except ApiError as exc:
-                if last is None:
-                    raise
-                raise ApiError(
-                    ErrorCode.NO_AGENTS_AVAILABLE,
-                    f"no eligible agent left after {tries} failed attempt(s); last failure: {last}",
-                ) from exc
-            agent.meters.utilization.set(agent.load)
-            progress.phase = "forward"
-            try:
-                return await self._attempt(agent, job)
-            except _Retry as retry:
-                agent.meters.failed.inc()
-                self._release(agent)
-                log.info("attempt on agent %s failed: %s", agent.peer_id, retry.error)
-                if retry.stale and not redialed:
-                    # A stale connection costs no try: the agent redials on its own.
-                    redialed = True
-                    self.metrics.connection_resets.labels(agent.peer_id).inc()
+        redialed = False
+        full = False
+        for index, step in enumerate(policy.steps):
+            failed: set[str] = set()
+            tries = 0
+            budget = step.max_tries or self.limits.max_tries
+            while tries < budget:
+                progress.phase = "agent"
+                try:
+                    agent = await self._acquire(job, step, failed)
+                except _StepExhausted as exhausted:
+                    full = full or exhausted.full
+                    break
+                agent.meters.utilization.set(agent.load)
+                progress.phase = "forward"
+                try:
+                    exchange = await self._attempt(agent, job)
+                except _Retry as retry:
+                    agent.meters.failed.inc()
+                    agent.failed()
+                    self._release(agent)
                     failed.add(agent.peer_id)
                     last = retry.error
+                    log.info(
+                        "attempt on agent %s failed (step %s): %s",
+                        agent.peer_id,
+                        step.name,
+                        retry.error,
+                    )
+                    if retry.stale and not redialed:
+                        # A stale connection costs no try: the agent redials on its own.
+                        redialed = True
+                        self.metrics.connection_resets.labels(agent.peer_id).inc()
+                        continue
+                    tries += 1
                     continue
-                failed.add(agent.peer_id)
-                tries += 1
-                last = retry.error
-                if tries >= self.limits.max_tries:
-                    raise ApiError(
-                        ErrorCode.NO_AGENTS_AVAILABLE,
-                        f"all {tries} attempt(s) failed; last failure: {last}",
-                    ) from None
-            except BaseException:
-                self._release(agent)
-                raise
+                except BaseException:
+                    self._release(agent)
+                    raise
+                if index == 0:
+                    self.metrics.policy_primary.labels(job.model).inc()
+                else:
+                    self.metrics.policy_fallback.labels(job.model, step.name).inc()
+                return exchange
+        self.metrics.policy_exhausted.labels(job.model).inc()
+        if not self.registry.for_model(job.model):
+            raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}")
+        if last is not None:
+            raise ApiError(
+                ErrorCode.NO_AGENTS_AVAILABLE,
+                f"every policy step of {policy.name} is exhausted; last failure: {last}",
+            )
+        if full:
+            raise ApiError(
+                ErrorCode.NO_CAPACITY, f"All agents for model {job.model} are at maximum capacity"
+            )
+        raise ApiError(
+            ErrorCode.NO_AGENTS_AVAILABLE,
+            f"No agent for model {job.model} with capability {job.capability} is connected, "
+            f"healthy and allowed by policy {policy.name}",
+        )
 
-    async def _acquire(self, job: Job, failed: set[str]) -> AgentRecord:
-        """Pick the least-loaded eligible agent and take one of its slots, waiting in the
-        model's FIFO queue while every eligible agent is full."""
+    def _candidates(self, job: Job, step: Step, failed: set[str]) -> list[AgentRecord]:
+        agents = self.registry.for_model(job.model)
+        if not agents:
+            raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}")
+        return [
+            agent
+            for agent in agents
+            if agent.eligible
+            and agent.reg.capability == job.capability
+            and agent.peer_id not in failed
+            and step.match.accepts(agent)
+            and step.excluded_by(agent) is None
+        ]
+
+    async def _acquire(self, job: Job, step: Step, failed: set[str]) -> AgentRecord:
+        """Rank the step's candidates and take a slot on the best one; while every candidate
+        is full, wait in the model's FIFO queue. Raises _StepExhausted when the step has no
+        candidate, or none frees up and the queue is full or disabled."""
+        strategy = STRATEGIES[step.strategy]
         front = False
         waited_from: float | None = None
         while True:
-            agents = self.registry.for_model(job.model)
-            if not agents:
-                raise ApiError(
-                    ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}"
-                )
-            best: AgentRecord | None = None
-            candidates = 0
-            for agent in agents:
-                if (
-                    not agent.eligible
-                    or agent.reg.capability != job.capability
-                    or agent.peer_id in failed
-                ):
-                    continue
-                candidates += 1
-                if agent.active < agent.capacity and (
-                    best is None
-                    or (agent.load, agent.last_assigned) < (best.load, best.last_assigned)
-                ):
-                    best = agent
-            if candidates == 0:
-                raise ApiError(
-                    ErrorCode.NO_AGENTS_AVAILABLE,
-                    f"All agents for model {job.model} with capability {job.capability} are "
-                    "offline, unhealthy or already failed this request",
-                )
+            candidates = self._candidates(job, step, failed)
+            if not candidates:
+                raise _StepExhausted(full=False)
+            best = strategy.pick(candidates)
+            # Pick and take happen in one synchronous step: no other request can take the
+            # slot in between.
             if best is not None and best.try_acquire():
                 if waited_from is not None:
                     self.metrics.queue_wait.labels(job.model).observe(
@@ -254,10 +294,7 @@ class Dispatcher:
                 return best
             queue = self._queue(job.model)
             if self.limits.queue_depth == 0 or (not front and queue.full):
-                raise ApiError(
-                    ErrorCode.NO_CAPACITY,
-                    f"All agents for model {job.model} are at maximum capacity",
-                )
+                raise _StepExhausted(full=True)
             if waited_from is None:
                 waited_from = self.clock.monotonic()
             depth = self.metrics.queue_depth.labels(job.model)
@@ -274,25 +311,31 @@ class Dispatcher:
             raise _Retry(
                 ApiError(ErrorCode.AGENT_DISCONNECTED, "agent connection is gone"), stale=True
             )
+        sent = self.clock.monotonic()
         try:
             stream = await link.open(INFERENCE_PROTOCOL, "POST", job.route, job.headers, job.body)
         except StreamReset as exc:
             raise _Retry(ApiError(ErrorCode.AGENT_DISCONNECTED, str(exc)), stale=True) from None
         try:
             head = await stream.response_head()
+            rtt_ms = (self.clock.monotonic() - sent) * 1000
             if head.status >= 400:
                 raw = await stream.read_all(MAX_RESPONSE_BYTES)
                 code = structured_code(raw)
                 if code in NON_RETRYABLE or (code is None and head.status < 500):
-                    return Exchange(agent, stream, head.status, head.headers, raw, None)
+                    return Exchange(
+                        agent, stream, head.status, head.headers, raw, None, rtt_ms=rtt_ms
+                    )
                 raise _Retry(
                     ApiError(code or ErrorCode.BACKEND_ERROR, _message(raw), source="backend")
                 )
             if job.stream:
                 first = await stream.read()
-                return Exchange(agent, stream, head.status, head.headers, None, first)
+                return Exchange(
+                    agent, stream, head.status, head.headers, None, first, rtt_ms=rtt_ms
+                )
             body = await stream.read_all(MAX_RESPONSE_BYTES)
-            return Exchange(agent, stream, head.status, head.headers, body, None)
+            return Exchange(agent, stream, head.status, head.headers, body, None, rtt_ms=rtt_ms)
         except StreamReset as exc:
             stream.reset(exc)
             code = (

@@ -114,6 +114,30 @@ class RouterMetrics:
             ("model",),
             registry=r,
         )
+        self.policy_primary = Counter(
+            "hivenet_policy_primary_routed_total",
+            "Requests routed by the primary policy step",
+            ("model",),
+            registry=r,
+        )
+        self.policy_fallback = Counter(
+            "hivenet_policy_fallback_routed_total",
+            "Requests routed by a fallback step",
+            ("model", "step"),
+            registry=r,
+        )
+        self.policy_exhausted = Counter(
+            "hivenet_policy_exhausted_total",
+            "Requests for which every policy step was exhausted",
+            ("model",),
+            registry=r,
+        )
+        self.policy_reload = Counter(
+            "hivenet_policy_reload_total",
+            "Policy reloads",
+            ("trigger", "result"),
+            registry=r,
+        )
         self.global_queue = Gauge(
             "hivenet_router_pending_requests", "Requests waiting for a forwarding slot", registry=r
         )

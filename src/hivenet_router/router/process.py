@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -12,6 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
+from hivenet_router.policy.document import PolicyError
+from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.app import build_app
 from hivenet_router.router.auth_grpc import GrpcAuthServer
@@ -32,7 +35,10 @@ SHUTDOWN_GRACE = 30.0
 
 
 class RouterProcess:
-    def __init__(self, config: RouterConfig, secret: bytes, clock: Clock) -> None:
+    def __init__(
+        self, config: RouterConfig, secret: bytes, clock: Clock, policies: PolicyStore
+    ) -> None:
+        self.policies = policies
         self.config = config
         self.secret = secret
         self.clock = clock
@@ -45,7 +51,12 @@ class RouterProcess:
             secret = trust.load_secret(config.jwt_secret_file, config.jwt_secret)
         except trust.TrustError as exc:
             raise ConfigError(str(exc)) from None
-        return cls(config, secret, SystemClock())
+        policies = PolicyStore(config.policy_file, config.policy_model_dir)
+        try:
+            policies.load()
+        except PolicyError as exc:
+            raise ConfigError(f"invalid policy: {exc}") from None
+        return cls(config, secret, SystemClock(), policies)
 
     def _announce(self) -> str:
         cfg = self.config
@@ -70,6 +81,7 @@ class RouterProcess:
                 queue_depth=cfg.queue_depth,
                 max_tries=cfg.max_tries_per_step,
             ),
+            self.policies,
         )
         handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout)
         sessions = Sessions(self.clock, cfg.session_ttl)
@@ -151,6 +163,20 @@ class RouterProcess:
         )
         log.debug("configuration: %s", describe(cfg))
         health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
+        reloads: set[asyncio.Task[None]] = set()
+
+        async def reload() -> None:
+            # Files are read off the event loop; the swap itself is one assignment.
+            swapped = await asyncio.to_thread(self.policies.reload)
+            metrics.policy_reload.labels("sighup", "success" if swapped else "error").inc()
+
+        def on_hangup() -> None:
+            log.info("SIGHUP: reloading policies")
+            task = asyncio.create_task(reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
         await stop.wait()
         log.info(
             "shutting down: no new requests; in-flight ones get up to %.0fs",

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
+from hivenet_router.router.history import smooth_rtt
 from hivenet_router.router.metrics import AgentMeters, RouterMetrics
 from hivenet_router.transport.link import Link
 
@@ -32,6 +33,21 @@ class AgentRecord:
     hardware: HardwareSnapshot | None = None
     last_assigned: int = field(default_factory=lambda: next(_order))
     disconnected_at: float | None = None
+    successes: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    srtt_ms: float | None = None
+    rttvar_ms: float | None = None
+
+    def succeeded(self, rtt_ms: float | None) -> None:
+        self.successes += 1
+        self.consecutive_failures = 0
+        if rtt_ms is not None:
+            self.srtt_ms, self.rttvar_ms = smooth_rtt(self.srtt_ms, self.rttvar_ms, rtt_ms)
+
+    def failed(self) -> None:
+        self.failures += 1
+        self.consecutive_failures += 1
 
     @property
     def peer_id(self) -> str:
@@ -99,8 +115,11 @@ class Registry:
         old = self._by_peer.get(record.peer_id)
         if old is not None:
             # The in-flight slots of the old connection still get released on the old record;
-            # carry the count so the new record does not over-admit meanwhile.
+            # carry the count so the new record does not over-admit meanwhile, and keep the
+            # agent's history.
             record.active = old.active
+            record.successes, record.failures = old.successes, old.failures
+            record.srtt_ms, record.rttvar_ms = old.srtt_ms, old.rttvar_ms
             self._drop(old)
         self._by_peer[record.peer_id] = record
         self._by_model.setdefault(record.model, {})[record.peer_id] = record

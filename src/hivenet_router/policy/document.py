@@ -1,0 +1,290 @@
+"""Policy documents: parse YAML strictly and say exactly what is wrong.
+
+Unknown keys, wrong types, negative limits, empty chains, unknown signals and operators are
+errors naming the file, the line and the field (`policy.yaml:14: routing_policy.exclude_if.
+sucess_rate: unknown signal ...`). The accepted shape is also published as a JSON Schema
+(docs/policy.schema.json) for editors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from hivenet_router.policy.gates import OPERATORS, ThresholdGate
+from hivenet_router.policy.signals import SHED_SIGNALS, SIGNALS, AgentFacts
+from hivenet_router.policy.strategies import STRATEGIES
+
+MATCH_FIELDS = ("region", "engine", "organization", "machine", "gpu_model", "deployment_id")
+STEP_FIELDS = ("name", "match", "exclude_if", "strategy", "max_tries")
+TOP_FIELDS = (
+    "models",
+    "mode",
+    "max_input_tokens",
+    "images_max",
+    "admit_budget_tokens",
+    "max_inflight",
+    "shed_if",
+    "routing_policy",
+    "fallback_chain",
+    "fallback_provider",
+)
+PROVIDERS = ("openai", "anthropic")
+MODES = ("reserved", "serverless")
+
+
+class PolicyError(Exception):
+    """A policy document that cannot be used; the message names file, line and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    fields: tuple[tuple[str, str], ...] = ()
+    tags: tuple[str, ...] = ()
+
+    def accepts(self, agent: AgentFacts) -> bool:
+        reg = agent.reg
+        for name, wanted in self.fields:
+            if getattr(reg, name) != wanted:
+                return False
+        return all(tag in reg.tags for tag in self.tags)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    name: str
+    match: Match
+    gates: tuple[ThresholdGate, ...]
+    strategy: str
+    max_tries: int | None  # None: the router-wide --max-tries-per-step
+
+    def excluded_by(self, agent: AgentFacts) -> ThresholdGate | None:
+        for gate in self.gates:
+            if gate.excludes(agent):
+                return gate
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    engine: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    models: tuple[str, ...]
+    steps: tuple[Step, ...]  # the primary routing_policy first, then the fallback chain
+    mode: str = "reserved"
+    max_input_tokens: int = 0
+    images_max: int = 0
+    admit_budget_tokens: int = 0
+    max_inflight: int = 0
+    shed_if: tuple[ThresholdGate, ...] = ()
+    fallback_provider: Provider | None = None
+    source: str = "built-in"
+    unenforced: tuple[str, ...] = field(default=())
+
+
+BUILT_IN = Policy(
+    name="built-in",
+    models=(),
+    steps=(Step("primary", Match(), (), "least-loaded", None),),
+)
+
+# Parsed and validated now, enforced by the admission and provider-fallback work.
+_NOT_YET_ENFORCED = (
+    "max_input_tokens",
+    "images_max",
+    "admit_budget_tokens",
+    "max_inflight",
+    "shed_if",
+    "fallback_provider",
+)
+
+
+class _Reader:
+    """Walks the YAML node tree so every error can name its line."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, node: yaml.Node | None, path: str, message: str) -> PolicyError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        return PolicyError(f"{self.source}{line}: {path}: {message}")
+
+    def mapping(self, node: yaml.Node, path: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, path, "must be a mapping")
+        out: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, str):
+                raise self.fail(key_node, path, "keys must be strings")
+            if key in out:
+                raise self.fail(key_node, f"{path}.{key}", "appears twice")
+            if allowed and key not in allowed:
+                raise self.fail(
+                    key_node, f"{path}.{key}", f"unknown field (allowed: {', '.join(allowed)})"
+                )
+            out[key] = value_node
+        return out
+
+    def scalar(self, node: yaml.Node, path: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, path, "must be a single value")
+        return yaml.safe_load(yaml.serialize(node))
+
+    def string(self, node: yaml.Node, path: str, allow_empty: bool = True) -> str:
+        value = self.scalar(node, path)
+        if not isinstance(value, str) or (not allow_empty and not value):
+            raise self.fail(
+                node, path, "must be a non-empty string" if not allow_empty else "must be a string"
+            )
+        return value
+
+    def count(self, node: yaml.Node, path: str) -> int:
+        value = self.scalar(node, path)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(node, path, "must be an integer")
+        if value < 0:
+            raise self.fail(node, path, "must not be negative")
+        return value
+
+    def number(self, node: yaml.Node, path: str) -> float:
+        value = self.scalar(node, path)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(node, path, "must be a number")
+        return float(value)
+
+    def strings(self, node: yaml.Node, path: str) -> tuple[str, ...]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, path, "must be a list of strings")
+        return tuple(
+            self.string(item, f"{path}[{i}]", allow_empty=False)
+            for i, item in enumerate(node.value)
+        )
+
+    def gates(
+        self, node: yaml.Node, path: str, allowed: tuple[str, ...]
+    ) -> tuple[ThresholdGate, ...]:
+        gates = []
+        for signal, rule in self.mapping(node, path, ()).items():
+            where = f"{path}.{signal}"
+            if signal not in allowed:
+                raise self.fail(rule, where, f"unknown signal (known: {', '.join(allowed)})")
+            ops = self.mapping(rule, where, tuple(OPERATORS))
+            if len(ops) != 1:
+                raise self.fail(rule, where, "needs exactly one of gt, gte, lt, lte")
+            ((op, threshold),) = ops.items()
+            gates.append(ThresholdGate(signal, op, self.number(threshold, f"{where}.{op}")))
+        return tuple(gates)
+
+    def match(self, node: yaml.Node, path: str) -> Match:
+        fields: list[tuple[str, str]] = []
+        tags: tuple[str, ...] = ()
+        for key, value in self.mapping(node, path, (*MATCH_FIELDS, "tags")).items():
+            if key == "tags":
+                tags = self.strings(value, f"{path}.tags")
+            else:
+                text = self.string(value, f"{path}.{key}")
+                if text:
+                    fields.append((key, text))
+        return Match(tuple(fields), tags)
+
+    def step(self, node: yaml.Node, path: str, default_name: str) -> Step:
+        items = self.mapping(node, path, STEP_FIELDS)
+        if "strategy" not in items:
+            raise self.fail(node, f"{path}.strategy", "is required")
+        strategy = self.string(items["strategy"], f"{path}.strategy")
+        if strategy not in STRATEGIES:
+            raise self.fail(
+                items["strategy"],
+                f"{path}.strategy",
+                f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})",
+            )
+        tries = self.count(items["max_tries"], f"{path}.max_tries") if "max_tries" in items else 0
+        return Step(
+            name=self.string(items["name"], f"{path}.name", allow_empty=False)
+            if "name" in items
+            else default_name,
+            match=self.match(items["match"], f"{path}.match") if "match" in items else Match(),
+            gates=self.gates(items["exclude_if"], f"{path}.exclude_if", tuple(SIGNALS))
+            if "exclude_if" in items
+            else (),
+            strategy=strategy,
+            max_tries=tries or None,
+        )
+
+
+def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> Policy:
+    reader = _Reader(source)
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise PolicyError(
+            f"{source}{line}: not valid YAML: {getattr(exc, 'problem', exc)}"
+        ) from None
+    if root is None:
+        raise PolicyError(f"{source}: empty policy document")
+    items = reader.mapping(root, "policy", TOP_FIELDS)
+    models: tuple[str, ...] = ()
+    if "models" in items:
+        models = reader.strings(items["models"], "models")
+    if require_models and not models:
+        raise reader.fail(root, "models", "a named policy must list at least one model")
+    if "routing_policy" not in items:
+        raise reader.fail(root, "routing_policy", "is required")
+    steps = [reader.step(items["routing_policy"], "routing_policy", "primary")]
+    if "fallback_chain" in items:
+        chain = items["fallback_chain"]
+        if not isinstance(chain, yaml.SequenceNode) or not chain.value:
+            raise reader.fail(chain, "fallback_chain", "must be a non-empty list of steps")
+        for index, step in enumerate(chain.value):
+            steps.append(reader.step(step, f"fallback_chain[{index}]", f"fallback-{index + 1}"))
+    mode = reader.string(items["mode"], "mode") if "mode" in items else "reserved"
+    if mode not in MODES:
+        raise reader.fail(items["mode"], "mode", f"must be one of {', '.join(MODES)}")
+    provider = None
+    if "fallback_provider" in items:
+        fields = reader.mapping(
+            items["fallback_provider"], "fallback_provider", ("engine", "model")
+        )
+        for required in ("engine", "model"):
+            if required not in fields:
+                raise reader.fail(
+                    items["fallback_provider"], f"fallback_provider.{required}", "is required"
+                )
+        engine = reader.string(fields["engine"], "fallback_provider.engine")
+        if engine not in PROVIDERS:
+            raise reader.fail(
+                fields["engine"],
+                "fallback_provider.engine",
+                f"must be one of {', '.join(PROVIDERS)}",
+            )
+        provider = Provider(
+            engine, reader.string(fields["model"], "fallback_provider.model", allow_empty=False)
+        )
+    limits = {
+        key: reader.count(items[key], key)
+        for key in ("max_input_tokens", "images_max", "admit_budget_tokens", "max_inflight")
+        if key in items
+    }
+    shed = reader.gates(items["shed_if"], "shed_if", SHED_SIGNALS) if "shed_if" in items else ()
+    unenforced = tuple(key for key in _NOT_YET_ENFORCED if key in items)
+    return Policy(
+        name=name,
+        models=models,
+        steps=tuple(steps),
+        mode=mode,
+        shed_if=shed,
+        fallback_provider=provider,
+        source=source,
+        unenforced=unenforced,
+        **limits,
+    )

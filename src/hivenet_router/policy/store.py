@@ -1,0 +1,137 @@
+"""The active policies: one global policy and per-model policies, replaced atomically.
+
+A routing session takes one `PolicySet` snapshot and keeps it; a reload builds a new set and
+swaps it in, so in-flight requests never see a half-applied change. Reload is conservative:
+an invalid file keeps what it replaced, and the reason is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hivenet_router.policy.document import BUILT_IN, Policy, PolicyError, parse_policy
+
+log = logging.getLogger("hivenet.policy")
+
+DEFAULT_NAMES = ("_default.yaml", "_default.yml")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """One immutable snapshot of every active policy."""
+
+    default: Policy = BUILT_IN
+    named: dict[str, Policy] = field(default_factory=dict)  # by document name
+    by_model: dict[str, Policy] = field(default_factory=dict)
+
+    def for_model(self, model: str) -> Policy:
+        return self.by_model.get(model, self.default)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _warn_unenforced(policy: Policy) -> None:
+    if policy.unenforced:
+        log.warning(
+            "%s: %s accepted but not enforced by this version yet",
+            policy.source,
+            ", ".join(policy.unenforced),
+        )
+
+
+class PolicyStore:
+    def __init__(self, policy_file: str = "", model_dir: str = "") -> None:
+        self._file = Path(policy_file) if policy_file else None
+        self._dir = Path(model_dir) if model_dir else None
+        self.current = PolicySet()
+        self._mtimes: dict[str, float] = {}
+
+    def load(self) -> None:
+        """First load: an invalid global policy is fatal (raises PolicyError)."""
+        self.current = self._build(initial=True)
+
+    def reload(self) -> bool:
+        """SIGHUP: rebuild and swap; on a fatal problem keep the current set. True if swapped."""
+        try:
+            fresh = self._build(initial=False)
+        except PolicyError as exc:
+            log.error("policy reload rejected, keeping the active policies: %s", exc)
+            return False
+        self.current = fresh
+        log.info("policies reloaded: global %s, %d named", fresh.default.name, len(fresh.named))
+        return True
+
+    def _global(self, path: Path, name: str, initial: bool, previous: Policy) -> Policy:
+        """A global policy file: fatal when invalid at start, kept as it was on reload."""
+        try:
+            policy = parse_policy(_read(path), str(path), name, require_models=False)
+        except PolicyError as exc:
+            if initial:
+                raise
+            log.error("%s; keeping the previous global policy", exc)
+            return previous
+        _warn_unenforced(policy)
+        return policy
+
+    def _build(self, *, initial: bool) -> PolicySet:
+        previous = self.current
+        default = BUILT_IN
+        if self._file is not None:
+            default = self._global(self._file, "global", initial, previous.default)
+        if self._dir is None:
+            return PolicySet(default=default)
+        if not self._dir.is_dir():
+            raise PolicyError(f"{self._dir}: --policy-model-dir is not a directory")
+        files = sorted(
+            (p for p in self._dir.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()),
+            key=lambda p: (p.stat().st_mtime, p.name),
+        )
+        named: dict[str, Policy] = {}
+        for path in files:
+            if path.name in DEFAULT_NAMES:
+                default = self._global(path, "_default", initial, previous.default)
+                if self._file is not None:
+                    log.warning(
+                        "%s replaces --policy-file %s as the global policy", path, self._file
+                    )
+                continue
+            name = path.stem
+            try:
+                policy = parse_policy(_read(path), str(path), name, require_models=True)
+                _warn_unenforced(policy)
+            except PolicyError as exc:
+                kept = previous.named.get(name)
+                if kept is not None and not initial:
+                    log.error("%s; keeping its previous version", exc)
+                    named[name] = kept
+                else:
+                    log.error("%s; skipped", exc)
+                continue
+            named[name] = policy
+        by_model: dict[str, Policy] = {}
+        # Policies already active claim first, so an edited file cannot steal a model from
+        # one that did not change; among the rest, older files win (start-up order).
+        order = sorted(named, key=lambda n: n not in previous.named)
+        for name in order:
+            policy = named[name]
+            clash = [m for m in policy.models if m in by_model]
+            if clash:
+                owner = by_model[clash[0]].name
+                log.error(
+                    "%s claims %s, already claimed by %s; the whole file is skipped",
+                    policy.source,
+                    ", ".join(clash),
+                    owner,
+                )
+                del named[name]
+                continue
+            for model in policy.models:
+                by_model[model] = policy
+        return PolicySet(default=default, named=named, by_model=by_model)

@@ -32,6 +32,7 @@ class Proc:
     args: list[str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> Proc:
         handle = self.log_path.open("ab")
@@ -39,7 +40,7 @@ class Proc:
             [str(BIN / self.args[0]), *self.args[1:]],
             stdout=handle,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         handle.close()
         return self
@@ -147,8 +148,8 @@ class Cluster:
     secret_file: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def _proc(self, name: str, args: list[str]) -> Proc:
-        proc = Proc(name, args, self.tmp / f"{name}.log").start()
+    def _proc(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(name, args, self.tmp / f"{name}.log", env=env or {}).start()
         self.procs.append(proc)
         return proc
 
@@ -173,7 +174,13 @@ class Cluster:
         wait_until(lambda: httpx.get(sim.url + "/health", timeout=1).status_code == 200)
         return sim
 
-    def router(self, *extra: str, name: str = "router", ports: Router | None = None) -> Router:
+    def router(
+        self,
+        *extra: str,
+        name: str = "router",
+        ports: Router | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Router:
         http, grpc, p2p, met = (
             (ports.http, ports.grpc, ports.p2p, ports.metrics_port)
             if ports
@@ -203,6 +210,7 @@ class Cluster:
                 "3s",
                 *extra,
             ],
+            env,
         )
         router = Router(proc, http, grpc, p2p, met)
         wait_until(lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200)

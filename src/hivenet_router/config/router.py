@@ -169,6 +169,32 @@ class RouterConfig:
         secret=True,
         help="The shared agent secret itself, when no --jwt-secret-file is given",
     )
+    openai_api_key: str = option(
+        "",
+        parse=v.text,
+        env="HIVENET_ROUTER_OPENAI_API_KEY",
+        secret=True,
+        help="OpenAI credential for provider fallback; read once at start",
+    )
+    anthropic_api_key: str = option(
+        "",
+        parse=v.text,
+        env="HIVENET_ROUTER_ANTHROPIC_API_KEY",
+        secret=True,
+        help="Anthropic credential for provider fallback; read once at start",
+    )
+    openai_base_url: str = option(
+        "https://api.openai.com",
+        parse=v.http_url,
+        env="HIVENET_ROUTER_OPENAI_BASE_URL",
+        help="Where the OpenAI provider adapter sends requests (for proxies and tests)",
+    )
+    anthropic_base_url: str = option(
+        "https://api.anthropic.com",
+        parse=v.http_url,
+        env="HIVENET_ROUTER_ANTHROPIC_BASE_URL",
+        help="Where the Anthropic provider adapter sends requests (for proxies and tests)",
+    )
     log_level: str = option(
         "info",
         parse=v.text,

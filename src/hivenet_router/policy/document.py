@@ -95,14 +95,13 @@ BUILT_IN = Policy(
     steps=(Step("primary", Match(), (), "least-loaded", None),),
 )
 
-# Parsed and validated now, enforced by the admission and provider-fallback work.
+# Parsed and validated now, enforced by the admission work.
 _NOT_YET_ENFORCED = (
     "max_input_tokens",
     "images_max",
     "admit_budget_tokens",
     "max_inflight",
     "shed_if",
-    "fallback_provider",
 )
 
 

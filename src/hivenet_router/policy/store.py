@@ -30,6 +30,16 @@ class PolicySet:
         return self.by_model.get(model, self.default)
 
 
+def _check_provider(policy: Policy, providers: frozenset[str]) -> None:
+    provider = policy.fallback_provider
+    if provider is not None and provider.engine not in providers:
+        variable = f"HIVENET_ROUTER_{provider.engine.upper()}_API_KEY"
+        raise PolicyError(
+            f"{policy.source}: fallback_provider.engine: {provider.engine} needs {variable}, "
+            "which was not set when the router started"
+        )
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
@@ -47,7 +57,10 @@ def _warn_unenforced(policy: Policy) -> None:
 
 
 class PolicyStore:
-    def __init__(self, policy_file: str = "", model_dir: str = "") -> None:
+    def __init__(
+        self, policy_file: str = "", model_dir: str = "", providers: frozenset[str] = frozenset()
+    ) -> None:
+        self._providers = providers
         self._file = Path(policy_file) if policy_file else None
         self._dir = Path(model_dir) if model_dir else None
         self.current = PolicySet()
@@ -72,6 +85,7 @@ class PolicyStore:
         """A global policy file: fatal when invalid at start, kept as it was on reload."""
         try:
             policy = parse_policy(_read(path), str(path), name, require_models=False)
+            _check_provider(policy, self._providers)
         except PolicyError as exc:
             if initial:
                 raise
@@ -105,6 +119,7 @@ class PolicyStore:
             name = path.stem
             try:
                 policy = parse_policy(_read(path), str(path), name, require_models=True)
+                _check_provider(policy, self._providers)
                 _warn_unenforced(policy)
             except PolicyError as exc:
                 kept = previous.named.get(name)

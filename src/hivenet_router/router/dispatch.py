@@ -13,18 +13,19 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
-from hivenet_router.policy.document import Step
+from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.policy.strategies import STRATEGIES
 from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.providers import Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue
-from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream, StreamReset
+from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, StreamReset
 
 log = logging.getLogger("hivenet.router")
 
@@ -50,18 +51,43 @@ class Progress:
     phase: str = "queue"
 
 
+class AnswerSource(Protocol):
+    """Where the rest of a streamed answer comes from: an agent stream or a provider."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    async def read(self) -> bytes | None: ...
+
+    def reset(self, error: StreamReset | None = None) -> None: ...
+
+
 @dataclass(slots=True)
 class Exchange:
-    """An agent's answer. `body` holds a whole buffered answer; `first` a stream's first chunk."""
+    """An answer. `body` holds a whole buffered answer; `first` a stream's first chunk.
+    `agent` is None when the answer came from provider fallback (`provider` names it)."""
 
-    agent: AgentRecord
-    stream: Stream
+    agent: AgentRecord | None
+    stream: AnswerSource
     status: int
     headers: list[tuple[str, str]]
     body: bytes | None
     first: bytes | None
     ok: bool = False
     rtt_ms: float | None = None
+    provider: str | None = None
+
+
+class _Done:
+    """The source of an answer that arrived whole."""
+
+    finished = True
+
+    async def read(self) -> bytes | None:
+        return None
+
+    def reset(self, error: StreamReset | None = None) -> None:
+        pass
 
 
 class _StepExhausted(Exception):
@@ -96,8 +122,10 @@ class Dispatcher:
         clock: Clock,
         limits: DispatchLimits,
         policies: PolicyStore,
+        providers: Providers | None = None,
     ) -> None:
         self.policies = policies
+        self.providers = providers or Providers({})
         self.registry = registry
         self.metrics = metrics
         self.clock = clock
@@ -153,7 +181,11 @@ class Dispatcher:
                 finally:
                     self.metrics.global_queue.set(pending.waiting)
                     self.metrics.forwards.set(pending.forwarding)
-                exchange = await self._route(job, progress)
+                policy = self.policies.current.for_model(job.model)
+                try:
+                    exchange = await self._route(job, progress, policy)
+                except ApiError as exc:
+                    exchange = await self._fall_back(job, policy, exc)
         except BaseException:
             if forwarding:
                 self._leave_forwarding()
@@ -164,15 +196,20 @@ class Dispatcher:
         finally:
             if not exchange.stream.finished:
                 exchange.stream.reset(StreamReset("cancelled", "router abandoned the request"))
-            meters = exchange.agent.meters
-            if exchange.ok:
+            agent = exchange.agent
+            if agent is None:
+                self.metrics.provider_fallback.labels(
+                    job.model, exchange.provider or "", "success" if exchange.ok else "error"
+                ).inc()
+            elif exchange.ok:
                 self._routed(job.model).inc()
-                meters.success.inc()
-                exchange.agent.succeeded(exchange.rtt_ms)
+                agent.meters.success.inc()
+                agent.succeeded(exchange.rtt_ms)
             else:
-                meters.failed.inc()
-                exchange.agent.failed()
-            self._release(exchange.agent)
+                agent.meters.failed.inc()
+                agent.failed()
+            if agent is not None:
+                self._release(agent)
             self._leave_forwarding()
 
     def _leave_forwarding(self) -> None:
@@ -191,10 +228,46 @@ class Dispatcher:
 
     # -- routing with retries -----------------------------------------------------------------
 
-    async def _route(self, job: Job, progress: Progress) -> Exchange:
+    async def _fall_back(self, job: Job, policy: Policy, local: ApiError) -> Exchange:
+        """The last resort after every local step: the policy's provider, when it has one,
+        the request needs an LLM, the provider serves this route, and its credential was
+        configured. Otherwise the local error stands."""
+        provider = policy.fallback_provider
+        if (
+            provider is None
+            or job.capability != "llm"
+            or not self.providers.supports(provider.engine, job.route)
+            or (local.code is ErrorCode.MODEL_NOT_FOUND and job.model not in policy.models)
+        ):
+            raise local
+        log.info(
+            "model %s: local steps exhausted (%s); falling back to %s/%s",
+            job.model,
+            local.code.value,
+            provider.engine,
+            provider.model,
+        )
+        try:
+            answer = await self.providers.forward(
+                provider.engine, provider.model, job.route, job.body, job.headers, job.stream
+            )
+        except ApiError:
+            self.metrics.provider_fallback.labels(job.model, provider.engine, "error").inc()
+            raise
+        source: AnswerSource = answer.stream or _Done()
+        return Exchange(
+            None,
+            source,
+            answer.status,
+            answer.headers,
+            answer.body,
+            answer.first,
+            provider=provider.engine,
+        )
+
+    async def _route(self, job: Job, progress: Progress, policy: Policy) -> Exchange:
         """Walk the policy's steps: the primary step, then each fallback step, each with
         its own try budget and its own set of agents that already failed this request."""
-        policy = self.policies.current.for_model(job.model)
         last: ApiError | None = None
         redialed = False
         full = False

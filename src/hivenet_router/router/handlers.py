@@ -162,7 +162,8 @@ class Handlers:
                     chunk = await exchange.stream.read()
             exchange.ok = True
         except StreamReset as exc:
-            log.warning("stream from agent %s broke: %s", exchange.agent.peer_id, exc)
+            source = exchange.agent.peer_id if exchange.agent else exchange.provider
+            log.warning("stream from %s broke: %s", source, exc)
             code = (
                 ErrorCode.BACKEND_ERROR
                 if exc.code != "connection_lost"
@@ -195,7 +196,7 @@ class Handlers:
             await response.write(data)
 
     def _account(self, exchange: Exchange, usage: Usage | None) -> None:
-        if usage is None:
+        if usage is None or exchange.agent is None:
             return
         meters = exchange.agent.meters
         meters.input_tokens.inc(usage.input_tokens)

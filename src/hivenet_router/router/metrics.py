@@ -132,6 +132,12 @@ class RouterMetrics:
             ("model",),
             registry=r,
         )
+        self.provider_fallback = Counter(
+            "hivenet_policy_provider_fallback_total",
+            "Requests sent to a provider after every local step was exhausted",
+            ("model", "provider", "result"),
+            registry=r,
+        )
         self.policy_reload = Counter(
             "hivenet_policy_reload_total",
             "Policy reloads",

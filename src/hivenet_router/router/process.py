@@ -23,6 +23,7 @@ from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
 from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.runtime import start_site
 from hivenet_router.transport import trust
@@ -34,11 +35,29 @@ log = logging.getLogger("hivenet.router")
 SHUTDOWN_GRACE = 30.0
 
 
+def provider_configs(config: RouterConfig) -> dict[str, ProviderConfig]:
+    """Provider adapters exist only for credentials present at start."""
+    configs = {}
+    if config.openai_api_key:
+        configs["openai"] = ProviderConfig("openai", config.openai_base_url, config.openai_api_key)
+    if config.anthropic_api_key:
+        configs["anthropic"] = ProviderConfig(
+            "anthropic", config.anthropic_base_url, config.anthropic_api_key
+        )
+    return configs
+
+
 class RouterProcess:
     def __init__(
-        self, config: RouterConfig, secret: bytes, clock: Clock, policies: PolicyStore
+        self,
+        config: RouterConfig,
+        secret: bytes,
+        clock: Clock,
+        policies: PolicyStore,
+        providers: Providers,
     ) -> None:
         self.policies = policies
+        self.providers = providers
         self.config = config
         self.secret = secret
         self.clock = clock
@@ -51,12 +70,13 @@ class RouterProcess:
             secret = trust.load_secret(config.jwt_secret_file, config.jwt_secret)
         except trust.TrustError as exc:
             raise ConfigError(str(exc)) from None
-        policies = PolicyStore(config.policy_file, config.policy_model_dir)
+        providers = Providers(provider_configs(config))
+        policies = PolicyStore(config.policy_file, config.policy_model_dir, providers.available)
         try:
             policies.load()
         except PolicyError as exc:
             raise ConfigError(f"invalid policy: {exc}") from None
-        return cls(config, secret, SystemClock(), policies)
+        return cls(config, secret, SystemClock(), policies, providers)
 
     def _announce(self) -> str:
         cfg = self.config
@@ -82,6 +102,7 @@ class RouterProcess:
                 max_tries=cfg.max_tries_per_step,
             ),
             self.policies,
+            self.providers,
         )
         handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout)
         sessions = Sessions(self.clock, cfg.session_ttl)
@@ -191,6 +212,7 @@ class RouterProcess:
         for link in list(control.links):
             await link.close("router shutting down")
         await auth_server.stop()
+        await self.providers.close()
         for runner in runners[1:]:
             await runner.cleanup()
         return 0

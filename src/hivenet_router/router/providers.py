@@ -1,0 +1,158 @@
+"""Provider fallback: OpenAI or Anthropic, used only after every local step is exhausted.
+
+The original request goes to the provider unchanged except for its `model`, which becomes
+the policy's provider model (no schema translation: an OpenAI provider serves the OpenAI
+routes, an Anthropic provider the Anthropic ones). Credentials are read once at start.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.transport.link import StreamReset
+
+log = logging.getLogger("hivenet.provider")
+
+ROUTES: dict[str, frozenset[str]] = {
+    "openai": frozenset({"/v1/chat/completions", "/v1/completions"}),
+    "anthropic": frozenset({"/v1/messages", "/v1/messages/count_tokens"}),
+}
+ANTHROPIC_VERSION = "2023-06-01"
+MAX_BODY = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    name: str
+    base_url: str
+    api_key: str
+
+    def headers(self, client: list[tuple[str, str]]) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.name == "openai":
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        else:
+            headers["x-api-key"] = self.api_key
+            version = next((v for k, v in client if k.lower() == "anthropic-version"), None)
+            headers["anthropic-version"] = version or ANTHROPIC_VERSION
+            beta = next((v for k, v in client if k.lower() == "anthropic-beta"), None)
+            if beta:
+                headers["anthropic-beta"] = beta
+        return headers
+
+
+class ProviderStream:
+    """A provider's streamed answer, read like an agent stream."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.finished = False
+
+    async def read(self) -> bytes | None:
+        if self.finished:
+            return None
+        try:
+            chunk = await self._response.content.readany()
+        except aiohttp.ClientError as exc:
+            self.reset()
+            raise StreamReset("provider_error", f"provider stream failed: {exc}") from None
+        if not chunk:
+            self.finished = True
+            self._response.release()
+            return None
+        return chunk
+
+    def reset(self, error: StreamReset | None = None) -> None:
+        self.finished = True
+        self._response.close()
+
+
+@dataclass(slots=True)
+class ProviderAnswer:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes | None
+    first: bytes | None
+    stream: ProviderStream | None
+
+
+class Providers:
+    def __init__(self, configs: dict[str, ProviderConfig]) -> None:
+        self._configs = configs
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def available(self) -> frozenset[str]:
+        return frozenset(self._configs)
+
+    def supports(self, name: str, route: str) -> bool:
+        return name in self._configs and route in ROUTES.get(name, frozenset())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(auto_decompress=False)
+        return self._session
+
+    async def forward(
+        self,
+        name: str,
+        model: str,
+        route: str,
+        body: bytes,
+        client_headers: list[tuple[str, str]],
+        stream: bool,
+    ) -> ProviderAnswer:
+        config = self._configs[name]
+        try:
+            request = orjson.loads(body)
+            request["model"] = model
+            payload = orjson.dumps(request)
+        except (orjson.JSONDecodeError, TypeError) as exc:
+            raise ApiError(
+                ErrorCode.REQUEST_INVALID, f"cannot forward to provider: {exc}"
+            ) from None
+        try:
+            response = await self._http().post(
+                config.base_url + route, data=payload, headers=config.headers(client_headers)
+            )
+        except aiohttp.ClientError as exc:
+            raise ApiError(
+                ErrorCode.BACKEND_ERROR, f"provider {name}: {exc}", source="backend"
+            ) from None
+        content_type = response.headers.get("Content-Type", "application/json")
+        headers = [("content-type", content_type)]
+        handed_over = False
+        try:
+            if response.status >= 400:
+                raw = await response.content.read(64 * 1024)
+                raise ApiError(
+                    ErrorCode.BACKEND_ERROR,
+                    f"provider {name} answered {response.status}: "
+                    f"{raw[:300].decode(errors='replace')}",
+                    source="backend",
+                )
+            if stream and content_type.startswith("text/event-stream"):
+                source = ProviderStream(response)
+                first = await source.read()
+                handed_over = True
+                return ProviderAnswer(response.status, headers, None, first, source)
+            data = await response.read()
+            return ProviderAnswer(response.status, headers, data, None, None)
+        except StreamReset as exc:
+            raise ApiError(ErrorCode.BACKEND_ERROR, exc.message, source="backend") from None
+        except aiohttp.ClientError as exc:
+            raise ApiError(
+                ErrorCode.BACKEND_ERROR, f"provider {name}: {exc}", source="backend"
+            ) from None
+        finally:
+            if not handed_over:
+                response.release()

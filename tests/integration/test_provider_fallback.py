@@ -1,0 +1,137 @@
+"""Provider fallback against a local server that speaks the providers' wire protocols.
+
+The engine simulator serves both /v1/chat/completions and /v1/messages, so it stands in for
+OpenAI and Anthropic: only the model name tells the answers apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anthropic
+import httpx2 as httpx
+import openai
+
+from tests.procs import Cluster, metric, wait_registered
+
+MODEL = "m"
+POLICY = """\
+models: [m]
+routing_policy:
+  strategy: least-loaded
+  max_tries: 1
+fallback_provider:
+  engine: {engine}
+  model: cloud-model
+"""
+
+
+def test_openai_fallback_when_every_local_step_fails(make_cluster: Cluster, tmp_path: Path) -> None:
+    cloud = make_cluster.sim("cloud-model", "--zero-latency", name="cloud")
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "m.yaml").write_text(POLICY.format(engine="openai"))
+    router = make_cluster.router(
+        "--policy-model-dir",
+        str(policies),
+        env={
+            "HIVENET_ROUTER_OPENAI_API_KEY": "sk-test-not-real",
+            "HIVENET_ROUTER_OPENAI_BASE_URL": cloud.url,
+        },
+    )
+    local = make_cluster.sim(MODEL, "--zero-latency", "--fault-error-rate", "1")
+    make_cluster.agent(router, local)
+    wait_registered(router, MODEL)
+    with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert reply.model == "cloud-model"
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+            )
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    text = router.metrics()
+    assert (
+        metric(text, "hivenet_policy_provider_fallback_total", provider="openai", result="success")
+        == 2.0
+    )
+    assert metric(text, "hivenet_router_active_forwards") == 0.0
+    # The provider credential never reaches the logs.
+    assert "sk-test-not-real" not in router.proc.log()
+
+
+def test_anthropic_fallback_for_a_model_without_agents(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    cloud = make_cluster.sim("cloud-model", "--zero-latency", name="cloud")
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "m.yaml").write_text(POLICY.format(engine="anthropic"))
+    router = make_cluster.router(
+        "--policy-model-dir",
+        str(policies),
+        env={
+            "HIVENET_ROUTER_ANTHROPIC_API_KEY": "ak-test",
+            "HIVENET_ROUTER_ANTHROPIC_BASE_URL": cloud.url,
+        },
+    )
+    with anthropic.Anthropic(base_url=router.url, api_key="x", max_retries=0) as client:
+        reply = client.messages.create(
+            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.model == "cloud-model" and reply.usage.output_tokens == 5
+    # OpenAI routes are not sent to an Anthropic provider: no schema translation.
+    chat = httpx.post(
+        router.url + "/v1/chat/completions",
+        timeout=10,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert chat.status_code == 404 and chat.json()["error"]["code"] == "model_not_found"
+
+
+def test_provider_failure_is_a_backend_error(make_cluster: Cluster, tmp_path: Path) -> None:
+    cloud = make_cluster.sim(
+        "cloud-model", "--zero-latency", "--fault-error-rate", "1", name="cloud"
+    )
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "m.yaml").write_text(POLICY.format(engine="openai"))
+    router = make_cluster.router(
+        "--policy-model-dir",
+        str(policies),
+        env={"HIVENET_ROUTER_OPENAI_API_KEY": "sk", "HIVENET_ROUTER_OPENAI_BASE_URL": cloud.url},
+    )
+    reply = httpx.post(
+        router.url + "/v1/chat/completions",
+        timeout=10,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert reply.status_code == 502
+    error = reply.json()["error"]
+    assert error["code"] == "backend_error" and error["source"] == "backend"
+    assert "provider openai answered 500" in error["message"]
+
+
+def test_a_provider_without_its_credential_stops_the_router(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(engine="openai"))
+    proc = make_cluster._proc(
+        "router",
+        [
+            "hivenet-router",
+            "--jwt-secret-file",
+            str(make_cluster.secret_file),
+            "--policy-file",
+            str(policy),
+            "--http-port",
+            "127.0.0.1:0",
+        ],
+        env={"HIVENET_ROUTER_OPENAI_API_KEY": ""},
+    )
+    assert proc.popen is not None and proc.popen.wait(timeout=20) == 2
+    assert "HIVENET_ROUTER_OPENAI_API_KEY" in proc.log()

@@ -71,12 +71,12 @@ async def test_least_loaded_then_least_recently_used() -> None:
 async def test_errors_for_missing_and_ineligible_agents() -> None:
     registry, dispatcher, _ = setup()
     with pytest.raises(ApiError) as info:
-        await dispatcher._route(JOB, Progress())
+        await dispatcher._route(JOB, Progress(), BUILT_IN)
     assert info.value.code is ErrorCode.MODEL_NOT_FOUND
     agent = record("a", capability="embedding")
     registry.upsert(agent)
     with pytest.raises(ApiError) as info:
-        await dispatcher._route(JOB, Progress())
+        await dispatcher._route(JOB, Progress(), BUILT_IN)
     assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
     ok = record("b")
     registry.upsert(ok)
@@ -84,7 +84,7 @@ async def test_errors_for_missing_and_ineligible_agents() -> None:
         await dispatcher._acquire(JOB, STEP, {"b"})
     ok.backend_healthy = False
     with pytest.raises(ApiError) as info:
-        await dispatcher._route(JOB, Progress())
+        await dispatcher._route(JOB, Progress(), BUILT_IN)
     assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
 
 
@@ -106,7 +106,7 @@ async def test_waiters_are_served_in_order_and_bounded() -> None:
     second = asyncio.create_task(wait(2))
     await asyncio.sleep(0)
     with pytest.raises(ApiError) as info:
-        await dispatcher._route(JOB, Progress())
+        await dispatcher._route(JOB, Progress(), BUILT_IN)
     assert info.value.code is ErrorCode.NO_CAPACITY
     assert dispatcher.queued("m") == 2
     registry.release(agent)
@@ -240,7 +240,7 @@ async def test_a_stale_connection_costs_no_try() -> None:
     stale.link = StaleLink()  # type: ignore[assignment]
     registry.upsert(stale)
     with pytest.raises(ApiError) as info:
-        await dispatcher._route(JOB, Progress())
+        await dispatcher._route(JOB, Progress(), BUILT_IN)
     # The stale agent was dropped without using the single try; the failure reported is the
     # absence of any other agent, with the stale connection named as the last failure.
     assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE

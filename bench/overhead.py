@@ -212,6 +212,8 @@ def main() -> int:
             "4096",
             "--log-level",
             "warn",
+            "--disk-db-path",
+            str(tmp / "store"),
         ],
     )
     fleet.start(

@@ -62,6 +62,8 @@ def main() -> int:
             "9000",
             "--jwt-secret-file",
             str(secret),
+            "--disk-db-path",
+            str(STATE / "store"),
         ],
         [
             str(BIN / "hivenet-agent"),

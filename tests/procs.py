@@ -208,6 +208,8 @@ class Cluster:
                 "1500ms",
                 "--remove-after",
                 "3s",
+                "--disk-db-path",
+                str(self.tmp / f"{name}-store"),
                 *extra,
             ],
             env,

@@ -187,3 +187,19 @@ def test_router_shutdown_lets_in_flight_streams_finish(make_cluster: Cluster) ->
     assert rest.rstrip().endswith("data: [DONE]")
     router.proc.popen.wait(timeout=10)  # type: ignore[union-attr]
     assert router.proc.popen.returncode == 0  # type: ignore[union-attr]
+
+
+def test_agent_history_survives_a_router_restart(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    for _ in range(5):
+        assert _ok(router)
+    router.proc.stop()  # graceful: history is flushed at shutdown
+    again = make_cluster.router(ports=router)
+    wait_registered(again, MODEL)
+    wait_until(lambda: metric(again.metrics(), "hivenet_agent_requests_success_total") == 5.0)
+    assert _ok(again)
+    wait_until(lambda: metric(again.metrics(), "hivenet_agent_requests_success_total") == 6.0)
+    assert "resumes its history: 5 ok" in again.proc.log()

@@ -15,8 +15,10 @@ from hivenet_router.domain.agent import (
 )
 from hivenet_router.router.agent_auth import FailureLimiter, Sessions, source_prefix
 from hivenet_router.router.control import Binding, ControlPlane
+from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import Registry
+from hivenet_router.storage.history import MemoryHistory
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import Identity
 
@@ -39,6 +41,7 @@ def plane() -> tuple[ControlPlane, Registry, ManualClock, Sessions]:
         sessions=sessions,
         router_peer_id=ROUTER,
         max_conns_per_ip=2,
+        history=HistoryKeeper(registry, MemoryHistory(), 30.0),
     )
     return control, registry, clock, sessions
 

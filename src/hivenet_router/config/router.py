@@ -156,6 +156,30 @@ class RouterConfig:
         flag="--auth-failure-limit",
         help="Failed agent authentications per source address and minute before refusing",
     )
+    disk_db_path: str = option(
+        "./badger_disk",
+        parse=v.text,
+        flag="--disk-db-path",
+        env="HIVENET_ROUTER_DISK_DB_PATH",
+        help="Directory of the persistent store (SQLite file hivenet.sqlite3 inside)",
+    )
+    disk_db_ttl: int = option(
+        30,
+        parse=v.non_negative_int,
+        flag="--disk-db-ttl",
+        help="Days a persisted record lives without updates; 0 keeps records forever",
+    )
+    universal_flush_interval: float = duration_option(
+        30.0,
+        flag="--universal-flush-interval",
+        help="Period of agent-history flushes to the persistent store",
+    )
+    reset_disk_db: bool = option(
+        False,
+        parse=v.boolean,
+        flag="--reset-disk-db",
+        help="Delete this router's database files in --disk-db-path before opening it",
+    )
     jwt_secret_file: str = option(
         "",
         parse=v.text,

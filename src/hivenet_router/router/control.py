@@ -30,6 +30,7 @@ from hivenet_router.domain.agent import (
     RoutingSignal,
 )
 from hivenet_router.router.agent_auth import Sessions, source_prefix
+from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.transport import frames, trust
@@ -67,7 +68,9 @@ class ControlPlane:
         sessions: Sessions,
         router_peer_id: str,
         max_conns_per_ip: int,
+        history: HistoryKeeper,
     ) -> None:
+        self.history = history
         self.registry = registry
         self.metrics = metrics
         self.clock = clock
@@ -118,6 +121,7 @@ class ControlPlane:
             if record is not None and self.registry.get(record.peer_id) is record:
                 log.warning("agent %s disconnected: %s", record.peer_id, link.close_reason)
                 record.disconnected_at = self.clock.monotonic()
+                record.disconnects += 1
                 self.metrics.disconnections.labels(record.peer_id).inc()
         return ws
 
@@ -146,6 +150,8 @@ class ControlPlane:
             else:
                 try:
                     status, reply = call(binding, body)
+                    if head.path == "/register" and status == 200 and binding.record:
+                        await self.history.restore(binding.record)
                 except msgspec.ValidationError as exc:
                     log.warning(
                         "agent %s sent an invalid %s: %s", binding.grant.peer_id, head.path, exc

@@ -198,9 +198,11 @@ class Handlers:
     def _account(self, exchange: Exchange, usage: Usage | None) -> None:
         if usage is None or exchange.agent is None:
             return
-        meters = exchange.agent.meters
-        meters.input_tokens.inc(usage.input_tokens)
-        meters.output_tokens.inc(usage.output_tokens)
+        agent = exchange.agent
+        agent.input_tokens += usage.input_tokens
+        agent.output_tokens += usage.output_tokens
+        agent.meters.input_tokens.inc(usage.input_tokens)
+        agent.meters.output_tokens.inc(usage.output_tokens)
 
 
 def _header(headers: list[tuple[str, str]], name: str) -> str | None:

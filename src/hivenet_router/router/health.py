@@ -49,6 +49,7 @@ class HealthMonitor:
                     silent,
                 )
                 self.registry.remove(record.peer_id)
+                record.disconnects += 1
                 self.metrics.disconnections.labels(record.peer_id).inc()
                 self.on_remove(record)
             elif silent > self.unhealthy_after and record.process_healthy:
@@ -59,6 +60,7 @@ class HealthMonitor:
                     silent,
                 )
                 record.process_healthy = False
+                record.health_failures += 1
                 self.metrics.agent_failure.labels(record.peer_id).inc()
                 self.metrics.agent_healthy.labels(record.peer_id, record.model).set(0)
 

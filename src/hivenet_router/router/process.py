@@ -6,6 +6,10 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sqlite3
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -22,10 +26,13 @@ from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
+from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.runtime import start_site
+from hivenet_router.storage.history import SqliteHistory
+from hivenet_router.storage.history import reset as reset_store
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import peer_id_of
 from hivenet_router.transport.tls import RouterTlsIdentity, derive_key
@@ -116,6 +123,17 @@ class RouterProcess:
             renew_margin=cfg.session_renew_margin,
             failure_limit=cfg.auth_failure_limit,
         )
+        store_dir = Path(cfg.disk_db_path)
+        if cfg.reset_disk_db:
+            log.warning("--reset-disk-db: deleting the history database in %s", store_dir)
+            reset_store(store_dir)
+        store = SqliteHistory(store_dir, cfg.disk_db_ttl, self.clock.wall)
+        try:
+            await store.open()
+        except (OSError, sqlite3.Error) as exc:
+            log.error("cannot open the persistent store in %s: %s", store_dir, exc)
+            return 1
+        keeper = HistoryKeeper(registry, store, cfg.universal_flush_interval)
         control = ControlPlane(
             registry=registry,
             metrics=metrics,
@@ -123,12 +141,21 @@ class RouterProcess:
             sessions=sessions,
             router_peer_id=self.peer_id,
             max_conns_per_ip=cfg.p2p_max_conns_per_ip,
+            history=keeper,
         )
+
+        background: set[asyncio.Task[None]] = set()
+
+        def spawn(coro: Coroutine[Any, Any, None]) -> None:
+            task = asyncio.create_task(coro)
+            background.add(task)
+            task.add_done_callback(background.discard)
 
         def removed(record: AgentRecord) -> None:
             sessions.revoke_peer(record.peer_id)
+            spawn(keeper.flush([record]))
             if record.link is not None:
-                asyncio.get_running_loop().create_task(record.link.close("agent removed"))
+                spawn(record.link.close("agent removed"))
 
         monitor = HealthMonitor(
             registry,
@@ -184,7 +211,7 @@ class RouterProcess:
         )
         log.debug("configuration: %s", describe(cfg))
         health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
-        reloads: set[asyncio.Task[None]] = set()
+        flush_task = asyncio.create_task(keeper.run())
 
         async def reload() -> None:
             # Files are read off the event loop; the swap itself is one assignment.
@@ -193,9 +220,7 @@ class RouterProcess:
 
         def on_hangup() -> None:
             log.info("SIGHUP: reloading policies")
-            task = asyncio.create_task(reload())
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
+            spawn(reload())
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
         await stop.wait()
@@ -206,9 +231,12 @@ class RouterProcess:
         # The public port closes first, while agent connections still carry what is in
         # flight; only then do the agents hear that the router is going away.
         await public.cleanup()
-        health_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await health_task
+        for task in (health_task, flush_task):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await keeper.flush()
+        await store.close()
         for link in list(control.links):
             await link.close("router shutting down")
         await auth_server.stop()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
 from hivenet_router.router.history import smooth_rtt
 from hivenet_router.router.metrics import AgentMeters, RouterMetrics
+from hivenet_router.storage.history import AgentHistory
 from hivenet_router.transport.link import Link
 
 log = logging.getLogger("hivenet.router")
@@ -38,6 +39,38 @@ class AgentRecord:
     consecutive_failures: int = 0
     srtt_ms: float | None = None
     rttvar_ms: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    disconnects: int = 0
+    health_failures: int = 0
+
+    def history(self) -> AgentHistory:
+        return AgentHistory(
+            peer_id=self.peer_id,
+            successes=self.successes,
+            failures=self.failures,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            disconnects=self.disconnects,
+            health_failures=self.health_failures,
+            srtt_ms=self.srtt_ms,
+            rttvar_ms=self.rttvar_ms,
+        )
+
+    def restore(self, past: AgentHistory) -> None:
+        """Warm start: earlier totals become baselines; the counters continue from them."""
+        self.successes += past.successes
+        self.failures += past.failures
+        self.input_tokens += past.input_tokens
+        self.output_tokens += past.output_tokens
+        self.disconnects += past.disconnects
+        self.health_failures += past.health_failures
+        if self.srtt_ms is None:
+            self.srtt_ms, self.rttvar_ms = past.srtt_ms, past.rttvar_ms
+        self.meters.success.inc(past.successes)
+        self.meters.failed.inc(past.failures)
+        self.meters.input_tokens.inc(past.input_tokens)
+        self.meters.output_tokens.inc(past.output_tokens)
 
     def succeeded(self, rtt_ms: float | None) -> None:
         self.successes += 1
@@ -120,6 +153,8 @@ class Registry:
             record.active = old.active
             record.successes, record.failures = old.successes, old.failures
             record.srtt_ms, record.rttvar_ms = old.srtt_ms, old.rttvar_ms
+            record.input_tokens, record.output_tokens = old.input_tokens, old.output_tokens
+            record.disconnects, record.health_failures = old.disconnects, old.health_failures
             self._drop(old)
         self._by_peer[record.peer_id] = record
         self._by_model.setdefault(record.model, {})[record.peer_id] = record

@@ -1,0 +1,140 @@
+"""Per-agent universal history, persisted in SQLite so a known peer ID starts warm.
+
+One connection, owned by one worker thread: every call runs there, so the event loop never
+waits on the disk and SQLite never sees two threads. Records older than the TTL expire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import orjson
+
+T = TypeVar("T")
+DB_FILE = "hivenet.sqlite3"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHistory:
+    peer_id: str
+    successes: int = 0
+    failures: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    disconnects: int = 0
+    health_failures: int = 0
+    srtt_ms: float | None = None
+    rttvar_ms: float | None = None
+
+
+class HistoryStore(Protocol):
+    async def load(self, peer_id: str) -> AgentHistory | None: ...
+
+    async def save(self, items: list[AgentHistory]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryHistory:
+    """For tests and for routers started without a disk path."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, AgentHistory] = {}
+
+    async def load(self, peer_id: str) -> AgentHistory | None:
+        return self._items.get(peer_id)
+
+    async def save(self, items: list[AgentHistory]) -> None:
+        for item in items:
+            self._items[item.peer_id] = item
+
+    async def close(self) -> None:
+        pass
+
+
+def reset(directory: Path) -> None:
+    """Delete this router's database files in `directory` (and nothing else there)."""
+    for name in (DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm"):
+        (directory / name).unlink(missing_ok=True)
+
+
+class SqliteHistory:
+    def __init__(self, directory: Path, ttl_days: int, wall: Callable[[], float] = time.time):
+        self._path = directory / DB_FILE
+        self._ttl = ttl_days * 86400.0
+        self._wall = wall
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hivenet-store")
+        self._db: sqlite3.Connection | None = None
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    def _open(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self._path)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS universal_history ("
+            " peer_id TEXT PRIMARY KEY, data BLOB NOT NULL, updated_at REAL NOT NULL)"
+        )
+        db.commit()
+        self._db = db
+        self._expire()
+
+    def _expire(self) -> None:
+        if self._ttl and self._db is not None:
+            self._db.execute(
+                "DELETE FROM universal_history WHERE updated_at < ?", (self._wall() - self._ttl,)
+            )
+            self._db.commit()
+
+    async def load(self, peer_id: str) -> AgentHistory | None:
+        return await self._run(lambda: self._load(peer_id))
+
+    def _load(self, peer_id: str) -> AgentHistory | None:
+        assert self._db is not None
+        row = self._db.execute(
+            "SELECT data, updated_at FROM universal_history WHERE peer_id = ?", (peer_id,)
+        ).fetchone()
+        if row is None or (self._ttl and row[1] < self._wall() - self._ttl):
+            return None
+        fields = {f.name for f in dataclasses.fields(AgentHistory)}
+        data = {k: v for k, v in orjson.loads(row[0]).items() if k in fields}
+        return AgentHistory(**{**data, "peer_id": peer_id})
+
+    async def save(self, items: list[AgentHistory]) -> None:
+        if items:
+            await self._run(lambda: self._save(items))
+
+    def _save(self, items: list[AgentHistory]) -> None:
+        assert self._db is not None
+        now = self._wall()
+        self._db.executemany(
+            "INSERT INTO universal_history (peer_id, data, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT(peer_id) DO UPDATE SET data = excluded.data, "
+            "updated_at = excluded.updated_at",
+            [(item.peer_id, orjson.dumps(dataclasses.asdict(item)), now) for item in items],
+        )
+        self._db.commit()
+        self._expire()
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+        await self._run(shut)
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from hivenet_router.clock import ManualClock
+from hivenet_router.storage.history import DB_FILE, AgentHistory, SqliteHistory, reset
+
+
+async def test_history_round_trip_and_expiry(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = SqliteHistory(tmp_path / "db", ttl_days=30, wall=clock.wall)
+    await store.open()
+    item = AgentHistory(
+        "peer-a",
+        successes=5,
+        failures=1,
+        input_tokens=10,
+        output_tokens=20,
+        disconnects=2,
+        health_failures=1,
+        srtt_ms=12.5,
+        rttvar_ms=3.0,
+    )
+    await store.save([item, AgentHistory("peer-b", successes=1)])
+    assert await store.load("peer-a") == item
+    assert await store.load("nobody") is None
+    await store.save([AgentHistory("peer-a", successes=6)])
+    loaded = await store.load("peer-a")
+    assert loaded is not None and loaded.successes == 6
+    clock.advance(31 * 86400)
+    assert await store.load("peer-a") is None  # expired
+    await store.close()
+    # WAL mode, and the rows are really on disk.
+    with sqlite3.connect(tmp_path / "db" / DB_FILE) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_records_survive_a_reopen_and_reset_removes_them(tmp_path: Path) -> None:
+    store = SqliteHistory(tmp_path, ttl_days=0)
+    await store.open()
+    await store.save([AgentHistory("peer", failures=3)])
+    await store.close()
+    again = SqliteHistory(tmp_path, ttl_days=0)
+    await again.open()
+    loaded = await again.load("peer")
+    assert loaded is not None and loaded.failures == 3
+    await again.close()
+    (tmp_path / "keep.txt").write_text("not ours")
+    reset(tmp_path)
+    assert not (tmp_path / DB_FILE).exists()
+    assert (tmp_path / "keep.txt").exists()  # reset deletes only the router's own files

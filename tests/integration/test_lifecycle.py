@@ -196,10 +196,13 @@ def test_agent_history_survives_a_router_restart(make_cluster: Cluster) -> None:
     wait_registered(router, MODEL)
     for _ in range(5):
         assert _ok(router)
+    srtt = metric(router.metrics(), "hivenet_agent_srtt_ms")
+    assert srtt > 0
     router.proc.stop()  # graceful: history is flushed at shutdown
     again = make_cluster.router(ports=router)
     wait_registered(again, MODEL)
     wait_until(lambda: metric(again.metrics(), "hivenet_agent_requests_success_total") == 5.0)
+    assert metric(again.metrics(), "hivenet_agent_srtt_ms") == pytest.approx(srtt)
     assert _ok(again)
     wait_until(lambda: metric(again.metrics(), "hivenet_agent_requests_success_total") == 6.0)
     assert "resumes its history: 5 ok" in again.proc.log()

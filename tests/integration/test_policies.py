@@ -110,3 +110,30 @@ def test_an_invalid_policy_stops_the_router(make_cluster: Cluster, tmp_path: Pat
     )
     assert proc.popen is not None and proc.popen.wait(timeout=20) == 2
     assert "policy.yaml:4: routing_policy.exclude_if.sucess_rate: unknown signal" in proc.log()
+
+
+def test_a_kv_cache_gate_steers_away_from_a_full_engine(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "routing_policy:\n  strategy: least-loaded\n"
+        "  exclude_if:\n    kv_cache_utilization: {gt: 0.5}\n"
+    )
+    router = make_cluster.router("--policy-file", str(policy))
+    full = make_cluster.sim(
+        MODEL, "--kv-cache-tokens", "256", "--itl", "100ms", "--ttft-base", "0", name="sim-full"
+    )
+    free = make_cluster.sim(MODEL, "--zero-latency", name="sim-free")
+    make_cluster.agent(router, full, name="agent-full")
+    make_cluster.agent(router, free, name="agent-free")
+    wait_registered(router, MODEL, replicas=2)
+    # Fill the first engine's KV cache with a long request sent to it directly.
+    body = {**CHAT, "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", full.url + "/v1/chat/completions", json=body, timeout=30):
+        wait_until(
+            lambda: metric(router.metrics(), "hivenet_agent_engine_kv_cache_utilization") > 0.5
+        )
+        assert send(router, 4) == [200] * 4
+        assert served(free) == 4.0
+        assert metric(full.metrics(), "hivenet_sim_requests_total") == 1.0

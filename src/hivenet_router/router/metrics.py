@@ -19,6 +19,9 @@ class AgentMeters:
     utilization: Any
     input_tokens: Any
     output_tokens: Any
+    srtt: Any
+    rttvar: Any
+    success_rate: Any
 
 
 class RouterMetrics:
@@ -78,6 +81,24 @@ class RouterMetrics:
         self.capacity_utilization = Gauge(
             "hivenet_agent_capacity_utilization",
             "Active requests over declared capacity",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.srtt = Gauge(
+            "hivenet_agent_srtt_ms",
+            "Smoothed round-trip time (RFC 6298)",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.rttvar = Gauge(
+            "hivenet_agent_rttvar_ms",
+            "Round-trip time variation (RFC 6298)",
+            ("peer_id", "model"),
+            registry=r,
+        )
+        self.success_rate = Gauge(
+            "hivenet_agent_success_rate",
+            "Lifetime share of successful forwards",
             ("peer_id", "model"),
             registry=r,
         )
@@ -182,4 +203,7 @@ class RouterMetrics:
             utilization=self.capacity_utilization.labels(peer_id, model),
             input_tokens=self.input_tokens.labels(peer_id, model),
             output_tokens=self.output_tokens.labels(peer_id, model),
+            srtt=self.srtt.labels(peer_id, model),
+            rttvar=self.rttvar.labels(peer_id, model),
+            success_rate=self.success_rate.labels(peer_id, model),
         )

@@ -71,16 +71,27 @@ class AgentRecord:
         self.meters.failed.inc(past.failures)
         self.meters.input_tokens.inc(past.input_tokens)
         self.meters.output_tokens.inc(past.output_tokens)
+        self._publish()
 
     def succeeded(self, rtt_ms: float | None) -> None:
         self.successes += 1
         self.consecutive_failures = 0
         if rtt_ms is not None:
             self.srtt_ms, self.rttvar_ms = smooth_rtt(self.srtt_ms, self.rttvar_ms, rtt_ms)
+        self._publish()
 
     def failed(self) -> None:
         self.failures += 1
         self.consecutive_failures += 1
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.srtt_ms is not None and self.rttvar_ms is not None:
+            self.meters.srtt.set(self.srtt_ms)
+            self.meters.rttvar.set(self.rttvar_ms)
+        total = self.successes + self.failures
+        if total:
+            self.meters.success_rate.set(self.successes / total)
 
     @property
     def peer_id(self) -> str:
@@ -201,6 +212,9 @@ class Registry:
             (self._metrics.agent_healthy, (reg.peer_id, reg.model)),
             (self._metrics.capacity_utilization, (reg.peer_id, reg.model)),
             (self._metrics.agent_last_seen, (reg.peer_id,)),
+            (self._metrics.srtt, (reg.peer_id, reg.model)),
+            (self._metrics.rttvar, (reg.peer_id, reg.model)),
+            (self._metrics.success_rate, (reg.peer_id, reg.model)),
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(*labels)

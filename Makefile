@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/gen_config_docs.py --check
+	$(BIN)/python scripts/gen_policy_schema.py --check
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
@@ -39,6 +40,7 @@ bench: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_config_docs.py
+	$(BIN)/python scripts/gen_policy_schema.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

@@ -7,8 +7,8 @@ import logging
 
 import aiohttp
 
-from hivenet_router.agent import hardware
 from hivenet_router.agent.engines import EngineAdapter
+from hivenet_router.agent.hardware import HardwareSampler
 from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot
 
 log = logging.getLogger("hivenet.agent")
@@ -129,7 +129,8 @@ class BackendMonitor:
                     self._scrape_failing = True
             await asyncio.sleep(interval)
 
-    async def sample_hardware_forever(self, interval: float) -> None:
+    async def sample_hardware_forever(self, sampler: HardwareSampler, interval: float) -> None:
         while True:
-            self.hardware = hardware.sample()
+            # NVML calls block; keep them off the event loop.
+            self.hardware = await asyncio.to_thread(sampler.sample)
             await asyncio.sleep(interval)

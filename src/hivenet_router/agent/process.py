@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 
 from hivenet_router.agent.engines import adapter_for
+from hivenet_router.agent.hardware import HardwareSampler, read_device_file
 from hivenet_router.agent.monitor import BackendMonitor
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.session import (
@@ -42,7 +43,10 @@ MAX_BACKOFF = 30.0
 
 
 class AgentProcess:
-    def __init__(self, config: AgentConfig, secret: bytes, identity: Identity) -> None:
+    def __init__(
+        self, config: AgentConfig, secret: bytes, identity: Identity, sampler: HardwareSampler
+    ) -> None:
+        self.sampler = sampler
         self.config = config
         self.secret = secret
         self.identity = identity
@@ -64,7 +68,11 @@ class AgentProcess:
             "created" if created else "loaded",
             config.identity_path,
         )
-        return cls(config, secret, identity)
+        try:
+            devices = read_device_file(config.gpu_devices_file)
+        except OSError as exc:
+            raise ConfigError(f"--gpu-devices-file: {exc.strerror}") from None
+        return cls(config, secret, identity, HardwareSampler(devices))
 
     async def serve(self, stop: asyncio.Event) -> int:
         cfg = self.config
@@ -103,7 +111,9 @@ class AgentProcess:
         async with asyncio.TaskGroup() as group:
             group.create_task(monitor.check_health_forever(cfg.backend_check_interval))
             group.create_task(monitor.sample_engine_forever(cfg.engine_sample_interval))
-            group.create_task(monitor.sample_hardware_forever(cfg.hardware_sample_interval))
+            group.create_task(
+                monitor.sample_hardware_forever(self.sampler, cfg.hardware_sample_interval)
+            )
             group.create_task(self._connect_forever(model, monitor, proxy))
 
     async def _connect_forever(

@@ -121,6 +121,12 @@ class AgentConfig:
         flag="--hardware-sample-interval",
         help="Period of CPU and memory sampling",
     )
+    gpu_devices_file: str = option(
+        "",
+        parse=v.text,
+        flag="--gpu-devices-file",
+        help="File of NVIDIA GPU UUIDs to report (comma or line separated; none for none)",
+    )
     routing_signal_interval: float = duration_option(
         0.5,
         flag="--routing-signal-interval",

@@ -29,11 +29,40 @@ class EngineSnapshot(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=F
     prefix_cache_hit_rate: float | None = None
 
 
+class GpuSnapshot(msgspec.Struct, omit_defaults=True):
+    uuid: Annotated[str, msgspec.Meta(max_length=128)]
+    name: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    temperature_c: float | None = None
+    util_percent: float | None = None
+    vram_used_bytes: int | None = None
+    vram_total_bytes: int | None = None
+    power_watts: float | None = None
+
+
 class HardwareSnapshot(msgspec.Struct, omit_defaults=True):
     cpu_usage_percent: float | None = None
     memory_used_percent: float | None = None
     memory_total_bytes: int | None = None
     memory_available_bytes: int | None = None
+    gpus: Annotated[list[GpuSnapshot], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list
+    )
+
+    def hottest(self) -> float | None:
+        values = [g.temperature_c for g in self.gpus if g.temperature_c is not None]
+        return max(values) if values else None
+
+    def busiest(self) -> float | None:
+        values = [g.util_percent for g in self.gpus if g.util_percent is not None]
+        return max(values) if values else None
+
+    def fullest_vram(self) -> float | None:
+        values = [
+            g.vram_used_bytes / g.vram_total_bytes
+            for g in self.gpus
+            if g.vram_used_bytes is not None and g.vram_total_bytes
+        ]
+        return max(values) if values else None
 
 
 class Registration(msgspec.Struct, forbid_unknown_fields=True):

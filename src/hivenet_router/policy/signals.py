@@ -62,6 +62,10 @@ def _percent(field: str) -> Reader:
     return read
 
 
+def _fraction(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100.0
+
+
 def _success_rate(agent: AgentFacts) -> float | None:
     total = agent.successes + agent.failures
     return agent.successes / total if total else None
@@ -83,10 +87,10 @@ SIGNALS: dict[str, Reader] = {
     "p90_itl_seconds": _engine("p90_itl_seconds"),
     "memory_used_percent": _percent("memory_used_percent"),
     "cpu_usage_percent": _percent("cpu_usage_percent"),
-    # GPU signals arrive with NVML snapshots; until an agent reports them they are absent.
-    "gpu_temperature_c": lambda a: None,
-    "gpu_util_percent": lambda a: None,
-    "gpu_vram_used_percent": lambda a: None,
+    # GPUs: the hottest, busiest and fullest device of the agent's host (NVML).
+    "gpu_temperature_c": lambda a: a.hardware.hottest() if a.hardware else None,
+    "gpu_util_percent": lambda a: _fraction(a.hardware.busiest() if a.hardware else None),
+    "gpu_vram_used_percent": lambda a: a.hardware.fullest_vram() if a.hardware else None,
 }
 
 # Signals that may be used for front-door shedding (averaged over the healthy pool).

@@ -277,6 +277,15 @@ class ControlPlane:
                     gauge.labels(record.peer_id, record.model).set(value)
         if hardware is not None:
             record.hardware = hardware
+            gauges = self.metrics.hardware
+            for name, value in (
+                ("cpu_usage_percent", hardware.cpu_usage_percent),
+                ("memory_used_percent", hardware.memory_used_percent),
+                ("gpu_temperature_celsius", hardware.hottest()),
+                ("gpu_utilization_percent", hardware.busiest()),
+            ):
+                if value is not None:
+                    gauges[name].labels(record.peer_id, record.model).set(value)
 
 
 def _refuse(status: int, message: str) -> web.Response:

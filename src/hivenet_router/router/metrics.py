@@ -177,6 +177,15 @@ class RouterMetrics:
             ("endpoint", "status"),
             registry=r,
         )
+        self.hardware = {
+            name: Gauge(f"hivenet_agent_{name}", help_text, ("peer_id", "model"), registry=r)
+            for name, help_text in (
+                ("cpu_usage_percent", "Host CPU use, percent"),
+                ("memory_used_percent", "Host memory use, percent"),
+                ("gpu_temperature_celsius", "Hottest GPU temperature"),
+                ("gpu_utilization_percent", "Busiest GPU compute use, percent"),
+            )
+        }
         self.engine = {
             field: Gauge(
                 f"hivenet_agent_engine_{field}",

@@ -218,7 +218,7 @@ class Registry:
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(*labels)
-        for gauge in self._metrics.engine.values():
+        for gauge in (*self._metrics.engine.values(), *self._metrics.hardware.values()):
             with contextlib.suppress(KeyError):
                 gauge.remove(reg.peer_id, reg.model)
 

@@ -230,3 +230,19 @@ def test_steady_samples_converge(sample: float) -> None:
         srtt, rttvar = smooth_rtt(srtt, rttvar, sample)
     assert srtt == pytest.approx(sample)
     assert rttvar < sample * 1e-6
+
+
+async def test_capacity_is_checked_before_the_gates() -> None:
+    # A full agent is "at capacity" (worth waiting for), even when a gate would also
+    # exclude it; with waiting disabled the answer is no_capacity, not no_agents_available.
+    text = (
+        "routing_policy: {strategy: least-loaded, exclude_if: {capacity_utilization: {gt: 0.9}}}\n"
+    )
+    dispatcher, _, _ = fleet(text, {"a": ("eu", 200)})
+    record = dispatcher.registry.get("a")
+    assert record is not None
+    record.active = record.capacity
+    with pytest.raises(ApiError) as info:
+        await dispatcher._route(JOB, Progress(), dispatcher.policies.current.default)
+    assert info.value.code is ErrorCode.NO_CAPACITY
+    record.active = 0

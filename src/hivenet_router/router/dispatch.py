@@ -331,19 +331,28 @@ class Dispatcher:
             f"healthy and allowed by policy {policy.name}",
         )
 
-    def _candidates(self, job: Job, step: Step, failed: set[str]) -> list[AgentRecord]:
+    def _candidates(self, job: Job, step: Step, failed: set[str]) -> list[AgentRecord] | None:
+        """The step's candidates, filtered in the documented order: exact model, health,
+        capability, static match, earlier failures in this step, declared capacity, then
+        the dynamic gates. An empty list means the step has nobody; None means everybody it
+        has is at capacity (worth waiting for)."""
         agents = self.registry.for_model(job.model)
         if not agents:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}")
-        return [
+        pool = [
             agent
             for agent in agents
             if agent.eligible
             and agent.reg.capability == job.capability
-            and agent.peer_id not in failed
             and step.match.accepts(agent)
-            and step.excluded_by(agent) is None
+            and agent.peer_id not in failed
         ]
+        if not pool:
+            return []
+        free = [agent for agent in pool if agent.active < agent.capacity]
+        if not free:
+            return None
+        return [agent for agent in free if step.excluded_by(agent) is None]
 
     async def _acquire(self, job: Job, step: Step, failed: set[str]) -> AgentRecord:
         """Rank the step's candidates and take a slot on the best one; while every candidate
@@ -354,9 +363,9 @@ class Dispatcher:
         waited_from: float | None = None
         while True:
             candidates = self._candidates(job, step, failed)
-            if not candidates:
+            if candidates == []:
                 raise _StepExhausted(full=False)
-            best = strategy.pick(candidates)
+            best = strategy.pick(candidates) if candidates else None
             # Pick and take happen in one synchronous step: no other request can take the
             # slot in between.
             if best is not None and best.try_acquire():

@@ -142,7 +142,8 @@ class Fleet:
 
     def start(self, name: str, args: list[str]) -> None:
         log = (self.tmp / f"{name}.log").open("wb")
-        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "HIVENET_ROUTER_ADMIN_API_KEYS": secrets.token_urlsafe(16)}
+        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def pid(self, name: str) -> int:
         return self.procs[name].pid

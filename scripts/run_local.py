@@ -33,6 +33,15 @@ def _secret() -> Path:
     return path
 
 
+def _admin_key() -> str:
+    path = STATE / "admin.key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(24))
+    return path.read_text().strip()
+
+
 def _wait_for_model(url: str, deadline: float) -> bool:
     while time.monotonic() < deadline:
         try:
@@ -81,7 +90,9 @@ def main() -> int:
             "500ms",
         ],
     ]
-    children = [subprocess.Popen(command) for command in commands]
+    admin = _admin_key()
+    env = {**os.environ, "HIVENET_ROUTER_ADMIN_API_KEYS": admin}
+    children = [subprocess.Popen(command, env=env) for command in commands]
 
     def stop(*_: object) -> None:
         for child in children:
@@ -99,6 +110,7 @@ def main() -> int:
             f"\nHivenet Router is ready at {base} (model {MODEL}). Try:\n\n"
             f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{body}'\n\n"
+            f"Admin:   curl -H 'Authorization: Bearer {admin}' {base}/admin/health\n"
             f"Metrics: http://127.0.0.1:2112/metrics   Stop: Ctrl-C\n",
             flush=True,
         )

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx2 as httpx
 
 BIN = Path(sys.executable).parent
+ADMIN_KEY = "test-admin-key-0123456789"
 
 
 def free_port() -> int:
@@ -212,7 +213,7 @@ class Cluster:
                 str(self.tmp / f"{name}-store"),
                 *extra,
             ],
-            env,
+            {"HIVENET_ROUTER_ADMIN_API_KEYS": ADMIN_KEY, **(env or {})},
         )
         router = Router(proc, http, grpc, p2p, met)
         wait_until(lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200)

@@ -60,6 +60,39 @@ def _gen_secret(args: Sequence[str]) -> int:
     return 0
 
 
+def _keygen(args: Sequence[str]) -> int:
+    """`hivenet-router keygen --tenant NAME`: a new client key and its auth.yaml entry."""
+    import argparse
+    import datetime
+
+    from hivenet_router.auth.keys import generate
+
+    parser = argparse.ArgumentParser(
+        prog="hivenet-router keygen",
+        description="Generate a client API key. Store the raw key in a secret manager; put "
+        "only the printed entry (its SHA-256 hash) in auth.yaml.",
+    )
+    parser.add_argument("--tenant", default="my-tenant", help="owner of the key (tenant ID)")
+    parser.add_argument("--name", default="", help="label of the key (default: the tenant)")
+    tenant = parser.parse_args(list(args)).tenant
+    name = parser.parse_args(list(args)).name or tenant
+    if not tenant.strip() or len(tenant) > 200:
+        return _fail("hivenet-router keygen", "--tenant must be 1 to 200 characters")
+    key = generate()
+    today = datetime.datetime.now(datetime.UTC).strftime("%d-%m-%Y")
+    print(f"API key (shown once): {key.raw}")
+    print(f"SHA-256:              {key.sha256}")
+    print(f"Preview:              {key.preview}")
+    print("\nauth.yaml entry (under api.keys):\n")
+    print(f'  - key_hash: "{key.sha256}"')
+    print(f'    key_preview: "{key.preview}"')
+    print("    metadata:")
+    print(f'      name: "{name}"')
+    print(f'      owner: "{tenant}"')
+    print(f'      created_at: "{today}"')
+    return 0
+
+
 def _peer_id(args: Sequence[str]) -> int:
     """`hivenet-agent peer-id --identity-path FILE`: print the agent's peer ID."""
     import argparse
@@ -89,6 +122,8 @@ def router_main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["gen-secret"]:
         return _gen_secret(args[1:])
+    if args[:1] == ["keygen"]:
+        return _keygen(args[1:])
     try:
         config = load(
             RouterConfig,

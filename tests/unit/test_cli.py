@@ -39,3 +39,18 @@ def test_startup_refusals_name_the_problem(
     assert "at least 32" in capsys.readouterr().err
     assert agent_main(["--capacity", "0"]) == 2
     assert "--capacity" in capsys.readouterr().err
+
+
+def test_keygen_prints_a_ready_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+
+    from hivenet_router.auth.config import parse_auth
+
+    assert router_main(["keygen", "--tenant", "acme"]) == 0
+    out = capsys.readouterr().out
+    raw = out.split("API key (shown once): ")[1].split()[0]
+    entry = out.split("(under api.keys):\n\n")[1]
+    config = parse_auth("api:\n  mode: api-key\n  keys:\n" + entry, "generated")
+    assert config.keys[0].owner == "acme"
+    assert config.keys[0].digest == hashlib.sha256(raw.encode()).digest()
+    assert router_main(["keygen", "--tenant", ""]) == 2

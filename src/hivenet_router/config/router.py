@@ -193,6 +193,32 @@ class RouterConfig:
         secret=True,
         help="The shared agent secret itself, when no --jwt-secret-file is given",
     )
+    auth_config_file: str = option(
+        "",
+        parse=v.text,
+        flag="--auth-config-file",
+        env="HIVENET_ROUTER_AUTH_CONFIG",
+        help="auth.yaml: client API keys and the administrator mode",
+    )
+    auth_mode: str = option(
+        "none",
+        parse=v.text,
+        env="HIVENET_ROUTER_AUTH_MODE",
+        help="Client API mode when no auth.yaml is given: none (api-key needs the file)",
+    )
+    admin_api_keys: tuple[str, ...] = option(
+        (),
+        parse=v.comma_list,
+        env="HIVENET_ROUTER_ADMIN_API_KEYS",
+        secret=True,
+        help="Comma-separated raw administrator keys for /admin/*",
+    )
+    allow_insecure_admin: bool = option(
+        False,
+        parse=v.boolean,
+        env="HIVENET_ROUTER_ALLOW_INSECURE_ADMIN",
+        help="Allow /admin/* without keys; isolated development only",
+    )
     openai_api_key: str = option(
         "",
         parse=v.text,

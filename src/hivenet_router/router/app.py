@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from hivenet_router.auth.providers import AuthState
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
+from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.metrics import RouterMetrics
 
@@ -46,6 +49,15 @@ def request_id(supplied: str | None) -> str:
     return str(uuid.UUID(int=random.getrandbits(128), version=4))
 
 
+def credential(request: web.Request) -> str | None:
+    """The presented key: `Authorization: Bearer KEY`, or `x-api-key` (what the Anthropic
+    SDK sends; the Go router accepted only the former)."""
+    header = request.headers.get("Authorization")
+    if header and header[:7].lower() == "bearer ":
+        return header[7:].strip()
+    return request.headers.get("x-api-key")
+
+
 def _error_response(status: int, body: bytes, rid: str) -> web.Response:
     return web.Response(
         status=status, body=body, content_type="application/json", headers={"X-Request-ID": rid}
@@ -59,23 +71,35 @@ class Edge:
     a few percent of the router's CPU per request for nothing this needs.
     """
 
-    def __init__(self, metrics: RouterMetrics) -> None:
+    def __init__(self, metrics: RouterMetrics, auth: AuthState) -> None:
         self._metrics = metrics
+        self._auth = auth
         self._loop_time = asyncio.get_running_loop().time
 
-    def wrap(self, endpoint: str, handler: Handler) -> Handler:
+    def wrap(self, endpoint: str, handler: Handler, guard: str = "") -> Handler:
+        """`guard`: "client" for /v1/*, "admin" for /admin/*, "" for public routes."""
         loop_time = self._loop_time
         durations: dict[int, Any] = {}
         histogram = self._metrics.request_duration
+        auth = self._auth
 
         async def edge(request: web.Request) -> web.StreamResponse:
             rid = request_id(request.headers.get("X-Request-ID"))
             request["request_id"] = rid
             started = loop_time()
             try:
+                if guard == "client":
+                    principal = auth.client.authenticate(credential(request), time.time())
+                    if principal is None:
+                        raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
+                    request["principal"] = principal
+                elif guard == "admin" and not auth.admin.authenticate(credential(request)):
+                    raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
                 response = await handler(request)
             except ApiError as exc:
                 response = _error_response(exc.http_status, exc.body(), rid)
+                if exc.code is ErrorCode.UNAUTHORIZED:
+                    response.headers["WWW-Authenticate"] = 'Bearer realm="hivenet-router"'
             except (asyncio.CancelledError, ConnectionError):
                 raise
             except Exception:
@@ -100,23 +124,31 @@ class Edge:
         return edge
 
 
-def build_app(handlers: Handlers, metrics: RouterMetrics, body_limit: int) -> web.Application:
+def build_app(
+    handlers: Handlers,
+    admin: AdminApi,
+    metrics: RouterMetrics,
+    auth: AuthState,
+    body_limit: int,
+) -> web.Application:
     """The route allowlist. Anything else, any method, gets a structured 404 or 405."""
     # aiohttp's own limits bound the request line and each header (8 KiB).
     app = web.Application(client_max_size=body_limit)
-    edge = Edge(metrics)
+    edge = Edge(metrics, auth)
     known: dict[str, str] = {}
 
-    def add(method: str, path: str, handler: Handler) -> None:
-        app.router.add_route(method, path, edge.wrap(path, handler))
+    def add(method: str, path: str, handler: Handler, guard: str) -> None:
+        app.router.add_route(method, path, edge.wrap(path, handler, guard))
         if "{" not in path:
             known[path] = method
 
-    add("GET", "/health", handlers.health)
-    add("GET", "/v1/models", handlers.models)
-    add("GET", "/v1/models/{model:.+}", handlers.model)
+    add("GET", "/health", handlers.health, "")
+    add("GET", "/v1/models", handlers.models, "client")
+    add("GET", "/v1/models/{model:.+}", handlers.model, "client")
     for route in INFERENCE_ROUTES:
-        add("POST", route, handlers.inference)
+        add("POST", route, handlers.inference, "client")
+    for method, path, handler in admin.routes():
+        add(method, path, handler, "admin")
 
     async def unrouted(request: web.Request) -> web.StreamResponse:
         allowed = known.get(request.path)

@@ -9,6 +9,7 @@ import logging
 import orjson
 from aiohttp import web
 
+from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.router import bodies
 from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
@@ -89,16 +90,18 @@ class Handlers:
         }
 
     async def models(self, request: web.Request) -> web.Response:
+        principal: Principal = request["principal"]
         data = [
             obj
             for model in sorted(self.registry.models())
-            if (obj := self._model_object(model)) is not None
+            if principal.allows(model) and (obj := self._model_object(model)) is not None
         ]
         return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=_JSON)
 
     async def model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        obj = self._model_object(model)
+        principal: Principal = request["principal"]
+        obj = self._model_object(model) if principal.allows(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
         return web.Response(body=orjson.dumps(obj), content_type=_JSON)
@@ -114,6 +117,12 @@ class Handlers:
                 ErrorCode.REQUEST_TOO_LARGE, exc.text or "request body too large"
             ) from None
         facts = bodies.parse(route, body)
+        principal: Principal = request["principal"]
+        if not principal.allows(facts.model):
+            raise ApiError(
+                ErrorCode.MODEL_FORBIDDEN,
+                f"your API key does not have access to model: {facts.model}",
+            )
         job = Job(
             route, facts.model, facts.capability, facts.stream, body, _forward_headers(request)
         )

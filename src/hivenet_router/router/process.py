@@ -14,11 +14,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hivenet_router.auth.config import AuthConfigError
+from hivenet_router.auth.providers import AuthSettings, AuthState
 from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.policy.document import PolicyError
 from hivenet_router.policy.store import PolicyStore
+from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.app import build_app
 from hivenet_router.router.auth_grpc import GrpcAuthServer
@@ -62,7 +65,9 @@ class RouterProcess:
         clock: Clock,
         policies: PolicyStore,
         providers: Providers,
+        auth: AuthState,
     ) -> None:
+        self.auth = auth
         self.policies = policies
         self.providers = providers
         self.config = config
@@ -83,7 +88,18 @@ class RouterProcess:
             policies.load()
         except PolicyError as exc:
             raise ConfigError(f"invalid policy: {exc}") from None
-        return cls(config, secret, SystemClock(), policies, providers)
+        try:
+            auth = AuthState(
+                AuthSettings(
+                    file=config.auth_config_file,
+                    env_mode=config.auth_mode,
+                    admin_keys=config.admin_api_keys,
+                    allow_insecure_admin=config.allow_insecure_admin,
+                )
+            )
+        except AuthConfigError as exc:
+            raise ConfigError(f"authentication: {exc}") from None
+        return cls(config, secret, SystemClock(), policies, providers, auth)
 
     def _announce(self) -> str:
         cfg = self.config
@@ -157,6 +173,22 @@ class RouterProcess:
             if record.link is not None:
                 spawn(record.link.close("agent removed"))
 
+        async def reload(trigger: str) -> dict[str, bool]:
+            # Files are read off the event loop; each swap itself is one assignment.
+            policies = await asyncio.to_thread(self.policies.reload)
+            metrics.policy_reload.labels(trigger, "success" if policies else "error").inc()
+            auth = await asyncio.to_thread(self.auth.reload)
+            return {"policies": policies, "auth": auth}
+
+        admin = AdminApi(
+            registry=registry,
+            dispatcher=dispatcher,
+            policies=self.policies,
+            clock=self.clock,
+            remove_agent=removed,
+            reload=lambda: reload("admin"),
+        )
+
         monitor = HealthMonitor(
             registry,
             metrics,
@@ -180,7 +212,7 @@ class RouterProcess:
         runners: list[web.AppRunner] = []
         try:
             public = await start_site(
-                build_app(handlers, metrics, cfg.body_limit),
+                build_app(handlers, admin, metrics, self.auth, cfg.body_limit),
                 cfg.http_port.host,
                 cfg.http_port.port,
                 shutdown_timeout=min(cfg.request_timeout, SHUTDOWN_GRACE),
@@ -213,14 +245,12 @@ class RouterProcess:
         health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
         flush_task = asyncio.create_task(keeper.run())
 
-        async def reload() -> None:
-            # Files are read off the event loop; the swap itself is one assignment.
-            swapped = await asyncio.to_thread(self.policies.reload)
-            metrics.policy_reload.labels("sighup", "success" if swapped else "error").inc()
+        async def hangup() -> None:
+            await reload("sighup")
 
         def on_hangup() -> None:
-            log.info("SIGHUP: reloading policies")
-            spawn(reload())
+            log.info("SIGHUP: reloading policies and auth")
+            spawn(hangup())
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
         await stop.wait()

@@ -34,6 +34,7 @@ class AgentRecord:
     hardware: HardwareSnapshot | None = None
     last_assigned: int = field(default_factory=lambda: next(_order))
     disconnected_at: float | None = None
+    draining: bool = False
     successes: int = 0
     failures: int = 0
     consecutive_failures: int = 0
@@ -111,7 +112,9 @@ class AgentRecord:
 
     @property
     def eligible(self) -> bool:
-        return self.connected and self.process_healthy and self.backend_healthy
+        return (
+            self.connected and self.process_healthy and self.backend_healthy and not self.draining
+        )
 
     @property
     def load(self) -> float:

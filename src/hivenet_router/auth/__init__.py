@@ -1,0 +1,1 @@
+"""Client and administrator authentication: separate providers, separate credentials."""

@@ -1,0 +1,158 @@
+"""auth.yaml: client keys for /v1/*, the administrator mode for /admin/*.
+
+Parsed strictly: unknown fields, missing names or owners, malformed dates and duplicate key
+hashes are errors naming the field. Administrator keys never live in this file; they come
+from HIVENET_ROUTER_ADMIN_API_KEYS.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+API_MODES = ("none", "api-key", "dynamic")
+ADMIN_MODES = ("none", "api-key")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_DATE = re.compile(r"^(\d{2})-(\d{2})-(\d{4})$")
+
+
+class AuthConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    digest: bytes
+    preview: str
+    name: str
+    owner: str
+    description: str = ""
+    expires_at: float | None = None  # Unix time at which the key stops working
+    models: frozenset[str] = frozenset()  # empty: every model
+    quota: dict[str, Any] = field(default_factory=dict)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    api_mode: str = "none"
+    admin_mode: str | None = None  # None: not set in the file
+    keys: tuple[ClientKey, ...] = ()
+
+
+def _expiry(text: str, where: str) -> float | None:
+    if not text:
+        return None
+    match = _DATE.match(text)
+    if match is None:
+        raise AuthConfigError(f"{where}: {text!r} is not a DD-MM-YYYY date")
+    day, month, year = (int(g) for g in match.groups())
+    try:
+        start = calendar.timegm(time.struct_time((year, month, day, 0, 0, 0, 0, 0, 0)))
+        time.strptime(text, "%d-%m-%Y")
+    except ValueError:
+        raise AuthConfigError(f"{where}: {text!r} is not a valid date") from None
+    return float(start + 86400)  # valid through the whole named day (UTC)
+
+
+def _mapping(value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise AuthConfigError(f"{where}: must be a mapping")
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        raise AuthConfigError(
+            f"{where}.{unknown[0]}: unknown field (allowed: {', '.join(allowed)})"
+        )
+    return value
+
+
+def _string(value: Any, where: str, required: bool = False) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise AuthConfigError(f"{where}: {'must not be empty' if required else 'must be text'}")
+    return value
+
+
+def parse_auth(text: str, source: str) -> AuthConfig:
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AuthConfigError(f"{source}: not valid YAML: {exc}") from None
+    root = _mapping(document, source, ("api", "admin"))
+    api = _mapping(root.get("api"), f"{source}: api", ("mode", "keys"))
+    admin = _mapping(root.get("admin"), f"{source}: admin", ("mode",))
+    api_mode = _string(api.get("mode", "none"), f"{source}: api.mode") or "none"
+    if api_mode not in API_MODES:
+        raise AuthConfigError(
+            f"{source}: api.mode: {api_mode!r} is not one of {', '.join(API_MODES)}"
+        )
+    admin_mode = admin.get("mode")
+    if admin_mode is not None and admin_mode not in ADMIN_MODES:
+        raise AuthConfigError(
+            f"{source}: admin.mode: {admin_mode!r} is not one of {', '.join(ADMIN_MODES)}"
+        )
+    raw_keys = api.get("keys") or []
+    if not isinstance(raw_keys, list):
+        raise AuthConfigError(f"{source}: api.keys: must be a list")
+    if api_mode == "dynamic" and raw_keys:
+        raise AuthConfigError(f"{source}: api.keys: dynamic mode takes no static keys")
+    keys: list[ClientKey] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(raw_keys):
+        where = f"{source}: api.keys[{index}]"
+        item = _mapping(
+            entry,
+            where,
+            ("key_hash", "key_preview", "metadata", "models", "quota", "max_occupancy_share"),
+        )
+        key_hash = _string(item.get("key_hash"), f"{where}.key_hash", required=True).lower()
+        if not _HEX64.match(key_hash):
+            raise AuthConfigError(
+                f"{where}.key_hash: must be 64 hexadecimal characters "
+                "(the SHA-256 printed by hivenet-router keygen)"
+            )
+        if key_hash in seen:
+            raise AuthConfigError(f"{where}.key_hash: duplicate of an earlier key")
+        seen.add(key_hash)
+        meta = _mapping(
+            item.get("metadata"),
+            f"{where}.metadata",
+            ("name", "owner", "description", "created_at", "expires_at"),
+        )
+        models = item.get("models") or []
+        if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+            raise AuthConfigError(f"{where}.models: must be a list of model names")
+        quota = item.get("quota") or {}
+        if not isinstance(quota, dict):
+            raise AuthConfigError(f"{where}.quota: must be a mapping")
+        keys.append(
+            ClientKey(
+                digest=bytes.fromhex(key_hash),
+                preview=_string(item.get("key_preview"), f"{where}.key_preview"),
+                name=_string(meta.get("name"), f"{where}.metadata.name", required=True),
+                owner=_string(meta.get("owner"), f"{where}.metadata.owner", required=True),
+                description=_string(meta.get("description"), f"{where}.metadata.description"),
+                expires_at=_expiry(
+                    _string(meta.get("expires_at"), f"{where}.metadata.expires_at"),
+                    f"{where}.metadata.expires_at",
+                ),
+                models=frozenset(models),
+                quota=quota,
+            )
+        )
+    if api_mode == "api-key" and not keys:
+        raise AuthConfigError(f"{source}: api.mode is api-key but api.keys is empty")
+    return AuthConfig(api_mode=api_mode, admin_mode=admin_mode, keys=tuple(keys))

@@ -1,0 +1,149 @@
+"""Who is calling: the client provider for /v1/*, the administrator provider for /admin/*.
+
+The two never share credentials: a client key opens no admin route and an admin key no
+client route. The active providers live in one `AuthState`, swapped whole on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from hivenet_router.auth.config import AuthConfig, AuthConfigError, ClientKey, parse_auth
+from hivenet_router.auth.keys import DigestSet, digest
+
+log = logging.getLogger("hivenet.auth")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str
+    key_id: str
+    name: str
+    models: frozenset[str]  # empty: every model
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+ANONYMOUS = Principal("default", "anonymous", "", frozenset())
+
+
+class ClientAuth(Protocol):
+    mode: str
+
+    def authenticate(self, credential: str | None, now: float) -> Principal | None: ...
+
+
+class OpenAccess:
+    mode = "none"
+
+    def authenticate(self, credential: str | None, now: float) -> Principal | None:
+        return ANONYMOUS
+
+
+class StaticKeys:
+    mode = "api-key"
+
+    def __init__(self, keys: tuple[ClientKey, ...]) -> None:
+        self._keys = DigestSet({key.digest: key for key in keys})
+
+    def authenticate(self, credential: str | None, now: float) -> Principal | None:
+        if not credential:
+            return None
+        key = self._keys.find(credential)
+        if not isinstance(key, ClientKey) or key.expired(now):
+            return None
+        return Principal(key.owner, "", key.name, key.models)
+
+
+class AdminKeys:
+    def __init__(self, raw_keys: tuple[str, ...]) -> None:
+        self.mode = "api-key" if raw_keys else "none"
+        self._keys = DigestSet({digest(k): True for k in raw_keys})
+
+    def authenticate(self, credential: str | None) -> bool:
+        if self.mode == "none":
+            return True
+        return bool(credential) and self._keys.find(credential or "") is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    file: str
+    env_mode: str
+    admin_keys: tuple[str, ...]
+    allow_insecure_admin: bool
+
+
+class AuthState:
+    """The active providers. `reload` builds new ones and swaps them, or keeps the old ones
+    and says why."""
+
+    def __init__(self, settings: AuthSettings) -> None:
+        self.settings = settings
+        self.client, self.admin = self._build()
+
+    def _config(self) -> AuthConfig:
+        if not self.settings.file:
+            return AuthConfig(api_mode=self.settings.env_mode or "none")
+        try:
+            text = Path(self.settings.file).read_text()
+        except OSError as exc:
+            raise AuthConfigError(f"{self.settings.file}: cannot read: {exc.strerror}") from None
+        return parse_auth(text, self.settings.file)
+
+    def _build(self) -> tuple[ClientAuth, AdminKeys]:
+        config = self._config()
+        client: ClientAuth
+        if config.api_mode == "none":
+            client = OpenAccess()
+        elif config.api_mode == "api-key":
+            if not config.keys:
+                raise AuthConfigError(
+                    "api-key mode needs keys; use an auth.yaml file "
+                    "(--auth-config-file) with api.keys"
+                )
+            client = StaticKeys(config.keys)
+        else:
+            raise AuthConfigError(
+                "api.mode dynamic (the runtime key registry) is not "
+                "available in this version; use api-key"
+            )
+        if any(key.quota for key in config.keys):
+            log.warning(
+                "quotas in %s are accepted but not enforced by this version yet", self.settings.file
+            )
+        admin = AdminKeys(self.settings.admin_keys)
+        wanted = config.admin_mode or admin.mode
+        if wanted == "api-key" and admin.mode == "none":
+            raise AuthConfigError(
+                "admin.mode is api-key but HIVENET_ROUTER_ADMIN_API_KEYS is empty"
+            )
+        if wanted == "none":
+            if not self.settings.allow_insecure_admin:
+                raise AuthConfigError(
+                    "/admin/* would be open to anyone: set HIVENET_ROUTER_ADMIN_API_KEYS, or "
+                    "HIVENET_ROUTER_ALLOW_INSECURE_ADMIN=true for isolated development only"
+                )
+            admin = AdminKeys(())
+        return client, admin
+
+    def reload(self) -> bool:
+        try:
+            client, admin = self._build()
+        except AuthConfigError as exc:
+            log.error("auth reload rejected, keeping the active providers: %s", exc)
+            return False
+        if client.mode != self.client.mode:
+            log.error(
+                "auth reload rejected: switching api.mode from %s to %s needs a restart",
+                self.client.mode,
+                client.mode,
+            )
+            return False
+        self.client, self.admin = client, admin
+        log.info("auth reloaded (api.mode %s)", client.mode)
+        return True

@@ -1,0 +1,185 @@
+"""Client and administrator authentication, and the admin API, through real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from pathlib import Path
+
+import anthropic
+import httpx2 as httpx
+import openai
+import pytest
+
+from tests.procs import ADMIN_KEY, Cluster, Router, wait_until
+
+MODEL, OTHER = "m", "other"
+KEY = "sk-hivenet-client-one"
+LIMITED = "sk-hivenet-client-two"
+
+
+def entry(raw: str, owner: str, models: list[str] | None = None) -> str:
+    text = (
+        f'    - key_hash: "{hashlib.sha256(raw.encode()).hexdigest()}"\n'
+        f"      metadata: {{name: {owner}, owner: {owner}}}\n"
+    )
+    if models:
+        text += f"      models: [{', '.join(models)}]\n"
+    return text
+
+
+def auth_file(tmp: Path, *entries: str) -> Path:
+    path = tmp / "auth.yaml"
+    path.write_text(
+        "api:\n  mode: api-key\n  keys:\n" + "".join(entries) + "admin:\n  mode: api-key\n"
+    )
+    return path
+
+
+@pytest.fixture
+def secured(make_cluster: Cluster, tmp_path: Path) -> tuple[Cluster, Router, Path]:
+    path = auth_file(tmp_path, entry(KEY, "acme"), entry(LIMITED, "beta", [MODEL]))
+    router = make_cluster.router("--auth-config-file", str(path))
+    for model in (MODEL, OTHER):
+        sim = make_cluster.sim(model, "--zero-latency", name=f"sim-{model}")
+        make_cluster.agent(router, sim, name=f"agent-{model}")
+    return make_cluster, router, path
+
+
+def _models(router: Router, key: str) -> list[str]:
+    reply = httpx.get(
+        router.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5
+    )
+    return [m["id"] for m in reply.json()["data"]]
+
+
+def test_client_keys(secured: tuple[Cluster, Router, Path]) -> None:
+    _, router, _ = secured
+    wait_until(lambda: sorted(_models(router, KEY)) == [MODEL, OTHER])
+    # Missing, wrong and admin keys are all the same 401 on /v1/*.
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {ADMIN_KEY}"}):
+        reply = httpx.get(router.url + "/v1/models", headers=headers, timeout=5)
+        assert reply.status_code == 401
+        assert reply.json()["error"]["code"] == "unauthorized"
+        assert reply.headers["WWW-Authenticate"] == 'Bearer realm="hivenet-router"'
+    assert httpx.get(router.url + "/health", timeout=5).status_code == 200  # public
+    with openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0) as client:
+        assert (
+            client.chat.completions.create(
+                model=OTHER, messages=[{"role": "user", "content": "x"}], max_tokens=2
+            )
+            .choices[0]
+            .message.content
+        )
+    with anthropic.Anthropic(base_url=router.url, api_key=KEY, max_retries=0) as claude:
+        # The Anthropic SDK sends x-api-key, which the router accepts too.
+        assert claude.messages.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+        ).content
+
+
+def test_model_allowlists(secured: tuple[Cluster, Router, Path]) -> None:
+    _, router, _ = secured
+    wait_registered_with(router, KEY, 2)
+    assert _models(router, LIMITED) == [MODEL]
+    headers = {"Authorization": f"Bearer {LIMITED}"}
+    hidden = httpx.get(router.url + f"/v1/models/{OTHER}", headers=headers, timeout=5)
+    assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "model_not_found"
+    reply = httpx.post(
+        router.url + "/v1/chat/completions",
+        headers=headers,
+        timeout=5,
+        json={"model": OTHER, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert reply.status_code == 403
+    assert reply.json()["error"]["code"] == "model_forbidden"
+
+
+def wait_registered_with(router: Router, key: str, count: int) -> None:
+    wait_until(lambda: len(_models(router, key)) == count)
+
+
+def test_admin_api_and_its_separate_keys(secured: tuple[Cluster, Router, Path]) -> None:
+    _, router, _ = secured
+    wait_registered_with(router, KEY, 2)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for headers in ({}, {"Authorization": f"Bearer {KEY}"}):
+        assert (
+            httpx.get(router.url + "/admin/health", headers=headers, timeout=5).status_code == 401
+        )
+    health = httpx.get(router.url + "/admin/health", headers=admin, timeout=5).json()
+    assert health["agents"] == 2 and health["models"][MODEL]["eligible"] == 1
+    table = httpx.get(router.url + "/admin/routing-table", headers=admin, timeout=5).json()
+    peer = next(a["peer_id"] for a in table["agents"] if a["metadata"]["model"] == MODEL)
+    # Drain: no new requests go to the agent; undrain brings it back.
+    drained = httpx.post(router.url + f"/admin/agents/{peer}/drain", headers=admin, timeout=5)
+    assert drained.json()["draining"] is True
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+    client = {"Authorization": f"Bearer {KEY}"}
+    assert (
+        httpx.post(
+            router.url + "/v1/chat/completions", json=body, headers=client, timeout=5
+        ).status_code
+        == 503
+    )
+    httpx.post(router.url + f"/admin/agents/{peer}/undrain", headers=admin, timeout=5)
+    assert (
+        httpx.post(
+            router.url + "/v1/chat/completions", json=body, headers=client, timeout=5
+        ).status_code
+        == 200
+    )
+    policy = httpx.get(router.url + "/admin/policy", headers=admin, timeout=5).json()
+    assert policy["routing_policy"]["strategy"] == "least-loaded"
+    removed = httpx.delete(router.url + f"/admin/agents/{peer}", headers=admin, timeout=5)
+    assert removed.json()["removed"] is True
+    assert (
+        httpx.get(router.url + f"/admin/agents/{peer}", headers=admin, timeout=5).status_code == 404
+    )
+
+
+def test_sighup_reloads_keys_and_refuses_a_mode_switch(
+    secured: tuple[Cluster, Router, Path],
+) -> None:
+    _, router, path = secured
+    wait_registered_with(router, KEY, 2)
+    fresh = "sk-hivenet-added-later"
+    auth_file(path.parent, entry(fresh, "gamma"))
+    router.proc.popen.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    wait_until(
+        lambda: (
+            httpx.get(
+                router.url + "/v1/models", timeout=5, headers={"Authorization": f"Bearer {fresh}"}
+            ).status_code
+            == 200
+        )
+    )
+    assert (
+        httpx.get(
+            router.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=5
+        ).status_code
+        == 401
+    )  # removed from the file
+    path.write_text("api:\n  mode: none\nadmin:\n  mode: api-key\n")
+    reply = httpx.post(
+        router.url + "/admin/reload", timeout=5, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    assert reply.status_code == 409 and reply.json() == {"policies": True, "auth": False}
+    assert "needs a restart" in router.proc.log()
+    assert httpx.get(router.url + "/v1/models", timeout=5).status_code == 401
+
+
+def test_no_admin_credentials_no_start(make_cluster: Cluster) -> None:
+    proc = make_cluster._proc(
+        "router",
+        [
+            "hivenet-router",
+            "--jwt-secret-file",
+            str(make_cluster.secret_file),
+            "--http-port",
+            "127.0.0.1:0",
+        ],
+        env={"HIVENET_ROUTER_ADMIN_API_KEYS": ""},
+    )
+    assert proc.popen is not None and proc.popen.wait(timeout=20) == 2
+    assert "HIVENET_ROUTER_ALLOW_INSECURE_ADMIN" in proc.log()

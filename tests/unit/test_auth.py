@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import calendar
+import hashlib
+import time
+
+import pytest
+
+from hivenet_router.auth.config import AuthConfigError, parse_auth
+from hivenet_router.auth.keys import DigestSet, digest, generate
+from hivenet_router.auth.providers import AdminKeys, StaticKeys
+
+RAW = "sk-hivenet-test-key"
+HASH = hashlib.sha256(RAW.encode()).hexdigest()
+
+
+def doc(extra: str = "", models: str = "") -> str:
+    return (
+        "api:\n  mode: api-key\n  keys:\n"
+        f'    - key_hash: "{HASH}"\n'
+        "      metadata: {name: prod, owner: acme" + extra + "}\n" + models
+    )
+
+
+def test_static_keys_authenticate_and_expire() -> None:
+    config = parse_auth(doc(', expires_at: "01-01-2027"', "      models: [m1]\n"), "auth.yaml")
+    provider = StaticKeys(config.keys)
+    before = calendar.timegm((2027, 1, 1, 23, 59, 0, 0, 0, 0))
+    principal = provider.authenticate(RAW, before)
+    assert principal is not None and principal.tenant == "acme"
+    assert principal.allows("m1") and not principal.allows("m2")
+    after = calendar.timegm((2027, 1, 2, 0, 0, 0, 0, 0, 0))
+    assert provider.authenticate(RAW, after) is None  # valid through the named day only
+    assert provider.authenticate("wrong", before) is None
+    assert provider.authenticate(None, before) is None
+    assert provider.authenticate(HASH, before) is None  # the hash is not the key
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("api: {mode: open}\n", "api.mode: 'open' is not one of"),
+        ("api: {mode: api-key}\n", "api.keys is empty"),
+        ("admin: {mode: maybe}\n", "admin.mode"),
+        ("api: {mode: none}\nextra: 1\n", "extra: unknown field"),
+        (doc().replace(HASH, "abc"), "64 hexadecimal"),
+        (doc().replace("owner: acme", "owner: ''"), "metadata.owner: must not be empty"),
+        (doc(', expires_at: "2027-01-01"'), "not a DD-MM-YYYY date"),
+        (doc(', expires_at: "31-02-2027"'), "not a valid date"),
+        (doc() + f'    - key_hash: "{HASH}"\n      metadata: {{name: b, owner: c}}\n', "duplicate"),
+        (doc("", "      models: m1\n"), "models: must be a list"),
+        (doc().replace("metadata:", "metdata:"), "metdata: unknown field"),
+    ],
+)
+def test_auth_file_errors_name_the_field(text: str, needle: str) -> None:
+    with pytest.raises(AuthConfigError, match=needle):
+        parse_auth(text, "auth.yaml")
+
+
+def test_digest_set_and_admin_keys() -> None:
+    keys = DigestSet({digest("a"): 1, digest("b"): 2})
+    assert keys.find("a") == 1 and keys.find("b") == 2 and keys.find("c") is None
+    admin = AdminKeys(("root-key",))
+    assert admin.mode == "api-key"
+    assert admin.authenticate("root-key") and not admin.authenticate("other")
+    assert not admin.authenticate(None)
+    assert AdminKeys(()).authenticate(None)  # none mode (allowed only explicitly)
+
+
+def test_generated_keys() -> None:
+    key = generate()
+    assert key.raw.startswith("sk-hivenet-") and len(key.raw) > 40
+    assert key.sha256 == hashlib.sha256(key.raw.encode()).hexdigest()
+    assert key.preview.endswith(key.raw[-4:]) and key.raw not in key.preview
+    assert time.time() > 0

@@ -254,6 +254,23 @@ class Cluster:
         )
         return proc
 
+    def refused_router(self, *extra: str, env: dict[str, str] | None = None) -> str:
+        """Start a router that must refuse to start (exit status 2); return its log."""
+        proc = self._proc(
+            "refused-router",
+            [
+                "hivenet-router",
+                "--jwt-secret-file",
+                str(self.secret_file),
+                "--http-port",
+                "127.0.0.1:0",
+                *extra,
+            ],
+            env,
+        )
+        assert proc.popen is not None and proc.popen.wait(timeout=20) == 2
+        return proc.log()
+
     def close(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()

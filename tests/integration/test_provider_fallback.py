@@ -12,7 +12,7 @@ import anthropic
 import httpx2 as httpx
 import openai
 
-from tests.procs import Cluster, metric, wait_registered
+from tests.procs import Cluster, Router, metric, wait_registered
 
 MODEL = "m"
 POLICY = """\
@@ -26,19 +26,24 @@ fallback_provider:
 """
 
 
-def test_openai_fallback_when_every_local_step_fails(make_cluster: Cluster, tmp_path: Path) -> None:
-    cloud = make_cluster.sim("cloud-model", "--zero-latency", name="cloud")
+def with_provider(
+    cluster: Cluster, tmp_path: Path, engine: str, key: str, *cloud_flags: str
+) -> Router:
+    """A router whose policy for model m falls back to `engine`, served by a simulator."""
+    cloud = cluster.sim("cloud-model", "--zero-latency", *cloud_flags, name="cloud")
     policies = tmp_path / "policies"
     policies.mkdir()
-    (policies / "m.yaml").write_text(POLICY.format(engine="openai"))
-    router = make_cluster.router(
+    (policies / "m.yaml").write_text(POLICY.format(engine=engine))
+    prefix = f"HIVENET_ROUTER_{engine.upper()}"
+    return cluster.router(
         "--policy-model-dir",
         str(policies),
-        env={
-            "HIVENET_ROUTER_OPENAI_API_KEY": "sk-test-not-real",
-            "HIVENET_ROUTER_OPENAI_BASE_URL": cloud.url,
-        },
+        env={f"{prefix}_API_KEY": key, f"{prefix}_BASE_URL": cloud.url},
     )
+
+
+def test_openai_fallback_when_every_local_step_fails(make_cluster: Cluster, tmp_path: Path) -> None:
+    router = with_provider(make_cluster, tmp_path, "openai", "sk-test-not-real")
     local = make_cluster.sim(MODEL, "--zero-latency", "--fault-error-rate", "1")
     make_cluster.agent(router, local)
     wait_registered(router, MODEL)
@@ -66,18 +71,7 @@ def test_openai_fallback_when_every_local_step_fails(make_cluster: Cluster, tmp_
 def test_anthropic_fallback_for_a_model_without_agents(
     make_cluster: Cluster, tmp_path: Path
 ) -> None:
-    cloud = make_cluster.sim("cloud-model", "--zero-latency", name="cloud")
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "m.yaml").write_text(POLICY.format(engine="anthropic"))
-    router = make_cluster.router(
-        "--policy-model-dir",
-        str(policies),
-        env={
-            "HIVENET_ROUTER_ANTHROPIC_API_KEY": "ak-test",
-            "HIVENET_ROUTER_ANTHROPIC_BASE_URL": cloud.url,
-        },
-    )
+    router = with_provider(make_cluster, tmp_path, "anthropic", "ak-test")
     with anthropic.Anthropic(base_url=router.url, api_key="x", max_retries=0) as client:
         reply = client.messages.create(
             model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
@@ -93,17 +87,7 @@ def test_anthropic_fallback_for_a_model_without_agents(
 
 
 def test_provider_failure_is_a_backend_error(make_cluster: Cluster, tmp_path: Path) -> None:
-    cloud = make_cluster.sim(
-        "cloud-model", "--zero-latency", "--fault-error-rate", "1", name="cloud"
-    )
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "m.yaml").write_text(POLICY.format(engine="openai"))
-    router = make_cluster.router(
-        "--policy-model-dir",
-        str(policies),
-        env={"HIVENET_ROUTER_OPENAI_API_KEY": "sk", "HIVENET_ROUTER_OPENAI_BASE_URL": cloud.url},
-    )
+    router = with_provider(make_cluster, tmp_path, "openai", "sk", "--fault-error-rate", "1")
     reply = httpx.post(
         router.url + "/v1/chat/completions",
         timeout=10,
@@ -120,18 +104,7 @@ def test_a_provider_without_its_credential_stops_the_router(
 ) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.format(engine="openai"))
-    proc = make_cluster._proc(
-        "router",
-        [
-            "hivenet-router",
-            "--jwt-secret-file",
-            str(make_cluster.secret_file),
-            "--policy-file",
-            str(policy),
-            "--http-port",
-            "127.0.0.1:0",
-        ],
-        env={"HIVENET_ROUTER_OPENAI_API_KEY": ""},
+    log = make_cluster.refused_router(
+        "--policy-file", str(policy), env={"HIVENET_ROUTER_OPENAI_API_KEY": ""}
     )
-    assert proc.popen is not None and proc.popen.wait(timeout=20) == 2
-    assert "HIVENET_ROUTER_OPENAI_API_KEY" in proc.log()
+    assert "HIVENET_ROUTER_OPENAI_API_KEY" in log

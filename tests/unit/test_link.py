@@ -3,77 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 from hivenet_router.transport import frames
 from hivenet_router.transport.frames import FrameType
 from hivenet_router.transport.link import (
     INITIAL_WINDOW,
-    Link,
     LinkClosed,
     Stream,
     StreamReset,
     WriteTimeout,
 )
+from tests.unit.linkpair import Handler, Pair, link_pair
 
 PROTO = "/test/1.0.0"
-Handler = Callable[[Stream], Awaitable[None]]
-
-
-@dataclass
-class Pair:
-    client: Link  # the dialer, which opens streams in these tests
-    server_links: list[Link]
-    client_ws: aiohttp.ClientWebSocketResponse
 
 
 @pytest.fixture
 async def connect() -> AsyncIterator[Callable[[Handler], Awaitable[Pair]]]:
-    cleanups: list[Callable[[], Awaitable[None]]] = []
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def make(handler: Handler) -> Pair:
-        server_links: list[Link] = []
+        async def make(handler: Handler) -> Pair:
+            return await stack.enter_async_context(link_pair(PROTO, handler))
 
-        async def accept(request: web.Request) -> web.WebSocketResponse:
-            ws = web.WebSocketResponse(max_msg_size=frames.WS_MAX_MSG_SIZE)
-            await ws.prepare(request)
-            link = Link(ws, dialer=False, handlers={PROTO: handler}, name="server")
-            server_links.append(link)
-            await link.run()
-            return ws
-
-        app = web.Application()
-        app.router.add_get("/ws", accept)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        session = aiohttp.ClientSession()
-        ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=0)
-        client = Link(ws, dialer=True, handlers={}, name="client")
-        reader = asyncio.create_task(client.run())
-
-        async def cleanup() -> None:
-            await client.close()
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            await session.close()
-            await runner.cleanup()
-
-        cleanups.append(cleanup)
-        while not server_links:
-            await asyncio.sleep(0.01)
-        return Pair(client, server_links, ws)
-
-    yield make
-    for cleanup in cleanups:
-        await cleanup()
+        yield make
 
 
 async def echo(stream: Stream) -> None:

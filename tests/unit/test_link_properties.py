@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import aiohttp
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hivenet_router.transport import frames
-from hivenet_router.transport.link import INITIAL_WINDOW, Link, Stream
+from hivenet_router.transport.link import INITIAL_WINDOW, Stream
+from tests.unit.linkpair import link_pair
 
 PROTO = "/prop/1.0.0"
 
@@ -52,29 +51,8 @@ async def echo(stream: Stream) -> None:
 
 
 async def scenario(mix: list[Plan]) -> None:
-    server_links: list[Link] = []
-
-    async def accept(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=frames.WS_MAX_MSG_SIZE)
-        await ws.prepare(request)
-        link = Link(ws, dialer=False, handlers={PROTO: echo}, name="server")
-        server_links.append(link)
-        await link.run()
-        return ws
-
-    app = web.Application()
-    app.router.add_get("/", accept)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    async with aiohttp.ClientSession() as session:
-        ws = await session.ws_connect(
-            f"http://127.0.0.1:{port}/", max_msg_size=frames.WS_MAX_MSG_SIZE
-        )
-        client = Link(ws, dialer=True, handlers={}, name="client")
-        reader = asyncio.create_task(client.run())
+    async with link_pair(PROTO, echo) as pair:
+        client, server = pair.client, pair.server_links[0]
 
         async def run(index: int, plan: Plan) -> None:
             payload = bytes((index + i) % 256 for i in range(plan.size))
@@ -92,16 +70,12 @@ async def scenario(mix: list[Plan]) -> None:
         async with asyncio.timeout(30):
             await asyncio.gather(*(run(i, p) for i, p in enumerate(mix)))
             for _ in range(100):  # resets travel asynchronously; let them land
-                if client.active_streams == 0 and server_links[0].active_streams == 0:
+                if client.active_streams == 0 and server.active_streams == 0:
                     break
                 await asyncio.sleep(0.01)
         assert client.active_streams == 0
-        assert server_links[0].active_streams == 0
+        assert server.active_streams == 0
         assert not client.closed
-        await client.close()
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
-    await runner.cleanup()
 
 
 @settings(

@@ -1,0 +1,59 @@
+"""Two ends of a real agent connection on loopback (plain WebSocket: TLS is tested end to
+end), for multiplexer tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from hivenet_router.transport import frames
+from hivenet_router.transport.link import Link, Stream
+
+Handler = Callable[[Stream], Awaitable[None]]
+
+
+@dataclass
+class Pair:
+    client: Link  # the dialer, which opens streams in these tests
+    server_links: list[Link]
+    client_ws: aiohttp.ClientWebSocketResponse
+
+
+@contextlib.asynccontextmanager
+async def link_pair(protocol: str, handler: Handler) -> AsyncIterator[Pair]:
+    server_links: list[Link] = []
+
+    async def accept(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=frames.WS_MAX_MSG_SIZE)
+        await ws.prepare(request)
+        link = Link(ws, dialer=False, handlers={protocol: handler}, name="server")
+        server_links.append(link)
+        await link.run()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", accept)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(
+            f"http://127.0.0.1:{port}/ws", max_msg_size=frames.WS_MAX_MSG_SIZE
+        )
+        client = Link(ws, dialer=True, handlers={}, name="client")
+        reader = asyncio.create_task(client.run())
+        while not server_links:
+            await asyncio.sleep(0.01)
+        try:
+            yield Pair(client, server_links, ws)
+        finally:
+            await client.close()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    await runner.cleanup()

@@ -172,3 +172,57 @@ def test_sighup_reloads_keys_and_refuses_a_mode_switch(
 def test_no_admin_credentials_no_start(make_cluster: Cluster) -> None:
     log = make_cluster.refused_router(env={"HIVENET_ROUTER_ADMIN_API_KEYS": ""})
     assert "HIVENET_ROUTER_ALLOW_INSECURE_ADMIN" in log
+
+
+def test_quotas(make_cluster: Cluster, tmp_path: Path) -> None:
+    rpm, budget, strict = "sk-hivenet-rpm", "sk-hivenet-budget", "sk-hivenet-strict"
+    path = tmp_path / "auth.yaml"
+    path.write_text(
+        "api:\n  mode: api-key\n  keys:\n"
+        + entry(rpm, "rpm-tenant")
+        + "      quota: {requests_per_minute: 2}\n"
+        + entry(budget, "budget-tenant")
+        + "      quota: {tokens_per_day: 200}\n"
+        + entry(strict, "strict-tenant")
+        + "      quota:\n        per_model:\n          m: {requests_per_minute_per_replica: 100,"
+        " tokens_per_day: 0}\n" + "admin:\n  mode: api-key\n"
+    )
+    router = make_cluster.router("--auth-config-file", str(path))
+    for model in (MODEL, OTHER):
+        sim = make_cluster.sim(model, "--zero-latency", name=f"sim-{model}")
+        make_cluster.agent(router, sim, name=f"agent-{model}")
+    wait_registered_with(router, budget, 2)
+
+    def chat(key: str, model: str = MODEL, **extra: object) -> httpx.Response:
+        return httpx.post(
+            router.url + "/v1/chat/completions",
+            timeout=10,
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5,
+                **extra,
+            },
+        )
+
+    first = chat(rpm)
+    assert first.status_code == 200 and first.headers["X-RateLimit-Remaining-Requests"] == "1"
+    assert chat(rpm).status_code == 200
+    limited = chat(rpm)
+    assert limited.status_code == 429
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert limited.headers["X-RateLimit-Remaining-Requests"] == "0"
+
+    # The daily budget charges the worst case up front and refuses what cannot fit.
+    assert chat(budget).status_code == 200
+    over = chat(budget, max_tokens=500)
+    assert over.status_code == 429 and over.json()["error"]["code"] == "token_limit_exceeded"
+    assert int(over.headers["X-RateLimit-Remaining-Tokens"]) > 0
+
+    # Per-model quotas list the only models the key may use.
+    assert chat(strict).status_code == 200
+    assert _models(router, strict) == [MODEL]
+    unlisted = chat(strict, OTHER)
+    assert unlisted.status_code == 429
+    assert "no quota declared for model other" in unlisted.json()["error"]["message"]

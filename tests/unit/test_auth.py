@@ -73,3 +73,32 @@ def test_generated_keys() -> None:
     assert key.sha256 == hashlib.sha256(key.raw.encode()).hexdigest()
     assert key.preview.endswith(key.raw[-4:]) and key.raw not in key.preview
     assert time.time() > 0
+
+
+@pytest.mark.parametrize(
+    ("quota", "needle"),
+    [
+        ("{requests_per_minute: -1}", "non-negative integer"),
+        (
+            "{requests_per_minute: 5, per_model: {m: {requests_per_minute_per_replica: 1,"
+            " tokens_per_day: 1}}}",
+            "either flat limits or per_model",
+        ),
+        ("{per_model: {m: {tokens_per_day: 1}}}", "requests_per_minute_per_replica: is required"),
+        ("{burst: 3}", "burst: unknown field"),
+    ],
+)
+def test_quota_errors(quota: str, needle: str) -> None:
+    with pytest.raises(AuthConfigError, match=needle):
+        parse_auth(doc() + f"      quota: {quota}\n", "auth.yaml")
+
+
+def test_per_model_quotas_are_the_allowlist() -> None:
+    config = parse_auth(
+        doc("", "      models: [x]\n") + "      quota:\n        per_model:\n"
+        "          m: {requests_per_minute_per_replica: 2, tokens_per_day: 9}\n",
+        "auth.yaml",
+    )
+    key = config.keys[0]
+    assert key.models == frozenset()  # the per-model quotas decide, the list is ignored
+    assert key.quota.per_model is not None and key.quota.per_model["m"].tokens_per_day == 9

@@ -26,6 +26,66 @@ class AuthConfigError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class ModelQuota:
+    rpm_per_replica: int
+    tokens_per_day: int
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Limits of one key (0 means unlimited). `per_model`, when set, also lists the only
+    models the key may use."""
+
+    requests_per_minute: int = 0
+    tokens_per_day: int = 0
+    input_tokens_per_minute: int = 0
+    output_tokens_per_minute: int = 0
+    per_model: dict[str, ModelQuota] | None = None
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AuthConfigError(f"{where}: must be a non-negative integer")
+    return value
+
+
+def _quota(value: Any, where: str) -> Quota:
+    flat_fields = (
+        "requests_per_minute",
+        "tokens_per_day",
+        "input_tokens_per_minute",
+        "output_tokens_per_minute",
+    )
+    raw = _mapping(value, where, (*flat_fields, "per_model"))
+    if "per_model" in raw:
+        if any(f in raw for f in flat_fields):
+            raise AuthConfigError(f"{where}: use either flat limits or per_model, not both")
+        models = _mapping(raw["per_model"], f"{where}.per_model", ())
+        per_model = {}
+        for model, entry in models.items():
+            at = f"{where}.per_model.{model}"
+            fields = _mapping(entry, at, ("requests_per_minute_per_replica", "tokens_per_day"))
+            for required in ("requests_per_minute_per_replica", "tokens_per_day"):
+                if required not in fields:
+                    raise AuthConfigError(f"{at}.{required}: is required")
+            per_model[str(model)] = ModelQuota(
+                _count(
+                    fields["requests_per_minute_per_replica"],
+                    f"{at}.requests_per_minute_per_replica",
+                ),
+                _count(fields["tokens_per_day"], f"{at}.tokens_per_day"),
+            )
+        return Quota(per_model=per_model)
+    limits = {f: _count(raw.get(f, 0), f"{where}.{f}") for f in flat_fields}
+    return Quota(
+        requests_per_minute=limits["requests_per_minute"],
+        tokens_per_day=limits["tokens_per_day"],
+        input_tokens_per_minute=limits["input_tokens_per_minute"],
+        output_tokens_per_minute=limits["output_tokens_per_minute"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class ClientKey:
     digest: bytes
     preview: str
@@ -34,7 +94,7 @@ class ClientKey:
     description: str = ""
     expires_at: float | None = None  # Unix time at which the key stops working
     models: frozenset[str] = frozenset()  # empty: every model
-    quota: dict[str, Any] = field(default_factory=dict)
+    quota: Quota = field(default_factory=Quota)
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -70,7 +130,7 @@ def _mapping(value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]
         return {}
     if not isinstance(value, dict):
         raise AuthConfigError(f"{where}: must be a mapping")
-    unknown = [k for k in value if k not in allowed]
+    unknown = [k for k in value if allowed and k not in allowed]
     if unknown:
         raise AuthConfigError(
             f"{where}.{unknown[0]}: unknown field (allowed: {', '.join(allowed)})"
@@ -135,9 +195,11 @@ def parse_auth(text: str, source: str) -> AuthConfig:
         models = item.get("models") or []
         if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
             raise AuthConfigError(f"{where}.models: must be a list of model names")
-        quota = item.get("quota") or {}
-        if not isinstance(quota, dict):
-            raise AuthConfigError(f"{where}.quota: must be a mapping")
+        quota = _quota(item.get("quota"), f"{where}.quota")
+        if quota.per_model is not None:
+            # Per-model quotas decide access themselves (an unlisted model is a 429 from
+            # quota admission); the models list is then ignored.
+            models = []
         keys.append(
             ClientKey(
                 digest=bytes.fromhex(key_hash),

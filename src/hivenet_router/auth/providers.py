@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from hivenet_router.auth.config import AuthConfig, AuthConfigError, ClientKey, parse_auth
+from hivenet_router.auth.config import AuthConfig, AuthConfigError, ClientKey, Quota, parse_auth
 from hivenet_router.auth.keys import DigestSet, digest
 
 log = logging.getLogger("hivenet.auth")
@@ -23,9 +23,17 @@ class Principal:
     key_id: str
     name: str
     models: frozenset[str]  # empty: every model
+    quota: Quota = Quota()
 
     def allows(self, model: str) -> bool:
+        """May this key send requests for `model`? (A 403 when not.)"""
         return not self.models or model in self.models
+
+    def sees(self, model: str) -> bool:
+        """Does discovery show `model` to this key? Per-model quotas also hide what they
+        do not list."""
+        per_model = self.quota.per_model
+        return self.allows(model) and (per_model is None or model in per_model)
 
 
 ANONYMOUS = Principal("default", "anonymous", "", frozenset())
@@ -56,7 +64,7 @@ class StaticKeys:
         key = self._keys.find(credential)
         if not isinstance(key, ClientKey) or key.expired(now):
             return None
-        return Principal(key.owner, "", key.name, key.models)
+        return Principal(key.owner, "", key.name, key.models, key.quota)
 
 
 class AdminKeys:

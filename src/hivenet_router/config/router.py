@@ -219,6 +219,12 @@ class RouterConfig:
         env="HIVENET_ROUTER_ALLOW_INSECURE_ADMIN",
         help="Allow /admin/* without keys; isolated development only",
     )
+    rpm_burst_seconds: int = option(
+        0,
+        parse=v.non_negative_int,
+        env="HIVENET_ROUTER_RPM_BURST_SECONDS",
+        help="Request-rate burst in seconds of the rate (1-59); 0 allows a full minute",
+    )
     openai_api_key: str = option(
         "",
         parse=v.text,
@@ -274,6 +280,8 @@ class RouterConfig:
             )
         if self.log_format not in {"text", "json"}:
             raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")
+        if self.rpm_burst_seconds >= 60:
+            raise ConfigError("HIVENET_ROUTER_RPM_BURST_SECONDS must be below 60")
 
     @property
     def body_limit(self) -> int:

@@ -97,8 +97,6 @@ BUILT_IN = Policy(
 
 # Parsed and validated now, enforced by the admission work.
 _NOT_YET_ENFORCED = (
-    "max_input_tokens",
-    "images_max",
     "admit_budget_tokens",
     "max_inflight",
     "shed_if",
@@ -275,7 +273,9 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         if key in items
     }
     shed = reader.gates(items["shed_if"], "shed_if", SHED_SIGNALS) if "shed_if" in items else ()
-    unenforced = tuple(key for key in _NOT_YET_ENFORCED if key in items)
+    unenforced = tuple(key for key in _NOT_YET_ENFORCED if key in items) + (
+        ("mode: serverless",) if mode == "serverless" else ()
+    )
     return Policy(
         name=name,
         models=models,

@@ -86,6 +86,8 @@ class Edge:
         async def edge(request: web.Request) -> web.StreamResponse:
             rid = request_id(request.headers.get("X-Request-ID"))
             request["request_id"] = rid
+            limits: dict[str, str] = {}
+            request["limit_headers"] = limits
             started = loop_time()
             try:
                 if guard == "client":
@@ -98,6 +100,7 @@ class Edge:
                 response = await handler(request)
             except ApiError as exc:
                 response = _error_response(exc.http_status, exc.body(), rid)
+                response.headers.update(limits)
                 if exc.code is ErrorCode.UNAUTHORIZED:
                     response.headers["WWW-Authenticate"] = 'Bearer realm="hivenet-router"'
             except (asyncio.CancelledError, ConnectionError):

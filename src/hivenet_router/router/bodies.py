@@ -33,6 +33,7 @@ class _Common(msgspec.Struct, kw_only=True):
 
 class _Chat(_Common):
     messages: Annotated[list[Any], msgspec.Meta(min_length=1)]
+    tools: msgspec.Raw | None = None
 
 
 class _Completion(_Common):
@@ -41,6 +42,8 @@ class _Completion(_Common):
 
 class _Messages(_Common):
     messages: Annotated[list[Any], msgspec.Meta(min_length=1)]
+    system: Any = None
+    tools: msgspec.Raw | None = None
 
 
 class _Embeddings(msgspec.Struct):
@@ -72,6 +75,48 @@ class RequestFacts:
     capability: str
     stream: bool
     max_output_tokens: int | None
+    text_bytes: int = 0  # prompt text, system prompt and raw tool JSON, for the estimate
+    messages: int = 0
+    images: int = 0
+
+
+_IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
+
+
+def _content(content: Any, tally: list[int]) -> None:
+    """Add a message content's text bytes to tally[0] and its images to tally[1]."""
+    if isinstance(content, str):
+        tally[0] += len(content.encode())
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict):
+                kind = part.get("type")
+                if kind in _IMAGE_PARTS:
+                    tally[1] += 1
+                text = part.get("text")
+                if isinstance(text, str):
+                    tally[0] += len(text.encode())
+            elif isinstance(part, str):
+                tally[0] += len(part.encode())
+
+
+def _measure(decoded: Any) -> tuple[int, int, int]:
+    tally = [0, 0]
+    messages = getattr(decoded, "messages", None)
+    count = 0
+    if isinstance(messages, list):
+        count = len(messages)
+        for message in messages:
+            if isinstance(message, dict):
+                _content(message.get("content"), tally)
+    _content(getattr(decoded, "system", None), tally)
+    prompt = getattr(decoded, "prompt", None)
+    if prompt is not None:
+        _content(prompt if isinstance(prompt, str) else [str(p) for p in prompt], tally)
+    tools = getattr(decoded, "tools", None)
+    if tools is not None:
+        tally[0] += len(tools)
+    return tally[0], count, tally[1]
 
 
 def parse(route: str, body: bytes) -> RequestFacts:
@@ -87,7 +132,10 @@ def parse(route: str, body: bytes) -> RequestFacts:
     max_out = getattr(decoded, "max_completion_tokens", None)
     if max_out is None:
         max_out = getattr(decoded, "max_tokens", None)
-    return RequestFacts(route, decoded.model, ROUTE_CAPABILITY[route], stream, max_out)
+    text_bytes, messages, images = _measure(decoded)
+    return RequestFacts(
+        route, decoded.model, ROUTE_CAPABILITY[route], stream, max_out, text_bytes, messages, images
+    )
 
 
 def _explain(message: str, body: bytes) -> str:

@@ -12,6 +12,7 @@ from aiohttp import web
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.router import bodies
+from hivenet_router.router.admission import Admission
 from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import Registry
@@ -61,7 +62,9 @@ class Handlers:
         registry: Registry,
         metrics: RouterMetrics,
         request_timeout: float,
+        admission: Admission,
     ) -> None:
+        self.admission = admission
         self.dispatcher = dispatcher
         self.registry = registry
         self.metrics = metrics
@@ -94,14 +97,14 @@ class Handlers:
         data = [
             obj
             for model in sorted(self.registry.models())
-            if principal.allows(model) and (obj := self._model_object(model)) is not None
+            if principal.sees(model) and (obj := self._model_object(model)) is not None
         ]
         return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=_JSON)
 
     async def model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
         principal: Principal = request["principal"]
-        obj = self._model_object(model) if principal.allows(model) else None
+        obj = self._model_object(model) if principal.sees(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
         return web.Response(body=orjson.dumps(obj), content_type=_JSON)
@@ -123,16 +126,23 @@ class Handlers:
                 ErrorCode.MODEL_FORBIDDEN,
                 f"your API key does not have access to model: {facts.model}",
             )
+        limits: dict[str, str] = request["limit_headers"]
+        admitted = self.admission.admit(principal.tenant, principal.quota, facts, limits)
+        answered = False
         job = Job(
             route, facts.model, facts.capability, facts.stream, body, _forward_headers(request)
         )
         progress = Progress()
         deadline = asyncio.get_running_loop().time() + self.request_timeout
+        usage: Usage | None = None
         try:
             async with self.dispatcher.exchange(job, progress, deadline) as exchange:
+                answered = exchange.status < 400  # an error answer generated nothing
                 if exchange.body is not None:
-                    return self._buffered(exchange, job)
-                return await self._relay(request, exchange, job, deadline)
+                    response, usage = self._buffered(exchange, job, limits)
+                    return response
+                stream_response, usage = await self._relay(request, exchange, job, deadline, limits)
+                return stream_response
         except TimeoutError:
             raise ApiError(
                 ErrorCode.REQUEST_TIMEOUT, _TIMEOUT_MESSAGES.get(progress.phase, "Request timeout")
@@ -140,21 +150,32 @@ class Handlers:
         except ApiError as exc:
             self.metrics.failed.labels(job.model, exc.code.value).inc()
             raise
+        finally:
+            if admitted is not None:
+                self.admission.settle(admitted, usage, answered)
 
-    def _buffered(self, exchange: Exchange, job: Job) -> web.Response:
+    def _buffered(
+        self, exchange: Exchange, job: Job, limits: dict[str, str]
+    ) -> tuple[web.Response, Usage | None]:
         body = exchange.body or b""
         exchange.ok = exchange.status < 400
-        if exchange.ok:
-            self._account(exchange, from_body(body))
+        usage = from_body(body) if exchange.ok else None
+        self._account(exchange, usage)
         content_type = _header(exchange.headers, "content-type") or _JSON
-        return web.Response(
-            status=exchange.status, body=body, headers={"Content-Type": content_type}
+        response = web.Response(
+            status=exchange.status, body=body, headers={"Content-Type": content_type, **limits}
         )
+        return response, usage
 
     async def _relay(
-        self, request: web.Request, exchange: Exchange, job: Job, deadline: float
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(status=exchange.status)
+        self,
+        request: web.Request,
+        exchange: Exchange,
+        job: Job,
+        deadline: float,
+        limits: dict[str, str],
+    ) -> tuple[web.StreamResponse, Usage | None]:
+        response = web.StreamResponse(status=exchange.status, headers=limits)
         response.headers["Content-Type"] = (
             _header(exchange.headers, "content-type") or "text/event-stream"
         )
@@ -186,9 +207,10 @@ class Handlers:
                 ErrorCode.REQUEST_TIMEOUT,
                 "request deadline expired during the stream",
             )
-        self._account(exchange, meter.result())
+        usage = meter.result()
+        self._account(exchange, usage)
         await response.write_eof()
-        return response
+        return response, usage
 
     async def _stream_error(
         self, response: web.StreamResponse, job: Job, code: ErrorCode, message: str

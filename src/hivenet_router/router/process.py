@@ -19,9 +19,10 @@ from hivenet_router.auth.providers import AuthSettings, AuthState
 from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
-from hivenet_router.policy.document import PolicyError
+from hivenet_router.policy.document import Policy, PolicyError
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admin import AdminApi
+from hivenet_router.router.admission import Admission
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.app import build_app
 from hivenet_router.router.auth_grpc import GrpcAuthServer
@@ -127,7 +128,15 @@ class RouterProcess:
             self.policies,
             self.providers,
         )
-        handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout)
+
+        def policy_for(model: str) -> Policy:
+            return self.policies.current.for_model(model)  # the snapshot in force now
+
+        def healthy(model: str) -> int:
+            return sum(1 for agent in registry.for_model(model) if agent.eligible)
+
+        admission = Admission(self.clock, policy_for, healthy, cfg.rpm_burst_seconds)
+        handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout, admission)
         sessions = Sessions(self.clock, cfg.session_ttl)
         authenticator = AgentAuthenticator(
             secret=self.secret,

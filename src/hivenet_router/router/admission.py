@@ -1,0 +1,236 @@
+"""Admission before routing: request rates, the input estimate and its caps, daily token
+budgets. Pure logic over an injected clock; every check-and-charge is one synchronous step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hivenet_router.auth.config import Quota
+from hivenet_router.clock import Clock
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.policy.document import Policy
+from hivenet_router.router.bodies import RequestFacts
+from hivenet_router.router.usage import Usage
+
+START_TOKENS_PER_BYTE = 1 / 3.2
+MESSAGE_OVERHEAD = 4  # tokens of role and framing per message, text or not
+LEARN_WEIGHT = 0.2
+RATIO_BOUNDS = (0.05, 1.0)
+
+
+class Estimator:
+    """One learned input estimate per request: text bytes times a per-model tokens-per-byte
+    ratio (starting at 1/3.2), plus a per-message overhead. Exact backend usage teaches the
+    ratio (EWMA 0.2, clamped), except for requests carrying images."""
+
+    def __init__(self) -> None:
+        self._ratio: dict[str, float] = {}
+
+    def ratio(self, model: str) -> float:
+        return self._ratio.get(model, START_TOKENS_PER_BYTE)
+
+    def estimate(self, model: str, text_bytes: int, messages: int) -> int:
+        return math.ceil(text_bytes * self.ratio(model)) + MESSAGE_OVERHEAD * messages
+
+    def learn(self, model: str, text_bytes: int, messages: int, exact_input: int) -> None:
+        if text_bytes <= 0 or exact_input <= 0:
+            return
+        observed = (exact_input - MESSAGE_OVERHEAD * messages) / text_bytes
+        observed = min(max(observed, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+        self._ratio[model] = (1 - LEARN_WEIGHT) * self.ratio(model) + LEARN_WEIGHT * observed
+
+
+class TokenBucket:
+    """A continuously refilling bucket: `capacity` units, refilled at `per_second`."""
+
+    def __init__(self, capacity: float, per_second: float, now: float) -> None:
+        self.capacity = capacity
+        self.per_second = per_second
+        self.level = capacity
+        self.stamp = now
+
+    def resize(self, capacity: float, per_second: float) -> None:
+        self.capacity, self.per_second = capacity, per_second
+        self.level = min(self.level, capacity)
+
+    def take(self, now: float, amount: float = 1.0) -> bool:
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.per_second)
+        self.stamp = now
+        if self.level < amount:
+            return False
+        self.level -= amount
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    ok: bool
+    message: str = ""
+    remaining: int | None = None  # finite limits only
+
+
+class RequestRates:
+    """Requests per minute: one bucket per tenant (flat quotas) or per tenant and model
+    (per-model quotas, scaled by healthy replicas and skipped when there are none)."""
+
+    def __init__(self, clock: Clock, burst_seconds: int = 0) -> None:
+        self._clock = clock
+        self._burst = burst_seconds
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+
+    def admit(self, tenant: str, quota: Quota, model: str, healthy: int) -> Verdict:
+        if quota.per_model is not None:
+            entry = quota.per_model.get(model)
+            if entry is None:
+                return Verdict(False, f"no quota declared for model {model} on this API key")
+            if healthy == 0:
+                return Verdict(True)  # let routing give the precise availability error
+            rpm, key = entry.rpm_per_replica * healthy, (tenant, model)
+        else:
+            rpm, key = quota.requests_per_minute, (tenant, "")
+        if rpm <= 0:
+            return Verdict(True)
+        capacity = float(rpm) if not self._burst else max(1.0, math.floor(rpm * self._burst / 60))
+        now = self._clock.monotonic()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = TokenBucket(capacity, rpm / 60.0, now)
+        elif bucket.capacity != capacity:
+            bucket.resize(capacity, rpm / 60.0)
+        ok = bucket.take(now)
+        return Verdict(ok, "" if ok else "rate limit exceeded", int(bucket.level))
+
+
+class DailyTokens:
+    """Tokens used per budget key and UTC day. Charged on admission with the worst case
+    (input estimate plus requested output), trued up with exact usage afterwards."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._used: dict[tuple[str, str], int] = {}
+
+    def _day(self) -> str:
+        return time.strftime("%Y-%m-%d", time.gmtime(self._clock.wall()))
+
+    def charge(self, key: str, amount: int, limit: int) -> Verdict:
+        if limit <= 0:
+            return Verdict(True)
+        slot = (key, self._day())
+        used = self._used.get(slot, 0)
+        if used + amount > limit:
+            return Verdict(
+                False,
+                "insufficient daily token budget for requested max_tokens",
+                max(0, limit - used),
+            )
+        if slot not in self._used and len(self._used) > 10_000:
+            # Yesterday's entries are dead weight once the day has turned.
+            self._used = {k: v for k, v in self._used.items() if k[1] == slot[1]}
+        self._used[slot] = used + amount
+        return Verdict(True, remaining=limit - used - amount)
+
+    def adjust(self, key: str, delta: int) -> None:
+        slot = (key, self._day())
+        if slot in self._used:
+            self._used[slot] = max(0, self._used[slot] + delta)
+
+    def used(self, key: str) -> int:
+        return self._used.get((key, self._day()), 0)
+
+
+def budget_for(tenant: str, quota: Quota, model: str) -> tuple[str, int]:
+    """The daily budget key and limit that apply to this tenant and model."""
+    if quota.per_model is not None:
+        entry = quota.per_model.get(model)
+        return f"{tenant}\x00{model}", entry.tokens_per_day if entry else 0
+    return tenant, quota.tokens_per_day
+
+
+LLM_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages"})
+
+
+@dataclass(slots=True)
+class Admitted:
+    """What admission charged for one request, to settle when it ends."""
+
+    model: str
+    budget_key: str
+    charged: int
+    text_bytes: int
+    messages: int
+    images: int
+
+
+class Admission:
+    """The gates in the documented order: request rate (every inference route, count_tokens
+    included), then for chat and messages: the input estimate, B1 caps, and the daily
+    budget. Occupancy (B2), pressure shedding (B3) and serverless limits (B4) are not part
+    of this version."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        policy_for: Callable[[str], Policy],
+        healthy: Callable[[str], int],
+        burst_seconds: int = 0,
+    ) -> None:
+        self.estimator = Estimator()
+        self.rates = RequestRates(clock, burst_seconds)
+        self.daily = DailyTokens(clock)
+        self._policy_for = policy_for
+        self._healthy = healthy
+
+    def admit(
+        self, tenant: str, quota: Quota, facts: RequestFacts, headers: dict[str, str]
+    ) -> Admitted | None:
+        """Raise ApiError to refuse; fill `headers` with the X-RateLimit values that apply."""
+        model = facts.model
+        if quota.per_model is not None or quota.requests_per_minute:
+            verdict = self.rates.admit(tenant, quota, model, self._healthy(model))
+            if verdict.remaining is not None:
+                headers["X-RateLimit-Remaining-Requests"] = str(verdict.remaining)
+            if not verdict.ok:
+                raise ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, verdict.message)
+        if facts.route not in LLM_ROUTES:
+            return None
+        estimate = self.estimator.estimate(model, facts.text_bytes, facts.messages)
+        policy = self._policy_for(model)
+        if policy.max_input_tokens and estimate > policy.max_input_tokens:
+            raise ApiError(
+                ErrorCode.INPUT_TOO_LONG,
+                f"input is {estimate} tokens, over the model limit of {policy.max_input_tokens}",
+            )
+        if policy.images_max and facts.images > policy.images_max:
+            raise ApiError(
+                ErrorCode.INPUT_TOO_LONG,
+                f"request carries {facts.images} images, over the model limit of "
+                f"{policy.images_max}",
+            )
+        key, limit = budget_for(tenant, quota, model)
+        worst = estimate + (facts.max_output_tokens or 0)
+        verdict = self.daily.charge(key, worst, limit)
+        if verdict.remaining is not None:
+            headers["X-RateLimit-Remaining-Tokens"] = str(verdict.remaining)
+        if not verdict.ok:
+            raise ApiError(ErrorCode.TOKEN_LIMIT_EXCEEDED, verdict.message)
+        return Admitted(
+            model, key, worst if limit > 0 else 0, facts.text_bytes, facts.messages, facts.images
+        )
+
+    def settle(self, admitted: Admitted, usage: Usage | None, answered: bool) -> None:
+        """True up the daily budget with exact usage, refund a request nobody answered, and
+        teach the estimator from text-only prompts."""
+        if usage is not None:
+            if admitted.charged:
+                exact = usage.input_tokens + usage.output_tokens
+                self.daily.adjust(admitted.budget_key, exact - admitted.charged)
+            if not admitted.images:
+                self.estimator.learn(
+                    admitted.model, admitted.text_bytes, admitted.messages, usage.input_tokens
+                )
+        elif not answered and admitted.charged:
+            self.daily.adjust(admitted.budget_key, -admitted.charged)

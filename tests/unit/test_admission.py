@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hivenet_router.auth.config import ModelQuota, Quota
+from hivenet_router.clock import ManualClock
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.policy.document import BUILT_IN, parse_policy
+from hivenet_router.router.admission import (
+    Admission,
+    DailyTokens,
+    Estimator,
+    RequestRates,
+    TokenBucket,
+)
+from hivenet_router.router.bodies import parse
+from hivenet_router.router.usage import Usage
+
+
+def test_flat_rate_refills_continuously() -> None:
+    clock = ManualClock()
+    rates = RequestRates(clock)
+    quota = Quota(requests_per_minute=2)
+    assert rates.admit("t", quota, "m", 1).ok
+    assert rates.admit("t", quota, "m", 1).ok
+    third = rates.admit("t", quota, "m", 1)
+    assert not third.ok and third.remaining == 0
+    clock.advance(30)  # half a minute refills one request
+    assert rates.admit("t", quota, "other-model", 1).ok  # flat: shared across models
+    assert rates.admit("someone-else", quota, "m", 1).ok  # per tenant
+
+
+def test_per_model_rates_scale_with_replicas_and_are_strict() -> None:
+    clock = ManualClock()
+    rates = RequestRates(clock)
+    quota = Quota(per_model={"m": ModelQuota(rpm_per_replica=1, tokens_per_day=0)})
+    assert rates.admit("t", quota, "m", 2).ok
+    assert rates.admit("t", quota, "m", 2).ok
+    assert not rates.admit("t", quota, "m", 2).ok
+    assert rates.admit("t", quota, "m", 0).ok  # no healthy replica: left to routing
+    refused = rates.admit("t", quota, "unlisted", 1)
+    assert not refused.ok and "no quota declared for model unlisted" in refused.message
+
+
+def test_burst_window() -> None:
+    clock = ManualClock()
+    rates = RequestRates(clock, burst_seconds=6)
+    quota = Quota(requests_per_minute=60)  # burst of 6
+    assert all(rates.admit("t", quota, "m", 1).ok for _ in range(6))
+    assert not rates.admit("t", quota, "m", 1).ok
+
+
+@given(
+    capacity=st.integers(min_value=1, max_value=1000),
+    steps=st.lists(
+        st.tuples(st.floats(min_value=0, max_value=120), st.integers(min_value=1, max_value=50)),
+        max_size=40,
+    ),
+)
+def test_bucket_never_exceeds_its_capacity_or_goes_negative(
+    capacity: int, steps: list[tuple[float, int]]
+) -> None:
+    bucket = TokenBucket(capacity, capacity / 60, 0.0)
+    now = 0.0
+    for wait, amount in steps:
+        now += wait
+        before = min(capacity, bucket.level + wait * bucket.per_second)
+        took = bucket.take(now, amount)
+        assert 0 <= bucket.level <= capacity
+        assert took == (before >= amount)
+
+
+def test_daily_budget_charges_trues_up_and_resets_at_utc_midnight() -> None:
+    clock = ManualClock(wall_start=1_700_006_400.0)  # 2023-11-15 00:00 UTC
+    daily = DailyTokens(clock)
+    assert daily.charge("t", 600, 1000).remaining == 400
+    refused = daily.charge("t", 500, 1000)
+    assert not refused.ok and refused.remaining == 400
+    daily.adjust("t", -300)  # the answer used less than the worst case
+    assert daily.charge("t", 500, 1000).ok
+    clock.advance(86400)
+    assert daily.used("t") == 0 and daily.charge("t", 1000, 1000).ok
+    assert daily.charge("u", 10**9, 0).ok  # 0: unlimited
+
+
+def test_estimator_learns_per_model_and_stays_clamped() -> None:
+    estimator = Estimator()
+    assert estimator.estimate("m", 320, 1) == 100 + 4
+    for _ in range(50):
+        estimator.learn("m", 1000, 1, 504)  # 0.5 tokens per byte
+    assert estimator.ratio("m") == pytest.approx(0.5, rel=1e-3)
+    assert estimator.ratio("other") == pytest.approx(1 / 3.2)
+    for _ in range(50):
+        estimator.learn("m", 10, 0, 10_000)  # absurd: clamped to 1 token per byte
+    assert estimator.ratio("m") <= 1.0
+
+
+def _admission(policy_text: str | None = None) -> Admission:
+    policy = (
+        parse_policy(policy_text, "p.yaml", "p", require_models=False) if policy_text else BUILT_IN
+    )
+    return Admission(ManualClock(), lambda model: policy, lambda model: 1)
+
+
+CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 320 + b'"}]'
+
+
+def test_b1_caps_and_daily_budget_through_admission() -> None:
+    admission = _admission(
+        "max_input_tokens: 50\nimages_max: 1\nrouting_policy: {strategy: least-loaded}\n"
+    )
+    headers: dict[str, str] = {}
+    with pytest.raises(ApiError) as info:
+        admission.admit("t", Quota(), parse("/v1/chat/completions", CHAT + b"}"), headers)
+    assert info.value.code is ErrorCode.INPUT_TOO_LONG and "104 tokens" in info.value.message
+    images = (
+        b'{"model": "m", "messages": [{"role": "user", "content": ['
+        b'{"type": "image_url", "image_url": {"url": "a"}},'
+        b'{"type": "image_url", "image_url": {"url": "b"}}]}]}'
+    )
+    with pytest.raises(ApiError, match="2 images"):
+        admission.admit("t", Quota(), parse("/v1/chat/completions", images), headers)
+
+    budget = _admission()
+    quota = Quota(tokens_per_day=300)
+    facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 100}')
+    admitted = budget.admit("t", quota, facts, headers)
+    assert admitted is not None and admitted.charged == 204
+    assert headers["X-RateLimit-Remaining-Tokens"] == "96"
+    with pytest.raises(ApiError) as info:
+        budget.admit("t", quota, facts, headers)
+    assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
+    budget.settle(admitted, Usage(input_tokens=90, output_tokens=10), answered=True)
+    assert budget.daily.used("t") == 100  # exact usage replaced the worst case
+    # count_tokens and embeddings pass B1 and the budget; only the request rate applies.
+    assert (
+        budget.admit(
+            "t", quota, parse("/v1/messages/count_tokens", CHAT + b', "max_tokens": 9999}'), headers
+        )
+        is None
+    )
+
+
+def test_an_unanswered_request_is_refunded() -> None:
+    admission = _admission()
+    quota = Quota(tokens_per_day=1000)
+    facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 100}')
+    admitted = admission.admit("t", quota, facts, {})
+    assert admitted is not None
+    admission.settle(admitted, None, answered=False)
+    assert admission.daily.used("t") == 0

@@ -125,3 +125,27 @@ def test_a_kv_cache_gate_steers_away_from_a_full_engine(
         assert send(router, 4) == [200] * 4
         assert served(free) == 4.0
         assert metric(full.metrics(), "hivenet_sim_requests_total") == 1.0
+
+
+async def test_occupancy_admission(make_cluster: Cluster, tmp_path: Path) -> None:
+    import asyncio
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("max_inflight: 1\nrouting_policy: {strategy: least-loaded}\n")
+    router = make_cluster.router(
+        "--policy-file", str(policy), env={"HIVENET_ROUTER_ADMIT_PARK_TIMEOUT": "100ms"}
+    )
+    sim = make_cluster.sim(MODEL, "--ttft-base", "600ms")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
+        replies = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=CHAT) for _ in range(2))
+        )
+        refused = next(r for r in replies if r.status_code == 429)
+        assert sorted(r.status_code for r in replies) == [200, 429]
+        assert refused.json()["error"]["code"] == "concurrency_limit_exceeded"
+        assert refused.headers["Retry-After"] == "1"
+        # The reservation was released with the first answer.
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    assert metric(router.metrics(), "hivenet_admission_rejections_total", reason="b2") == 1.0

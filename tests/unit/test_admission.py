@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hivenet_router.auth.config import ModelQuota, Quota
 from hivenet_router.clock import ManualClock
+from hivenet_router.domain.agent import EngineSnapshot
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.policy.document import BUILT_IN, parse_policy
 from hivenet_router.router.admission import (
@@ -101,19 +105,19 @@ def _admission(policy_text: str | None = None) -> Admission:
     policy = (
         parse_policy(policy_text, "p.yaml", "p", require_models=False) if policy_text else BUILT_IN
     )
-    return Admission(ManualClock(), lambda model: policy, lambda model: 1)
+    return Admission(ManualClock(), lambda model: policy, lambda model: [], park_timeout=0.05)
 
 
 CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 320 + b'"}]'
 
 
-def test_b1_caps_and_daily_budget_through_admission() -> None:
+async def test_b1_caps_and_daily_budget_through_admission() -> None:
     admission = _admission(
         "max_input_tokens: 50\nimages_max: 1\nrouting_policy: {strategy: least-loaded}\n"
     )
     headers: dict[str, str] = {}
     with pytest.raises(ApiError) as info:
-        admission.admit("t", Quota(), parse("/v1/chat/completions", CHAT + b"}"), headers)
+        await admission.admit("t", Quota(), parse("/v1/chat/completions", CHAT + b"}"), headers)
     assert info.value.code is ErrorCode.INPUT_TOO_LONG and "104 tokens" in info.value.message
     images = (
         b'{"model": "m", "messages": [{"role": "user", "content": ['
@@ -121,33 +125,93 @@ def test_b1_caps_and_daily_budget_through_admission() -> None:
         b'{"type": "image_url", "image_url": {"url": "b"}}]}]}'
     )
     with pytest.raises(ApiError, match="2 images"):
-        admission.admit("t", Quota(), parse("/v1/chat/completions", images), headers)
+        await admission.admit("t", Quota(), parse("/v1/chat/completions", images), headers)
 
     budget = _admission()
     quota = Quota(tokens_per_day=300)
     facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 100}')
-    admitted = budget.admit("t", quota, facts, headers)
+    admitted = await budget.admit("t", quota, facts, headers)
     assert admitted is not None and admitted.charged == 204
     assert headers["X-RateLimit-Remaining-Tokens"] == "96"
     with pytest.raises(ApiError) as info:
-        budget.admit("t", quota, facts, headers)
+        await budget.admit("t", quota, facts, headers)
     assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
     budget.settle(admitted, Usage(input_tokens=90, output_tokens=10), answered=True)
     assert budget.daily.used("t") == 100  # exact usage replaced the worst case
     # count_tokens and embeddings pass B1 and the budget; only the request rate applies.
     assert (
-        budget.admit(
+        await budget.admit(
             "t", quota, parse("/v1/messages/count_tokens", CHAT + b', "max_tokens": 9999}'), headers
         )
         is None
     )
 
 
-def test_an_unanswered_request_is_refunded() -> None:
+async def test_an_unanswered_request_is_refunded() -> None:
     admission = _admission()
     quota = Quota(tokens_per_day=1000)
     facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 100}')
-    admitted = admission.admit("t", quota, facts, {})
+    admitted = await admission.admit("t", quota, facts, {})
     assert admitted is not None
     admission.settle(admitted, None, answered=False)
     assert admission.daily.used("t") == 0
+
+
+async def test_occupancy_parks_then_refuses_and_releases_exactly_once() -> None:
+    admission = _admission(
+        "admit_budget_tokens: 1000\nmax_inflight: 2\nrouting_policy: {strategy: least-loaded}\n"
+    )
+    facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 700}')  # 804 tokens
+    headers: dict[str, str] = {}
+    first = await admission.admit("t", Quota(), facts, headers)
+    assert first is not None and first.footprint == 804
+    # The budget is floor(0.9 * 1000 * 1 replica) = 900: a second one parks, then gives up.
+    with pytest.raises(ApiError) as info:
+        await admission.admit("t", Quota(), facts, headers)
+    assert info.value.code is ErrorCode.CONCURRENCY_LIMIT_EXCEEDED
+    assert headers["Retry-After"] == "1"
+    pool = admission.pools["m"]
+    assert (pool.tokens, pool.inflight) == (804, 1)
+    # A parked request is admitted as soon as room frees.
+    waiter = asyncio.create_task(admission.admit("t", Quota(), facts, {}))
+    await asyncio.sleep(0.01)
+    admission.settle(first, None, answered=True)
+    admission.settle(first, None, answered=True)  # a second settle releases nothing
+    second = await waiter
+    assert second is not None and (pool.tokens, pool.inflight) == (804, 1)
+    admission.settle(second, None, answered=True)
+    assert (pool.tokens, pool.inflight) == (0, 0)
+
+
+async def test_the_inflight_backstop() -> None:
+    admission = _admission("max_inflight: 1\nrouting_policy: {strategy: least-loaded}\n")
+    facts = parse("/v1/chat/completions", CHAT + b"}")
+    held = await admission.admit("t", Quota(), facts, {})
+    with pytest.raises(ApiError):
+        await admission.admit("t", Quota(), facts, {})
+    assert held is not None
+    admission.settle(held, None, answered=True)
+    assert await admission.admit("t", Quota(), facts, {}) is not None
+
+
+async def test_pressure_shedding_averages_the_pool() -> None:
+    policy = parse_policy(
+        "shed_if:\n  kv_cache_utilization: {gt: 0.8}\nrouting_policy: {strategy: least-loaded}\n",
+        "p",
+        "p",
+        require_models=False,
+    )
+
+    def agent(kv: float | None) -> SimpleNamespace:
+        return SimpleNamespace(engine=EngineSnapshot(kv_cache_utilization=kv))
+
+    pool = [agent(0.95), agent(0.5)]  # average 0.725: under the threshold
+    admission = Admission(ManualClock(), lambda m: policy, lambda m: pool)  # type: ignore[arg-type,return-value]
+    facts = parse("/v1/chat/completions", CHAT + b"}")
+    assert await admission.admit("t", Quota(), facts, {}) is not None
+    pool.append(agent(0.99))
+    pool.append(agent(None))  # missing signals do not count
+    with pytest.raises(ApiError) as info:
+        await admission.admit("t", Quota(), facts, {})
+    assert info.value.code is ErrorCode.CONCURRENCY_LIMIT_EXCEEDED
+    assert "high load" in info.value.message

@@ -80,7 +80,7 @@ def test_a_full_document() -> None:
     assert [s.name for s in policy.steps] == ["primary", "anywhere", "fallback-2"]
     assert policy.steps[0].max_tries == 2 and policy.steps[1].max_tries is None
     assert policy.fallback_provider is not None and policy.fallback_provider.engine == "openai"
-    assert "fallback_provider" not in policy.unenforced and "shed_if" in policy.unenforced
+    assert policy.unenforced == ()  # reserved mode: every field is enforced
 
 
 @pytest.mark.parametrize(
@@ -241,3 +241,13 @@ def test_invalid_global_policy_is_fatal_at_start(tmp_path: Path) -> None:
         PolicyStore(policy_file=str(bad)).load()
     with pytest.raises(PolicyError, match="cannot read"):
         PolicyStore(policy_file=str(tmp_path / "missing.yaml")).load()
+
+
+def test_serverless_mode_is_reported_as_not_enforced() -> None:
+    policy = parse_policy(
+        "mode: serverless\nrouting_policy: {strategy: least-loaded}\n",
+        "p.yaml",
+        "p",
+        require_models=False,
+    )
+    assert policy.unenforced == ("mode: serverless",)

@@ -225,6 +225,18 @@ class RouterConfig:
         env="HIVENET_ROUTER_RPM_BURST_SECONDS",
         help="Request-rate burst in seconds of the rate (1-59); 0 allows a full minute",
     )
+    admit_fraction: float = option(
+        0.9,
+        parse=v.fraction,
+        env="HIVENET_ROUTER_ADMIT_FRACTION",
+        help="Share of a policy's admit_budget_tokens open to occupancy admission, in (0, 1]",
+    )
+    admit_park_timeout: float = duration_option(
+        0.25,
+        env="HIVENET_ROUTER_ADMIT_PARK_TIMEOUT",
+        positive=False,
+        help="How long an over-budget request waits for occupancy to free; 0 refuses at once",
+    )
     openai_api_key: str = option(
         "",
         parse=v.text,
@@ -280,6 +292,8 @@ class RouterConfig:
             )
         if self.log_format not in {"text", "json"}:
             raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")
+        if self.admit_fraction <= 0:
+            raise ConfigError("HIVENET_ROUTER_ADMIT_FRACTION must be above 0 (and at most 1)")
         if self.rpm_burst_seconds >= 60:
             raise ConfigError("HIVENET_ROUTER_RPM_BURST_SECONDS must be below 60")
 

@@ -95,12 +95,8 @@ BUILT_IN = Policy(
     steps=(Step("primary", Match(), (), "least-loaded", None),),
 )
 
-# Parsed and validated now, enforced by the admission work.
-_NOT_YET_ENFORCED = (
-    "admit_budget_tokens",
-    "max_inflight",
-    "shed_if",
-)
+# Accepted, validated, and not enforced yet (besides serverless mode, handled below).
+_NOT_YET_ENFORCED: tuple[str, ...] = ()
 
 
 class _Reader:

@@ -1,11 +1,14 @@
 """Admission before routing: request rates, the input estimate and its caps, daily token
-budgets. Pure logic over an injected clock; every check-and-charge is one synchronous step.
+budgets, pressure shedding (B3) and token-weighted occupancy (B2). Logic over an injected
+clock; every check-and-charge is one synchronous step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +16,8 @@ from hivenet_router.auth.config import Quota
 from hivenet_router.clock import Clock
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.policy.document import Policy
+from hivenet_router.policy.gates import OPERATORS
+from hivenet_router.policy.signals import SIGNALS, AgentFacts
 from hivenet_router.router.bodies import RequestFacts
 from hivenet_router.router.usage import Usage
 
@@ -153,9 +158,58 @@ def budget_for(tenant: str, quota: Quota, model: str) -> tuple[str, int]:
 LLM_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages"})
 
 
+class Occupancy:
+    """Token-weighted work in flight for one model (B2): reserved footprints and a count.
+
+    Check and take happen in one synchronous step; a request that does not fit parks in
+    FIFO order until a release makes room or its park timeout passes."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.inflight = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def _fits(self, footprint: int, budget: int, backstop: int) -> bool:
+        if backstop and self.inflight >= backstop:
+            return False
+        # Alone in the pool, even an oversized request runs: nothing else can free room.
+        return not budget or self.inflight == 0 or self.tokens + footprint <= budget
+
+    async def reserve(self, footprint: int, budget: int, backstop: int, park: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + park
+        while not (not self._waiters and self._fits(footprint, budget, backstop)):
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout(remaining):
+                    await waiter
+            except TimeoutError:
+                return False
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            if self._fits(footprint, budget, backstop):
+                break
+        self.tokens += footprint
+        self.inflight += 1
+        return True
+
+    def release(self, footprint: int) -> None:
+        self.tokens -= footprint
+        self.inflight -= 1
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+
+
 @dataclass(slots=True)
 class Admitted:
-    """What admission charged for one request, to settle when it ends."""
+    """What admission took for one request, to settle exactly once when it ends."""
 
     model: str
     budget_key: str
@@ -163,67 +217,125 @@ class Admitted:
     text_bytes: int
     messages: int
     images: int
+    occupancy: Occupancy | None = None
+    footprint: int = 0
+
+    def release(self) -> None:
+        if self.occupancy is not None:
+            self.occupancy.release(self.footprint)
+            self.occupancy = None
 
 
 class Admission:
     """The gates in the documented order: request rate (every inference route, count_tokens
-    included), then for chat and messages: the input estimate, B1 caps, and the daily
-    budget. Occupancy (B2), pressure shedding (B3) and serverless limits (B4) are not part
-    of this version."""
+    included), then for chat and messages: the input estimate, B1 caps, B3 pressure
+    shedding, B2 occupancy and the daily budget. Serverless per-key limits (B4) are not
+    part of this version."""
 
     def __init__(
         self,
         clock: Clock,
         policy_for: Callable[[str], Policy],
-        healthy: Callable[[str], int],
+        healthy: Callable[[str], list[AgentFacts]],
         burst_seconds: int = 0,
+        admit_fraction: float = 0.9,
+        park_timeout: float = 0.25,
     ) -> None:
+        self.admit_fraction = admit_fraction
+        self.park_timeout = park_timeout
+        self.pools: dict[str, Occupancy] = {}
+        self.rejections: Callable[[str, str], None] = lambda reason, model: None
         self.estimator = Estimator()
         self.rates = RequestRates(clock, burst_seconds)
         self.daily = DailyTokens(clock)
         self._policy_for = policy_for
         self._healthy = healthy
 
-    def admit(
+    async def admit(
         self, tenant: str, quota: Quota, facts: RequestFacts, headers: dict[str, str]
     ) -> Admitted | None:
-        """Raise ApiError to refuse; fill `headers` with the X-RateLimit values that apply."""
+        """Raise ApiError to refuse; fill `headers` with the values the answer should carry."""
         model = facts.model
+        healthy = self._healthy(model)
         if quota.per_model is not None or quota.requests_per_minute:
-            verdict = self.rates.admit(tenant, quota, model, self._healthy(model))
+            verdict = self.rates.admit(tenant, quota, model, len(healthy))
             if verdict.remaining is not None:
                 headers["X-RateLimit-Remaining-Requests"] = str(verdict.remaining)
             if not verdict.ok:
+                self.rejections("b4_rpm", model)
                 raise ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, verdict.message)
         if facts.route not in LLM_ROUTES:
             return None
         estimate = self.estimator.estimate(model, facts.text_bytes, facts.messages)
         policy = self._policy_for(model)
         if policy.max_input_tokens and estimate > policy.max_input_tokens:
+            self.rejections("b1", model)
             raise ApiError(
                 ErrorCode.INPUT_TOO_LONG,
                 f"input is {estimate} tokens, over the model limit of {policy.max_input_tokens}",
             )
         if policy.images_max and facts.images > policy.images_max:
+            self.rejections("b1", model)
             raise ApiError(
                 ErrorCode.INPUT_TOO_LONG,
                 f"request carries {facts.images} images, over the model limit of "
                 f"{policy.images_max}",
             )
-        key, limit = budget_for(tenant, quota, model)
+        self._shed(policy, model, healthy, headers)
         worst = estimate + (facts.max_output_tokens or 0)
+        admitted = Admitted(model, "", 0, facts.text_bytes, facts.messages, facts.images)
+        await self._occupy(policy, admitted, worst, len(healthy), headers)
+        key, limit = budget_for(tenant, quota, model)
         verdict = self.daily.charge(key, worst, limit)
         if verdict.remaining is not None:
             headers["X-RateLimit-Remaining-Tokens"] = str(verdict.remaining)
         if not verdict.ok:
+            admitted.release()  # a later refusal gives back what earlier gates took
             raise ApiError(ErrorCode.TOKEN_LIMIT_EXCEEDED, verdict.message)
-        return Admitted(
-            model, key, worst if limit > 0 else 0, facts.text_bytes, facts.messages, facts.images
-        )
+        admitted.budget_key, admitted.charged = key, worst if limit > 0 else 0
+        return admitted
+
+    def _shed(
+        self, policy: Policy, model: str, healthy: list[AgentFacts], headers: dict[str, str]
+    ) -> None:
+        """B3: average each shed signal over the healthy pool; missing signals pass."""
+        for gate in policy.shed_if:
+            values = [v for agent in healthy if (v := SIGNALS[gate.signal](agent)) is not None]
+            if values and OPERATORS[gate.op](sum(values) / len(values), gate.threshold):
+                self.rejections("b3", model)
+                headers["Retry-After"] = "1"
+                raise ApiError(
+                    ErrorCode.CONCURRENCY_LIMIT_EXCEEDED, "model is under high load, please retry"
+                )
+
+    async def _occupy(
+        self,
+        policy: Policy,
+        admitted: Admitted,
+        footprint: int,
+        replicas: int,
+        headers: dict[str, str],
+    ) -> None:
+        """B2: reserve the footprint against the replica-scaled budget and backstop."""
+        if not (policy.admit_budget_tokens or policy.max_inflight):
+            return
+        replicas = max(1, replicas)
+        budget = math.floor(self.admit_fraction * policy.admit_budget_tokens * replicas)
+        backstop = policy.max_inflight * replicas
+        pool = self.pools.setdefault(admitted.model, Occupancy())
+        if not await pool.reserve(footprint, budget, backstop, self.park_timeout):
+            self.rejections("b2", admitted.model)
+            headers["Retry-After"] = "1"
+            raise ApiError(
+                ErrorCode.CONCURRENCY_LIMIT_EXCEEDED,
+                "server at capacity for this model, please retry",
+            )
+        admitted.occupancy, admitted.footprint = pool, footprint
 
     def settle(self, admitted: Admitted, usage: Usage | None, answered: bool) -> None:
-        """True up the daily budget with exact usage, refund a request nobody answered, and
-        teach the estimator from text-only prompts."""
+        """Release the occupancy reservation, true up the daily budget with exact usage,
+        refund a request nobody answered, and teach the estimator from text-only prompts."""
+        admitted.release()
         if usage is not None:
             if admitted.charged:
                 exact = usage.input_tokens + usage.output_tokens

@@ -153,6 +153,12 @@ class RouterMetrics:
             ("model",),
             registry=r,
         )
+        self.admission_rejections = Counter(
+            "hivenet_admission_rejections_total",
+            "Requests refused before routing, by gate",
+            ("reason", "model"),
+            registry=r,
+        )
         self.provider_fallback = Counter(
             "hivenet_policy_provider_fallback_total",
             "Requests sent to a provider after every local step was exhausted",

@@ -20,6 +20,7 @@ from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.policy.document import Policy, PolicyError
+from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.admission import Admission
@@ -132,10 +133,20 @@ class RouterProcess:
         def policy_for(model: str) -> Policy:
             return self.policies.current.for_model(model)  # the snapshot in force now
 
-        def healthy(model: str) -> int:
-            return sum(1 for agent in registry.for_model(model) if agent.eligible)
+        def healthy(model: str) -> list[AgentFacts]:
+            return [agent for agent in registry.for_model(model) if agent.eligible]
 
-        admission = Admission(self.clock, policy_for, healthy, cfg.rpm_burst_seconds)
+        admission = Admission(
+            self.clock,
+            policy_for,
+            healthy,
+            cfg.rpm_burst_seconds,
+            cfg.admit_fraction,
+            cfg.admit_park_timeout,
+        )
+        admission.rejections = lambda reason, model: metrics.admission_rejections.labels(
+            reason, model
+        ).inc()
         handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout, admission)
         sessions = Sessions(self.clock, cfg.session_ttl)
         authenticator = AgentAuthenticator(

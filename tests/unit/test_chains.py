@@ -246,3 +246,31 @@ async def test_capacity_is_checked_before_the_gates() -> None:
         await dispatcher._route(JOB, Progress(), dispatcher.policies.current.default)
     assert info.value.code is ErrorCode.NO_CAPACITY
     record.active = 0
+
+
+async def test_provider_fallback_gives_back_local_reservations_first() -> None:
+    from hivenet_router.router.providers import ProviderAnswer
+
+    events: list[str] = []
+
+    class FakeProviders:
+        def supports(self, name: str, route: str) -> bool:
+            return True
+
+        async def forward(self, *args: object) -> ProviderAnswer:
+            events.append("forward")
+            return ProviderAnswer(200, [], b"{}", None, None)
+
+    text = (
+        "routing_policy: {strategy: least-loaded}\nfallback_provider: {engine: openai, model: x}\n"
+    )
+    dispatcher, _, _ = fleet(text, {"a": ("eu", 500)})
+    dispatcher.providers = FakeProviders()  # type: ignore[assignment]
+    job = Job(
+        "/v1/chat/completions", "m", "llm", False, b"{}", [], lambda: events.append("released")
+    )
+    deadline = asyncio.get_running_loop().time() + 5
+    async with dispatcher.exchange(job, Progress(), deadline) as exchange:
+        assert exchange.provider == "openai" and exchange.agent is None
+        exchange.ok = True
+    assert events == ["released", "forward"]

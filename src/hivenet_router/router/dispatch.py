@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +42,8 @@ class Job:
     stream: bool
     body: bytes
     headers: list[tuple[str, str]]
+    # Gives back what admission reserved in the local pool; called when routing leaves it.
+    leave_local: Callable[[], None] = lambda: None
 
 
 @dataclass(slots=True)
@@ -247,6 +249,7 @@ class Dispatcher:
             provider.engine,
             provider.model,
         )
+        job.leave_local()  # the provider does not use the local pool's occupancy
         try:
             answer = await self.providers.forward(
                 provider.engine, provider.model, job.route, job.body, job.headers, job.stream

@@ -130,7 +130,13 @@ class Handlers:
         admitted = await self.admission.admit(principal.tenant, principal.quota, facts, limits)
         answered = False
         job = Job(
-            route, facts.model, facts.capability, facts.stream, body, _forward_headers(request)
+            route,
+            facts.model,
+            facts.capability,
+            facts.stream,
+            body,
+            _forward_headers(request),
+            admitted.release if admitted is not None else (lambda: None),
         )
         progress = Progress()
         deadline = asyncio.get_running_loop().time() + self.request_timeout

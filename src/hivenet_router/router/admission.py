@@ -256,9 +256,8 @@ class Admission:
     ) -> Admitted | None:
         """Raise ApiError to refuse; fill `headers` with the values the answer should carry."""
         model = facts.model
-        healthy = self._healthy(model)
         if quota.per_model is not None or quota.requests_per_minute:
-            verdict = self.rates.admit(tenant, quota, model, len(healthy))
+            verdict = self.rates.admit(tenant, quota, model, len(self._healthy(model)))
             if verdict.remaining is not None:
                 headers["X-RateLimit-Remaining-Requests"] = str(verdict.remaining)
             if not verdict.ok:
@@ -281,10 +280,12 @@ class Admission:
                 f"request carries {facts.images} images, over the model limit of "
                 f"{policy.images_max}",
             )
-        self._shed(policy, model, healthy, headers)
         worst = estimate + (facts.max_output_tokens or 0)
         admitted = Admitted(model, "", 0, facts.text_bytes, facts.messages, facts.images)
-        await self._occupy(policy, admitted, worst, len(healthy), headers)
+        if policy.shed_if or policy.admit_budget_tokens or policy.max_inflight:
+            healthy = self._healthy(model)  # only when a pool gate needs it
+            self._shed(policy, model, healthy, headers)
+            await self._occupy(policy, admitted, worst, len(healthy), headers)
         key, limit = budget_for(tenant, quota, model)
         verdict = self.daily.charge(key, worst, limit)
         if verdict.remaining is not None:

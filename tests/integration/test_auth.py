@@ -226,3 +226,41 @@ def test_quotas(make_cluster: Cluster, tmp_path: Path) -> None:
     unlisted = chat(strict, OTHER)
     assert unlisted.status_code == 429
     assert "no quota declared for model other" in unlisted.json()["error"]["message"]
+
+
+def test_daily_totals_survive_a_restart_with_the_persistent_backend(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    budget = "sk-hivenet-persisted"
+    path = tmp_path / "auth.yaml"
+    path.write_text(
+        "api:\n  mode: api-key\n  keys:\n"
+        + entry(budget, "acme")
+        + "      quota: {tokens_per_day: 100000}\nadmin:\n  mode: api-key\n"
+    )
+    env = {"HIVENET_ROUTER_QUOTA_BACKEND": "badger"}
+    router = make_cluster.router("--auth-config-file", str(path), env=env)
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(router, sim)
+    wait_registered_with(router, budget, 1)
+    reply = httpx.post(
+        router.url + "/v1/chat/completions",
+        timeout=10,
+        headers={"Authorization": f"Bearer {budget}"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7},
+    )
+    assert reply.status_code == 200
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    used = httpx.get(router.url + "/admin/usage", headers=admin, timeout=5).json()
+    assert used["budgets"][0]["tenant"] == "acme"
+    spent = used["budgets"][0]["tokens_used"]
+    assert spent == reply.json()["usage"]["total_tokens"]  # trued up to exact usage
+    router.proc.stop()
+    again = make_cluster.router("--auth-config-file", str(path), ports=router, env=env)
+    after = httpx.get(again.url + "/admin/usage", headers=admin, timeout=5).json()
+    assert after["budgets"] == used["budgets"]
+
+
+def test_unknown_quota_backend_is_refused(make_cluster: Cluster) -> None:
+    log = make_cluster.refused_router(env={"HIVENET_ROUTER_QUOTA_BACKEND": "redis"})
+    assert "HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger" in log

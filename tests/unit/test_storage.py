@@ -50,3 +50,15 @@ async def test_records_survive_a_reopen_and_reset_removes_them(tmp_path: Path) -
     reset(tmp_path)
     assert not (tmp_path / DB_FILE).exists()
     assert (tmp_path / "keep.txt").exists()  # reset deletes only the router's own files
+
+
+async def test_daily_token_totals_persist_and_old_days_expire(tmp_path: Path) -> None:
+    store = SqliteHistory(tmp_path, ttl_days=30)
+    await store.open()
+    await store.save_tokens("2026-11-28", {"old": 5})
+    await store.save_tokens("2026-11-29", {"acme": 10})
+    await store.save_tokens("2026-11-30", {"acme": 40, "beta\x00m": 7})
+    assert await store.load_tokens("2026-11-30") == {"acme": 40, "beta\x00m": 7}
+    assert await store.load_tokens("2026-11-29") == {"acme": 10}  # kept across midnight
+    assert await store.load_tokens("2026-11-28") == {}  # older days are gone
+    await store.close()

@@ -219,6 +219,12 @@ class RouterConfig:
         env="HIVENET_ROUTER_ALLOW_INSECURE_ADMIN",
         help="Allow /admin/* without keys; isolated development only",
     )
+    quota_backend: str = option(
+        "memory",
+        parse=v.text,
+        env="HIVENET_ROUTER_QUOTA_BACKEND",
+        help="memory, or badger to keep daily token totals in the persistent store",
+    )
     rpm_burst_seconds: int = option(
         0,
         parse=v.non_negative_int,
@@ -292,6 +298,10 @@ class RouterConfig:
             )
         if self.log_format not in {"text", "json"}:
             raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")
+        if self.quota_backend not in {"memory", "badger"}:
+            raise ConfigError(
+                f"HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, not {self.quota_backend!r}"
+            )
         if self.admit_fraction <= 0:
             raise ConfigError("HIVENET_ROUTER_ADMIT_FRACTION must be above 0 (and at most 1)")
         if self.rpm_burst_seconds >= 60:

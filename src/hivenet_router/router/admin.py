@@ -16,6 +16,7 @@ from aiohttp import web
 from hivenet_router.clock import Clock
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
+from hivenet_router.router.admission import DailyTokens
 from hivenet_router.router.dispatch import Dispatcher
 from hivenet_router.router.registry import AgentRecord, Registry
 
@@ -92,7 +93,9 @@ class AdminApi:
         clock: Clock,
         remove_agent: Callable[[AgentRecord], None],
         reload: Callable[[], Awaitable[dict[str, bool]]],
+        daily: DailyTokens,
     ) -> None:
+        self.daily = daily
         self.registry = registry
         self.dispatcher = dispatcher
         self.policies = policies
@@ -115,6 +118,7 @@ class AdminApi:
             ("GET", "/admin/policy/models", self.policy_models),
             ("GET", "/admin/policy/models/{name}", self.policy_model),
             ("POST", "/admin/reload", self.reload_all),
+            ("GET", "/admin/usage", self.usage),
         ]
 
     async def health(self, request: web.Request) -> web.Response:
@@ -213,6 +217,15 @@ class AdminApi:
         if policy is None:
             return _json({"error": "no such policy"}, 404)
         return _json(_policy(policy))
+
+    async def usage(self, request: web.Request) -> web.Response:
+        """Today's daily-token totals by budget (owner, or owner and model)."""
+        day, totals = self.daily.today()
+        buckets = []
+        for key, used in sorted(totals.items()):
+            tenant, _, model = key.partition("\x00")
+            buckets.append({"tenant": tenant, "model": model or None, "tokens_used": used})
+        return _json({"day": day, "budgets": buckets})
 
     async def reload_all(self, request: web.Request) -> web.Response:
         """Reload policies and auth, as SIGHUP does; says what took effect."""

@@ -146,6 +146,17 @@ class DailyTokens:
     def used(self, key: str) -> int:
         return self._used.get((key, self._day()), 0)
 
+    def today(self) -> tuple[str, dict[str, int]]:
+        """Today's UTC date and totals by budget key, for persistence and the admin API."""
+        day = self._day()
+        return day, {key: used for (key, d), used in self._used.items() if d == day}
+
+    def restore(self, day: str, totals: dict[str, int]) -> None:
+        """Put back totals saved earlier; only today's count."""
+        if day == self._day():
+            for key, used in totals.items():
+                self._used[(key, day)] = max(self._used.get((key, day), 0), used)
+
 
 def budget_for(tenant: str, quota: Quota, model: str) -> tuple[str, int]:
     """The daily budget key and limit that apply to this tenant and model."""

@@ -207,6 +207,7 @@ class RouterProcess:
             clock=self.clock,
             remove_agent=removed,
             reload=lambda: reload("admin"),
+            daily=admission.daily,
         )
 
         monitor = HealthMonitor(
@@ -262,8 +263,27 @@ class RouterProcess:
             cfg.metrics_port,
         )
         log.debug("configuration: %s", describe(cfg))
+        persistent_quota = cfg.quota_backend == "badger"
+
+        async def save_quota() -> None:
+            if persistent_quota:
+                day, totals = admission.daily.today()
+                try:
+                    await store.save_tokens(day, totals)
+                except sqlite3.Error as exc:
+                    log.error("cannot save daily token totals: %s", exc)
+
+        async def quota_flusher() -> None:
+            while True:
+                await asyncio.sleep(cfg.universal_flush_interval)
+                await save_quota()
+
+        if persistent_quota:
+            day, _ = admission.daily.today()
+            admission.daily.restore(day, await store.load_tokens(day))
         health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
         flush_task = asyncio.create_task(keeper.run())
+        quota_task = asyncio.create_task(quota_flusher())
 
         async def hangup() -> None:
             await reload("sighup")
@@ -281,11 +301,12 @@ class RouterProcess:
         # The public port closes first, while agent connections still carry what is in
         # flight; only then do the agents hear that the router is going away.
         await public.cleanup()
-        for task in (health_task, flush_task):
+        for task in (health_task, flush_task, quota_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await keeper.flush()
+        await save_quota()
         await store.close()
         for link in list(control.links):
             await link.close("router shutting down")

@@ -1,4 +1,5 @@
-"""Per-agent universal history, persisted in SQLite so a known peer ID starts warm.
+"""Per-agent universal history (and, with the persistent quota backend, daily token totals),
+kept in SQLite so a known peer ID starts warm and budgets survive a restart.
 
 One connection, owned by one worker thread: every call runs there, so the event loop never
 waits on the disk and SQLite never sees two threads. Records older than the TTL expire.
@@ -89,6 +90,11 @@ class SqliteHistory:
             "CREATE TABLE IF NOT EXISTS universal_history ("
             " peer_id TEXT PRIMARY KEY, data BLOB NOT NULL, updated_at REAL NOT NULL)"
         )
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS quota_tpd ("
+            " bucket TEXT NOT NULL, day TEXT NOT NULL, used INTEGER NOT NULL,"
+            " PRIMARY KEY (bucket, day))"
+        )
         db.commit()
         self._db = db
         self._expire()
@@ -129,6 +135,30 @@ class SqliteHistory:
         )
         self._db.commit()
         self._expire()
+
+    async def load_tokens(self, day: str) -> dict[str, int]:
+        """Daily token totals of `day` (a UTC date), by budget key."""
+
+        def read() -> dict[str, int]:
+            assert self._db is not None
+            rows = self._db.execute("SELECT bucket, used FROM quota_tpd WHERE day = ?", (day,))
+            return {bucket: int(used) for bucket, used in rows}
+
+        return await self._run(read)
+
+    async def save_tokens(self, day: str, totals: dict[str, int]) -> None:
+        def write() -> None:
+            assert self._db is not None
+            self._db.executemany(
+                "INSERT INTO quota_tpd (bucket, day, used) VALUES (?, ?, ?) "
+                "ON CONFLICT(bucket, day) DO UPDATE SET used = excluded.used",
+                [(bucket, day, used) for bucket, used in totals.items()],
+            )
+            # Yesterday is kept for the restart that straddles midnight; older days go.
+            self._db.execute("DELETE FROM quota_tpd WHERE day < date(?, '-1 day')", (day,))
+            self._db.commit()
+
+        await self._run(write)
 
     async def close(self) -> None:
         def shut() -> None:

@@ -264,3 +264,69 @@ def test_daily_totals_survive_a_restart_with_the_persistent_backend(
 def test_unknown_quota_backend_is_refused(make_cluster: Cluster) -> None:
     log = make_cluster.refused_router(env={"HIVENET_ROUTER_QUOTA_BACKEND": "redis"})
     assert "HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger" in log
+
+
+def test_dynamic_keys(make_cluster: Cluster) -> None:
+    router = make_cluster.router(env={"HIVENET_ROUTER_AUTH_MODE": "dynamic"})
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(router, sim)
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    raw = "sk-hivenet-dynamic"
+    assert (
+        httpx.get(
+            router.url + "/v1/models", timeout=5, headers={"Authorization": f"Bearer {raw}"}
+        ).status_code
+        == 401
+    )
+    put = httpx.put(
+        router.url + "/admin/api-keys/acme-prod",
+        headers=admin,
+        timeout=5,
+        json={
+            "version": "rev_0001",
+            "key_hash": hashlib.sha256(raw.encode()).hexdigest(),
+            "owner": "acme",
+            "name": "prod",
+            "enabled": True,
+            "quota": {"requests_per_minute": 1},
+        },
+    )
+    assert put.json() == {"ok": True}
+    wait_registered_with(router, raw, 1)
+    # Discovery skips quota admission; the first inference request uses the one per minute.
+    with openai.OpenAI(base_url=router.url + "/v1", api_key=raw, max_retries=0) as client:
+        messages = [{"role": "user", "content": "x"}]
+        assert client.chat.completions.create(model=MODEL, max_tokens=2, messages=messages)
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model=MODEL, max_tokens=2, messages=messages)
+    version = httpx.get(router.url + "/admin/api-keys/version", headers=admin, timeout=5)
+    assert version.json() == {"version": "rev_0001", "count": 1}
+    stale = httpx.delete(
+        router.url + "/admin/api-keys/acme-prod?version=rev_0000", headers=admin, timeout=5
+    )
+    assert stale.status_code == 409 and stale.json()["current_version"] == "rev_0001"
+    # SIGHUP keeps the registry.
+    router.proc.popen.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    wait_until(lambda: "auth reloaded (api.mode dynamic)" in router.proc.log())
+    listed = httpx.get(router.url + "/admin/api-keys", headers=admin, timeout=5).json()
+    assert [k["id"] for k in listed["keys"]] == ["acme-prod"]
+    httpx.delete(
+        router.url + "/admin/api-keys/acme-prod?version=rev_0002", headers=admin, timeout=5
+    )
+    assert (
+        httpx.get(
+            router.url + "/v1/models", timeout=5, headers={"Authorization": f"Bearer {raw}"}
+        ).status_code
+        == 401
+    )
+
+
+def test_registry_endpoints_need_dynamic_mode(
+    secured: tuple[Cluster, Router, Path],
+) -> None:
+    _, router, _ = secured
+    reply = httpx.get(
+        router.url + "/admin/api-keys", timeout=5, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    assert reply.status_code == 501
+    assert reply.json() == {"error": "dynamic key registry not active"}

@@ -49,22 +49,22 @@ def _count(value: Any, where: str) -> int:
     return value
 
 
-def _quota(value: Any, where: str) -> Quota:
+def parse_quota(value: Any, where: str) -> Quota:
     flat_fields = (
         "requests_per_minute",
         "tokens_per_day",
         "input_tokens_per_minute",
         "output_tokens_per_minute",
     )
-    raw = _mapping(value, where, (*flat_fields, "per_model"))
+    raw = mapping(value, where, (*flat_fields, "per_model"))
     if "per_model" in raw:
         if any(f in raw for f in flat_fields):
             raise AuthConfigError(f"{where}: use either flat limits or per_model, not both")
-        models = _mapping(raw["per_model"], f"{where}.per_model", ())
+        models = mapping(raw["per_model"], f"{where}.per_model", ())
         per_model = {}
         for model, entry in models.items():
             at = f"{where}.per_model.{model}"
-            fields = _mapping(entry, at, ("requests_per_minute_per_replica", "tokens_per_day"))
+            fields = mapping(entry, at, ("requests_per_minute_per_replica", "tokens_per_day"))
             for required in ("requests_per_minute_per_replica", "tokens_per_day"):
                 if required not in fields:
                     raise AuthConfigError(f"{at}.{required}: is required")
@@ -125,7 +125,7 @@ def _expiry(text: str, where: str) -> float | None:
     return float(start + 86400)  # valid through the whole named day (UTC)
 
 
-def _mapping(value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+def mapping(value: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -151,9 +151,9 @@ def parse_auth(text: str, source: str) -> AuthConfig:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise AuthConfigError(f"{source}: not valid YAML: {exc}") from None
-    root = _mapping(document, source, ("api", "admin"))
-    api = _mapping(root.get("api"), f"{source}: api", ("mode", "keys"))
-    admin = _mapping(root.get("admin"), f"{source}: admin", ("mode",))
+    root = mapping(document, source, ("api", "admin"))
+    api = mapping(root.get("api"), f"{source}: api", ("mode", "keys"))
+    admin = mapping(root.get("admin"), f"{source}: admin", ("mode",))
     api_mode = _string(api.get("mode", "none"), f"{source}: api.mode") or "none"
     if api_mode not in API_MODES:
         raise AuthConfigError(
@@ -173,7 +173,7 @@ def parse_auth(text: str, source: str) -> AuthConfig:
     seen: set[str] = set()
     for index, entry in enumerate(raw_keys):
         where = f"{source}: api.keys[{index}]"
-        item = _mapping(
+        item = mapping(
             entry,
             where,
             ("key_hash", "key_preview", "metadata", "models", "quota", "max_occupancy_share"),
@@ -187,7 +187,7 @@ def parse_auth(text: str, source: str) -> AuthConfig:
         if key_hash in seen:
             raise AuthConfigError(f"{where}.key_hash: duplicate of an earlier key")
         seen.add(key_hash)
-        meta = _mapping(
+        meta = mapping(
             item.get("metadata"),
             f"{where}.metadata",
             ("name", "owner", "description", "created_at", "expires_at"),
@@ -195,7 +195,7 @@ def parse_auth(text: str, source: str) -> AuthConfig:
         models = item.get("models") or []
         if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
             raise AuthConfigError(f"{where}.models: must be a list of model names")
-        quota = _quota(item.get("quota"), f"{where}.quota")
+        quota = parse_quota(item.get("quota"), f"{where}.quota")
         if quota.per_model is not None:
             # Per-model quotas decide access themselves (an unlisted model is a 429 from
             # quota admission); the models list is then ignored.

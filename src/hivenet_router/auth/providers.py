@@ -13,6 +13,7 @@ from typing import Protocol
 
 from hivenet_router.auth.config import AuthConfig, AuthConfigError, ClientKey, Quota, parse_auth
 from hivenet_router.auth.keys import DigestSet, digest
+from hivenet_router.auth.registry import DynamicRegistry
 
 log = logging.getLogger("hivenet.auth")
 
@@ -67,6 +68,23 @@ class StaticKeys:
         return Principal(key.owner, "", key.name, key.models, key.quota)
 
 
+class DynamicKeys:
+    """Client authentication against the dynamic registry."""
+
+    mode = "dynamic"
+
+    def __init__(self, registry: DynamicRegistry) -> None:
+        self.registry = registry
+
+    def authenticate(self, credential: str | None, now: float) -> Principal | None:
+        if not credential:
+            return None
+        entry = self.registry.find(credential, now)
+        if entry is None:
+            return None
+        return Principal(entry.owner, entry.id, entry.name, entry.models, entry.quota)
+
+
 class AdminKeys:
     def __init__(self, raw_keys: tuple[str, ...]) -> None:
         self.mode = "api-key" if raw_keys else "none"
@@ -116,16 +134,26 @@ class AuthState:
                 )
             client = StaticKeys(config.keys)
         else:
-            raise AuthConfigError(
-                "api.mode dynamic (the runtime key registry) is not "
-                "available in this version; use api-key"
-            )
-        if any(key.quota for key in config.keys):
+            # The registry survives reloads: only a restart empties it.
+            current = getattr(self, "client", None)
+            registry = current.registry if isinstance(current, DynamicKeys) else DynamicRegistry()
+            client = DynamicKeys(registry)
+        if any(
+            key.quota.input_tokens_per_minute or key.quota.output_tokens_per_minute
+            for key in config.keys
+        ):
             log.warning(
-                "quotas in %s are accepted but not enforced by this version yet", self.settings.file
+                "%s: serverless token-per-minute quotas are accepted but not enforced by this "
+                "version yet",
+                self.settings.file,
             )
         admin = AdminKeys(self.settings.admin_keys)
         wanted = config.admin_mode or admin.mode
+        if config.api_mode == "dynamic":
+            # The registry is written through /admin/*: it must never be open.
+            if admin.mode == "none":
+                raise AuthConfigError("api.mode dynamic needs HIVENET_ROUTER_ADMIN_API_KEYS")
+            wanted = "api-key"
         if wanted == "api-key" and admin.mode == "none":
             raise AuthConfigError(
                 "admin.mode is api-key but HIVENET_ROUTER_ADMIN_API_KEYS is empty"

@@ -13,6 +13,8 @@ import msgspec
 import orjson
 from aiohttp import web
 
+from hivenet_router.auth.providers import AuthState, DynamicKeys
+from hivenet_router.auth.registry import DynamicRegistry, RegistryError
 from hivenet_router.clock import Clock
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
@@ -94,7 +96,9 @@ class AdminApi:
         remove_agent: Callable[[AgentRecord], None],
         reload: Callable[[], Awaitable[dict[str, bool]]],
         daily: DailyTokens,
+        auth: AuthState,
     ) -> None:
+        self.auth = auth
         self.daily = daily
         self.registry = registry
         self.dispatcher = dispatcher
@@ -119,6 +123,12 @@ class AdminApi:
             ("GET", "/admin/policy/models/{name}", self.policy_model),
             ("POST", "/admin/reload", self.reload_all),
             ("GET", "/admin/usage", self.usage),
+            ("GET", "/admin/api-keys", self.keys_list),
+            ("GET", "/admin/api-keys/version", self.keys_version),
+            ("POST", "/admin/api-keys/replace", self.keys_replace),
+            ("GET", "/admin/api-keys/{id}", self.key_get),
+            ("PUT", "/admin/api-keys/{id}", self.key_put),
+            ("DELETE", "/admin/api-keys/{id}", self.key_delete),
         ]
 
     async def health(self, request: web.Request) -> web.Response:
@@ -226,6 +236,77 @@ class AdminApi:
             tenant, _, model = key.partition("\x00")
             buckets.append({"tenant": tenant, "model": model or None, "tokens_used": used})
         return _json({"day": day, "budgets": buckets})
+
+    # -- the dynamic key registry -----------------------------------------------------------------
+
+    def _registry(self) -> DynamicRegistry:
+        client = self.auth.client
+        if not isinstance(client, DynamicKeys):
+            raise RegistryError(501, "dynamic key registry not active")
+        return client.registry
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise RegistryError(400, f"malformed JSON: {exc}") from None
+
+    @staticmethod
+    def _refused(exc: RegistryError) -> web.Response:
+        return _json({"error": str(exc), **exc.extra}, exc.status)
+
+    async def keys_list(self, request: web.Request) -> web.Response:
+        try:
+            registry = self._registry()
+        except RegistryError as exc:
+            return self._refused(exc)
+        entries = registry.entries()
+        return _json(
+            {
+                "count": len(entries),
+                "keys": [e.public() for e in entries],
+                "version": registry.version,
+            }
+        )
+
+    async def keys_version(self, request: web.Request) -> web.Response:
+        try:
+            registry = self._registry()
+        except RegistryError as exc:
+            return self._refused(exc)
+        return _json({"version": registry.version, "count": len(registry)})
+
+    async def key_get(self, request: web.Request) -> web.Response:
+        try:
+            entry = self._registry().get(request.match_info["id"])
+        except RegistryError as exc:
+            return self._refused(exc)
+        if entry is None:
+            return _json({"error": "no such key"}, 404)
+        return _json(entry.public())
+
+    async def key_put(self, request: web.Request) -> web.Response:
+        try:
+            registry = self._registry()
+            registry.put(request.match_info["id"], await self._body(request))
+        except RegistryError as exc:
+            return self._refused(exc)
+        return _json({"ok": True})
+
+    async def key_delete(self, request: web.Request) -> web.Response:
+        try:
+            self._registry().delete(request.match_info["id"], request.query.get("version"))
+        except RegistryError as exc:
+            return self._refused(exc)
+        return _json({"ok": True})
+
+    async def keys_replace(self, request: web.Request) -> web.Response:
+        try:
+            registry = self._registry()
+            count = registry.replace(await self._body(request))
+        except RegistryError as exc:
+            return self._refused(exc)
+        return _json({"ok": True, "count": count})
 
     async def reload_all(self, request: web.Request) -> web.Response:
         """Reload policies and auth, as SIGHUP does; says what took effect."""

@@ -208,6 +208,7 @@ class RouterProcess:
             remove_agent=removed,
             reload=lambda: reload("admin"),
             daily=admission.daily,
+            auth=self.auth,
         )
 
         monitor = HealthMonitor(

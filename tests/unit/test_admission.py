@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hivenet_router.auth.config import ModelQuota, Quota
+from hivenet_router.auth.providers import Principal
 from hivenet_router.clock import ManualClock
 from hivenet_router.domain.agent import EngineSnapshot
 from hivenet_router.domain.errors import ApiError, ErrorCode
@@ -101,6 +102,10 @@ def test_estimator_learns_per_model_and_stays_clamped() -> None:
     assert estimator.ratio("m") <= 1.0
 
 
+def who(quota: Quota, share: float = 0.0, key: str = "k1") -> Principal:
+    return Principal("t", key, "n", frozenset(), quota, share)
+
+
 def _admission(policy_text: str | None = None) -> Admission:
     policy = (
         parse_policy(policy_text, "p.yaml", "p", require_models=False) if policy_text else BUILT_IN
@@ -117,7 +122,7 @@ async def test_b1_caps_and_daily_budget_through_admission() -> None:
     )
     headers: dict[str, str] = {}
     with pytest.raises(ApiError) as info:
-        await admission.admit("t", Quota(), parse("/v1/chat/completions", CHAT + b"}"), headers)
+        await admission.admit(who(Quota()), parse("/v1/chat/completions", CHAT + b"}"), headers)
     assert info.value.code is ErrorCode.INPUT_TOO_LONG and "104 tokens" in info.value.message
     images = (
         b'{"model": "m", "messages": [{"role": "user", "content": ['
@@ -125,23 +130,23 @@ async def test_b1_caps_and_daily_budget_through_admission() -> None:
         b'{"type": "image_url", "image_url": {"url": "b"}}]}]}'
     )
     with pytest.raises(ApiError, match="2 images"):
-        await admission.admit("t", Quota(), parse("/v1/chat/completions", images), headers)
+        await admission.admit(who(Quota()), parse("/v1/chat/completions", images), headers)
 
     budget = _admission()
     quota = Quota(tokens_per_day=300)
     facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 100}')
-    admitted = await budget.admit("t", quota, facts, headers)
+    admitted = await budget.admit(who(quota), facts, headers)
     assert admitted is not None and admitted.charged == 204
     assert headers["X-RateLimit-Remaining-Tokens"] == "96"
     with pytest.raises(ApiError) as info:
-        await budget.admit("t", quota, facts, headers)
+        await budget.admit(who(quota), facts, headers)
     assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
     budget.settle(admitted, Usage(input_tokens=90, output_tokens=10), answered=True)
     assert budget.daily.used("t") == 100  # exact usage replaced the worst case
     # count_tokens and embeddings pass B1 and the budget; only the request rate applies.
     assert (
         await budget.admit(
-            "t", quota, parse("/v1/messages/count_tokens", CHAT + b', "max_tokens": 9999}'), headers
+            who(quota), parse("/v1/messages/count_tokens", CHAT + b', "max_tokens": 9999}'), headers
         )
         is None
     )
@@ -151,7 +156,7 @@ async def test_an_unanswered_request_is_refunded() -> None:
     admission = _admission()
     quota = Quota(tokens_per_day=1000)
     facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 100}')
-    admitted = await admission.admit("t", quota, facts, {})
+    admitted = await admission.admit(who(quota), facts, {})
     assert admitted is not None
     admission.settle(admitted, None, answered=False)
     assert admission.daily.used("t") == 0
@@ -163,17 +168,17 @@ async def test_occupancy_parks_then_refuses_and_releases_exactly_once() -> None:
     )
     facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 700}')  # 804 tokens
     headers: dict[str, str] = {}
-    first = await admission.admit("t", Quota(), facts, headers)
+    first = await admission.admit(who(Quota()), facts, headers)
     assert first is not None and first.footprint == 804
     # The budget is floor(0.9 * 1000 * 1 replica) = 900: a second one parks, then gives up.
     with pytest.raises(ApiError) as info:
-        await admission.admit("t", Quota(), facts, headers)
+        await admission.admit(who(Quota()), facts, headers)
     assert info.value.code is ErrorCode.CONCURRENCY_LIMIT_EXCEEDED
     assert headers["Retry-After"] == "1"
     pool = admission.pools["m"]
     assert (pool.tokens, pool.inflight) == (804, 1)
     # A parked request is admitted as soon as room frees.
-    waiter = asyncio.create_task(admission.admit("t", Quota(), facts, {}))
+    waiter = asyncio.create_task(admission.admit(who(Quota()), facts, {}))
     await asyncio.sleep(0.01)
     admission.settle(first, None, answered=True)
     admission.settle(first, None, answered=True)  # a second settle releases nothing
@@ -186,12 +191,12 @@ async def test_occupancy_parks_then_refuses_and_releases_exactly_once() -> None:
 async def test_the_inflight_backstop() -> None:
     admission = _admission("max_inflight: 1\nrouting_policy: {strategy: least-loaded}\n")
     facts = parse("/v1/chat/completions", CHAT + b"}")
-    held = await admission.admit("t", Quota(), facts, {})
+    held = await admission.admit(who(Quota()), facts, {})
     with pytest.raises(ApiError):
-        await admission.admit("t", Quota(), facts, {})
+        await admission.admit(who(Quota()), facts, {})
     assert held is not None
     admission.settle(held, None, answered=True)
-    assert await admission.admit("t", Quota(), facts, {}) is not None
+    assert await admission.admit(who(Quota()), facts, {}) is not None
 
 
 async def test_pressure_shedding_averages_the_pool() -> None:
@@ -208,10 +213,47 @@ async def test_pressure_shedding_averages_the_pool() -> None:
     pool = [agent(0.95), agent(0.5)]  # average 0.725: under the threshold
     admission = Admission(ManualClock(), lambda m: policy, lambda m: pool)  # type: ignore[arg-type,return-value]
     facts = parse("/v1/chat/completions", CHAT + b"}")
-    assert await admission.admit("t", Quota(), facts, {}) is not None
+    assert await admission.admit(who(Quota()), facts, {}) is not None
     pool.append(agent(0.99))
     pool.append(agent(None))  # missing signals do not count
     with pytest.raises(ApiError) as info:
-        await admission.admit("t", Quota(), facts, {})
+        await admission.admit(who(Quota()), facts, {})
     assert info.value.code is ErrorCode.CONCURRENCY_LIMIT_EXCEEDED
     assert "high load" in info.value.message
+
+
+async def test_serverless_per_key_limits() -> None:
+    admission = _admission(
+        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
+    )
+    facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 1000}')  # 1104 tokens
+    # Occupancy share: 0.2 x 10000 x 1 replica = 2000 tokens in flight for this key.
+    sharer = who(Quota(), share=0.2)
+    held = await admission.admit(sharer, facts, {})
+    headers: dict[str, str] = {}
+    with pytest.raises(ApiError, match="occupancy share") as info:
+        await admission.admit(sharer, facts, headers)
+    assert info.value.code is ErrorCode.RATE_LIMIT_EXCEEDED and headers["Retry-After"] == "1"
+    assert await admission.admit(who(Quota(), 0.2, "other-key"), facts, {}) is not None
+    assert held is not None
+    admission.settle(held, None, answered=True)
+    assert admission.key_footprints["k1"] == 0
+    # Input tokens per minute: charged with the estimate before the request goes out.
+    itpm = who(Quota(input_tokens_per_minute=150), key="k2")
+    assert await admission.admit(itpm, facts, {}) is not None  # 104 of 150
+    with pytest.raises(ApiError, match="input token rate"):
+        await admission.admit(itpm, facts, {})
+    # Output tokens per minute: charged after the answer; a drained bucket refuses the next.
+    otpm = who(Quota(output_tokens_per_minute=100), key="k3")
+    first = await admission.admit(otpm, facts, {})
+    assert first is not None
+    admission.settle(first, Usage(input_tokens=104, output_tokens=500), answered=True)
+    with pytest.raises(ApiError, match="output token rate"):
+        await admission.admit(otpm, facts, {})
+
+
+async def test_reserved_mode_ignores_per_key_limits() -> None:
+    admission = _admission("admit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n")
+    facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 1000}')
+    strict = who(Quota(input_tokens_per_minute=1), share=0.01)
+    assert await admission.admit(strict, facts, {}) is not None

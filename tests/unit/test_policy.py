@@ -243,11 +243,11 @@ def test_invalid_global_policy_is_fatal_at_start(tmp_path: Path) -> None:
         PolicyStore(policy_file=str(tmp_path / "missing.yaml")).load()
 
 
-def test_serverless_mode_is_reported_as_not_enforced() -> None:
+def test_serverless_mode_is_accepted() -> None:
     policy = parse_policy(
         "mode: serverless\nrouting_policy: {strategy: least-loaded}\n",
         "p.yaml",
         "p",
         require_models=False,
     )
-    assert policy.unenforced == ("mode: serverless",)
+    assert policy.mode == "serverless" and policy.unenforced == ()

@@ -95,6 +95,7 @@ class ClientKey:
     expires_at: float | None = None  # Unix time at which the key stops working
     models: frozenset[str] = frozenset()  # empty: every model
     quota: Quota = field(default_factory=Quota)
+    max_occupancy_share: float = 0.0
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -144,6 +145,14 @@ def _string(value: Any, where: str, required: bool = False) -> str:
     if not isinstance(value, str) or (required and not value.strip()):
         raise AuthConfigError(f"{where}: {'must not be empty' if required else 'must be text'}")
     return value
+
+
+def _share(value: Any, where: str) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise AuthConfigError(f"{where}.max_occupancy_share: must be 0 (unset) or in (0, 1]")
+    return float(value)
 
 
 def parse_auth(text: str, source: str) -> AuthConfig:

@@ -25,6 +25,13 @@ class Principal:
     name: str
     models: frozenset[str]  # empty: every model
     quota: Quota = Quota()
+    occupancy_share: float = 0.0
+
+    @property
+    def key_ref(self) -> str:
+        """Identifies the key for per-key (serverless) limits. Static keys have no registry
+        ID, so their owner and name stand in (the Go router let them share one bucket)."""
+        return self.key_id or f"{self.tenant}/{self.name}"
 
     def allows(self, model: str) -> bool:
         """May this key send requests for `model`? (A 403 when not.)"""
@@ -65,7 +72,7 @@ class StaticKeys:
         key = self._keys.find(credential)
         if not isinstance(key, ClientKey) or key.expired(now):
             return None
-        return Principal(key.owner, "", key.name, key.models, key.quota)
+        return Principal(key.owner, "", key.name, key.models, key.quota, key.max_occupancy_share)
 
 
 class DynamicKeys:
@@ -82,7 +89,9 @@ class DynamicKeys:
         entry = self.registry.find(credential, now)
         if entry is None:
             return None
-        return Principal(entry.owner, entry.id, entry.name, entry.models, entry.quota)
+        return Principal(
+            entry.owner, entry.id, entry.name, entry.models, entry.quota, entry.max_occupancy_share
+        )
 
 
 class AdminKeys:
@@ -138,15 +147,6 @@ class AuthState:
             current = getattr(self, "client", None)
             registry = current.registry if isinstance(current, DynamicKeys) else DynamicRegistry()
             client = DynamicKeys(registry)
-        if any(
-            key.quota.input_tokens_per_minute or key.quota.output_tokens_per_minute
-            for key in config.keys
-        ):
-            log.warning(
-                "%s: serverless token-per-minute quotas are accepted but not enforced by this "
-                "version yet",
-                self.settings.file,
-            )
         admin = AdminKeys(self.settings.admin_keys)
         wanted = config.admin_mode or admin.mode
         if config.api_mode == "dynamic":

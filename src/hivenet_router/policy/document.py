@@ -271,9 +271,7 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         if key in items
     }
     shed = reader.gates(items["shed_if"], "shed_if", SHED_SIGNALS) if "shed_if" in items else ()
-    unenforced = tuple(key for key in _NOT_YET_ENFORCED if key in items) + (
-        ("mode: serverless",) if mode == "serverless" else ()
-    )
+    unenforced = tuple(key for key in _NOT_YET_ENFORCED if key in items)
     return Policy(
         name=name,
         models=models,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hivenet_router.auth.config import Quota
+from hivenet_router.auth.providers import Principal
 from hivenet_router.clock import Clock
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.policy.document import Policy
@@ -230,18 +231,24 @@ class Admitted:
     images: int
     occupancy: Occupancy | None = None
     footprint: int = 0
+    key_ref: str = ""
+    key_pool: dict[str, int] | None = None  # serverless: the key's in-flight footprints
+    output_bucket: TokenBucket | None = None  # serverless: charged with output afterwards
 
     def release(self) -> None:
         if self.occupancy is not None:
             self.occupancy.release(self.footprint)
             self.occupancy = None
+        if self.key_pool is not None:
+            self.key_pool[self.key_ref] -= self.footprint
+            self.key_pool = None
 
 
 class Admission:
     """The gates in the documented order: request rate (every inference route, count_tokens
     included), then for chat and messages: the input estimate, B1 caps, B3 pressure
-    shedding, B2 occupancy and the daily budget. Serverless per-key limits (B4) are not
-    part of this version."""
+    shedding, B2 occupancy, B4 serverless per-key limits (policy `mode: serverless`) and
+    the daily budget."""
 
     def __init__(
         self,
@@ -255,6 +262,10 @@ class Admission:
         self.admit_fraction = admit_fraction
         self.park_timeout = park_timeout
         self.pools: dict[str, Occupancy] = {}
+        self.key_footprints: dict[str, int] = {}
+        self.input_rates: dict[str, TokenBucket] = {}
+        self.output_rates: dict[str, TokenBucket] = {}
+        self._clock = clock
         self.rejections: Callable[[str, str], None] = lambda reason, model: None
         self.estimator = Estimator()
         self.rates = RequestRates(clock, burst_seconds)
@@ -263,9 +274,10 @@ class Admission:
         self._healthy = healthy
 
     async def admit(
-        self, tenant: str, quota: Quota, facts: RequestFacts, headers: dict[str, str]
+        self, principal: Principal, facts: RequestFacts, headers: dict[str, str]
     ) -> Admitted | None:
         """Raise ApiError to refuse; fill `headers` with the values the answer should carry."""
+        tenant, quota = principal.tenant, principal.quota
         model = facts.model
         if quota.per_model is not None or quota.requests_per_minute:
             verdict = self.rates.admit(tenant, quota, model, len(self._healthy(model)))
@@ -293,10 +305,19 @@ class Admission:
             )
         worst = estimate + (facts.max_output_tokens or 0)
         admitted = Admitted(model, "", 0, facts.text_bytes, facts.messages, facts.images)
-        if policy.shed_if or policy.admit_budget_tokens or policy.max_inflight:
+        serverless = policy.mode == "serverless"
+        if policy.shed_if or policy.admit_budget_tokens or policy.max_inflight or serverless:
             healthy = self._healthy(model)  # only when a pool gate needs it
             self._shed(policy, model, healthy, headers)
             await self._occupy(policy, admitted, worst, len(healthy), headers)
+            if serverless:
+                try:
+                    self._per_key(
+                        principal, policy, admitted, estimate, worst, len(healthy), headers
+                    )
+                except ApiError:
+                    admitted.release()
+                    raise
         key, limit = budget_for(tenant, quota, model)
         verdict = self.daily.charge(key, worst, limit)
         if verdict.remaining is not None:
@@ -306,6 +327,50 @@ class Admission:
             raise ApiError(ErrorCode.TOKEN_LIMIT_EXCEEDED, verdict.message)
         admitted.budget_key, admitted.charged = key, worst if limit > 0 else 0
         return admitted
+
+    def _per_key(
+        self,
+        principal: Principal,
+        policy: Policy,
+        admitted: Admitted,
+        estimate: int,
+        footprint: int,
+        replicas: int,
+        headers: dict[str, str],
+    ) -> None:
+        """B4, serverless mode: the key's occupancy share, then its input and output token
+        rates. Refusals are 429 rate_limit_exceeded with Retry-After: 1."""
+        key, quota, now = principal.key_ref, principal.quota, self._clock.monotonic()
+
+        def refuse(reason: str, message: str) -> ApiError:
+            self.rejections(reason, admitted.model)
+            headers["Retry-After"] = "1"
+            return ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, message)
+
+        if principal.occupancy_share and policy.admit_budget_tokens:
+            limit = principal.occupancy_share * policy.admit_budget_tokens * max(1, replicas)
+            if self.key_footprints.get(key, 0) + footprint > limit:
+                raise refuse("b4_occupancy", "per-key occupancy share exceeded, please retry")
+        if quota.output_tokens_per_minute:
+            bucket = self._bucket(self.output_rates, key, quota.output_tokens_per_minute, now)
+            if not bucket.take(now, 0.0) or bucket.level <= 0:
+                raise refuse("b4_otpm", "output token rate exceeded, please retry")
+            admitted.output_bucket = bucket
+        if quota.input_tokens_per_minute:
+            bucket = self._bucket(self.input_rates, key, quota.input_tokens_per_minute, now)
+            if not bucket.take(now, float(estimate)):
+                raise refuse("b4_itpm", "input token rate exceeded, please retry")
+        self.key_footprints[key] = self.key_footprints.get(key, 0) + footprint
+        admitted.key_ref, admitted.key_pool = key, self.key_footprints
+
+    @staticmethod
+    def _bucket(
+        buckets: dict[str, TokenBucket], key: str, per_minute: int, now: float
+    ) -> TokenBucket:
+        bucket = buckets.get(key)
+        if bucket is None or bucket.capacity != per_minute:
+            bucket = buckets[key] = TokenBucket(float(per_minute), per_minute / 60.0, now)
+        return bucket
 
     def _shed(
         self, policy: Policy, model: str, healthy: list[AgentFacts], headers: dict[str, str]
@@ -348,6 +413,11 @@ class Admission:
         """Release the occupancy reservation, true up the daily budget with exact usage,
         refund a request nobody answered, and teach the estimator from text-only prompts."""
         admitted.release()
+        if usage is not None and admitted.output_bucket is not None:
+            # One answer can drain at most the bucket, never borrow beyond it.
+            bucket = admitted.output_bucket
+            bucket.take(self._clock.monotonic(), 0.0)
+            bucket.level = max(0.0, bucket.level - usage.output_tokens)
         if usage is not None:
             if admitted.charged:
                 exact = usage.input_tokens + usage.output_tokens

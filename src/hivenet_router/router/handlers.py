@@ -127,7 +127,7 @@ class Handlers:
                 f"your API key does not have access to model: {facts.model}",
             )
         limits: dict[str, str] = request["limit_headers"]
-        admitted = await self.admission.admit(principal.tenant, principal.quota, facts, limits)
+        admitted = await self.admission.admit(principal, facts, limits)
         answered = False
         job = Job(
             route,

@@ -11,7 +11,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from tests.procs import ADMIN_KEY, Cluster, Router, wait_until
+from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_until
 
 MODEL, OTHER = "m", "other"
 KEY = "sk-hivenet-client-one"
@@ -213,6 +213,9 @@ def test_quotas(make_cluster: Cluster, tmp_path: Path) -> None:
     assert limited.status_code == 429
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert limited.headers["X-RateLimit-Remaining-Requests"] == "0"
+    text = router.metrics()
+    assert metric(text, "hivenet_tenant_rate_limited_total", tenant_id="rpm-tenant") == 1.0
+    assert metric(text, "hivenet_tenant_requests_success_total", tenant_id="rpm-tenant") == 2.0
 
     # The daily budget charges the worst case up front and refuses what cannot fit.
     assert chat(budget).status_code == 200

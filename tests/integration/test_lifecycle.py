@@ -29,7 +29,7 @@ def test_dead_agent_leaves_the_pool_then_the_registry(make_cluster: Cluster) -> 
     wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=5)
     reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
     assert reply.json()["error"]["code"] == "no_agents_available"
-    # ...and is removed once --remove-after (3s) passes without a heartbeat.
+    # ...and is removed once --remove-after (5s) passes without a heartbeat.
     wait_until(lambda: MODEL not in router.models(), timeout=10)
     reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
     assert reply.status_code == 404

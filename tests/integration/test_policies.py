@@ -148,4 +148,7 @@ async def test_occupancy_admission(make_cluster: Cluster, tmp_path: Path) -> Non
         assert refused.headers["Retry-After"] == "1"
         # The reservation was released with the first answer.
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
-    assert metric(router.metrics(), "hivenet_admission_rejections_total", reason="b2") == 1.0
+    text = router.metrics()
+    assert metric(text, "hivenet_admission_rejections_total", reason="b2") == 1.0
+    assert metric(text, "hivenet_admission_inflight_requests", model=MODEL) == 0.0
+    assert metric(text, "hivenet_admission_max_inflight", model=MODEL) == 1.0

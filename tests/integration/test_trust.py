@@ -213,7 +213,7 @@ async def test_session_replayed_after_removal_is_refused(make_cluster: Cluster) 
     token = str(session["session_token"])
     async with connect(router, secret, token, session) as fake:
         assert await fake.register(identity) == 200
-        # No heartbeats: removed after --remove-after (3s); removal revokes the session.
+        # No heartbeats: removed after --remove-after (5s); removal revokes the session.
         wait_until(lambda: MODEL not in router.models(), timeout=10)
     with pytest.raises(aiohttp.WSServerHandshakeError) as info:
         async with connect(router, secret, token, session):

@@ -257,3 +257,24 @@ async def test_reserved_mode_ignores_per_key_limits() -> None:
     facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 1000}')
     strict = who(Quota(input_tokens_per_minute=1), share=0.01)
     assert await admission.admit(strict, facts, {}) is not None
+
+
+async def test_undeclared_output_grows_the_reservation_and_all_of_it_is_released() -> None:
+    admission = _admission(
+        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
+    )
+    facts = parse("/v1/chat/completions", CHAT + b"}")  # no max_tokens: 104 tokens at first
+    admitted = await admission.admit(who(Quota(input_tokens_per_minute=0), share=1.0), facts, {})
+    assert admitted is not None and admitted.grows
+    admitted.grow(50)
+    pool = admission.pools["m"]
+    assert pool.tokens == 154 and admission.key_footprints["k1"] == 154
+    admission.settle(admitted, None, answered=True)
+    assert pool.tokens == 0 and admission.key_footprints["k1"] == 0
+    declared = await admission.admit(
+        who(Quota()), parse("/v1/chat/completions", CHAT + b', "max_tokens": 5}'), {}
+    )
+    assert declared is not None and not declared.grows
+    declared.grow(50)
+    assert pool.tokens == 109
+    admission.settle(declared, None, answered=True)

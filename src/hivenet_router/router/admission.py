@@ -234,6 +234,17 @@ class Admitted:
     key_ref: str = ""
     key_pool: dict[str, int] | None = None  # serverless: the key's in-flight footprints
     output_bucket: TokenBucket | None = None  # serverless: charged with output afterwards
+    grows: bool = False  # output undeclared: the reservation grows as tokens stream
+
+    def grow(self, tokens: int) -> None:
+        """Add streamed output to the reservation (only when no max_tokens was declared)."""
+        if not self.grows or tokens <= 0:
+            return
+        if self.occupancy is not None:
+            self.occupancy.tokens += tokens
+        if self.key_pool is not None:
+            self.key_pool[self.key_ref] += tokens
+        self.footprint += tokens
 
     def release(self) -> None:
         if self.occupancy is not None:
@@ -262,6 +273,7 @@ class Admission:
         self.admit_fraction = admit_fraction
         self.park_timeout = park_timeout
         self.pools: dict[str, Occupancy] = {}
+        self.limits: dict[str, tuple[int, int]] = {}  # last effective (budget, backstop)
         self.key_footprints: dict[str, int] = {}
         self.input_rates: dict[str, TokenBucket] = {}
         self.output_rates: dict[str, TokenBucket] = {}
@@ -305,6 +317,7 @@ class Admission:
             )
         worst = estimate + (facts.max_output_tokens or 0)
         admitted = Admitted(model, "", 0, facts.text_bytes, facts.messages, facts.images)
+        admitted.grows = facts.max_output_tokens is None
         serverless = policy.mode == "serverless"
         if policy.shed_if or policy.admit_budget_tokens or policy.max_inflight or serverless:
             healthy = self._healthy(model)  # only when a pool gate needs it
@@ -361,7 +374,11 @@ class Admission:
             if not bucket.take(now, float(estimate)):
                 raise refuse("b4_itpm", "input token rate exceeded, please retry")
         self.key_footprints[key] = self.key_footprints.get(key, 0) + footprint
-        admitted.key_ref, admitted.key_pool = key, self.key_footprints
+        admitted.key_ref, admitted.key_pool, admitted.footprint = (
+            key,
+            self.key_footprints,
+            footprint,
+        )
 
     @staticmethod
     def _bucket(
@@ -400,6 +417,7 @@ class Admission:
         budget = math.floor(self.admit_fraction * policy.admit_budget_tokens * replicas)
         backstop = policy.max_inflight * replicas
         pool = self.pools.setdefault(admitted.model, Occupancy())
+        self.limits[admitted.model] = (budget, backstop)
         if not await pool.reserve(footprint, budget, backstop, self.park_timeout):
             self.rejections("b2", admitted.model)
             headers["Retry-After"] = "1"

@@ -12,7 +12,7 @@ from aiohttp import web
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.router import bodies
-from hivenet_router.router.admission import Admission
+from hivenet_router.router.admission import Admission, Admitted
 from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import Registry
@@ -127,7 +127,11 @@ class Handlers:
                 f"your API key does not have access to model: {facts.model}",
             )
         limits: dict[str, str] = request["limit_headers"]
-        admitted = await self.admission.admit(principal, facts, limits)
+        try:
+            admitted = await self.admission.admit(principal, facts, limits)
+        except ApiError as exc:
+            self.refused(principal, facts.model, exc.code)
+            raise
         answered = False
         job = Job(
             route,
@@ -147,7 +151,9 @@ class Handlers:
                 if exchange.body is not None:
                     response, usage = self._buffered(exchange, job, limits)
                     return response
-                stream_response, usage = await self._relay(request, exchange, job, deadline, limits)
+                stream_response, usage = await self._relay(
+                    request, exchange, job, deadline, limits, admitted
+                )
                 return stream_response
         except TimeoutError:
             raise ApiError(
@@ -159,6 +165,7 @@ class Handlers:
         finally:
             if admitted is not None:
                 self.admission.settle(admitted, usage, answered)
+            self._tenant(principal, job.model, answered, usage)
 
     def _buffered(
         self, exchange: Exchange, job: Job, limits: dict[str, str]
@@ -180,6 +187,7 @@ class Handlers:
         job: Job,
         deadline: float,
         limits: dict[str, str],
+        admitted: Admitted | None,
     ) -> tuple[web.StreamResponse, Usage | None]:
         response = web.StreamResponse(status=exchange.status, headers=limits)
         response.headers["Content-Type"] = (
@@ -192,8 +200,12 @@ class Handlers:
         chunk = exchange.first
         try:
             async with asyncio.timeout_at(deadline):
+                grow = admitted.grow if admitted is not None and admitted.grows else None
                 while chunk is not None:
                     meter.feed(chunk)
+                    if grow is not None:
+                        # about one token per SSE event: enough to keep occupancy honest
+                        grow(chunk.count(b"data:"))
                     await response.write(chunk)
                     chunk = await exchange.stream.read()
             exchange.ok = True
@@ -231,6 +243,24 @@ class Handlers:
             data = b"data: " + error_body(code, message) + b"\n\n"
         with contextlib.suppress(ConnectionError):
             await response.write(data)
+
+    def _tenant(
+        self, principal: Principal, model: str, answered: bool, usage: Usage | None
+    ) -> None:
+        labels = (principal.tenant, principal.key_id or "anonymous", model)
+        m = self.metrics
+        (m.tenant_success if answered else m.tenant_failed).labels(*labels).inc()
+        if usage is not None:
+            m.tenant_input.labels(*labels).inc(usage.input_tokens)
+            m.tenant_output.labels(*labels).inc(usage.output_tokens)
+
+    def refused(self, principal: Principal, model: str, code: ErrorCode) -> None:
+        """Count an admission refusal against the tenant."""
+        labels = (principal.tenant, principal.key_id or "anonymous", model)
+        if code is ErrorCode.RATE_LIMIT_EXCEEDED:
+            self.metrics.tenant_rate_limited.labels(*labels).inc()
+        elif code is ErrorCode.TOKEN_LIMIT_EXCEEDED:
+            self.metrics.tenant_token_limited.labels(*labels).inc()
 
     def _account(self, exchange: Exchange, usage: Usage | None) -> None:
         if usage is None or exchange.agent is None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _AGENT_INFO = ("peer_id", "region", "engine", "model", "capacity", "organization", "machine")
 
@@ -159,6 +162,34 @@ class RouterMetrics:
             ("reason", "model"),
             registry=r,
         )
+        tenant = ("tenant_id", "key_id", "model")
+        self.tenant_success = Counter(
+            "hivenet_tenant_requests_success_total",
+            "Successful requests per tenant",
+            tenant,
+            registry=r,
+        )
+        self.tenant_failed = Counter(
+            "hivenet_tenant_requests_failed_total", "Failed requests per tenant", tenant, registry=r
+        )
+        self.tenant_input = Counter(
+            "hivenet_tenant_input_tokens_total", "Prompt tokens per tenant", tenant, registry=r
+        )
+        self.tenant_output = Counter(
+            "hivenet_tenant_output_tokens_total", "Completion tokens per tenant", tenant, registry=r
+        )
+        self.tenant_rate_limited = Counter(
+            "hivenet_tenant_rate_limited_total",
+            "Requests refused by request or token rates",
+            tenant,
+            registry=r,
+        )
+        self.tenant_token_limited = Counter(
+            "hivenet_tenant_token_limited_total",
+            "Requests refused by the daily token budget",
+            tenant,
+            registry=r,
+        )
         self.provider_fallback = Counter(
             "hivenet_policy_provider_fallback_total",
             "Requests sent to a provider after every local step was exhausted",
@@ -222,3 +253,37 @@ class RouterMetrics:
             rttvar=self.rttvar.labels(peer_id, model),
             success_rate=self.success_rate.labels(peer_id, model),
         )
+
+
+class AdmissionCollector(Collector):
+    """Occupancy gauges read at scrape time, so the request path pays nothing for them."""
+
+    def __init__(self, admission: Any) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterable[Metric]:
+        tokens = GaugeMetricFamily(
+            "hivenet_admission_occupancy_tokens", "Token-weighted work in flight", labels=["model"]
+        )
+        inflight = GaugeMetricFamily(
+            "hivenet_admission_inflight_requests",
+            "Requests holding an occupancy reservation",
+            labels=["model"],
+        )
+        budget = GaugeMetricFamily(
+            "hivenet_admission_budget_tokens",
+            "Effective B2 token budget at the last admission",
+            labels=["model"],
+        )
+        backstop = GaugeMetricFamily(
+            "hivenet_admission_max_inflight",
+            "Effective in-flight backstop at the last admission",
+            labels=["model"],
+        )
+        for model, pool in list(self._admission.pools.items()):
+            tokens.add_metric([model], pool.tokens)
+            inflight.add_metric([model], pool.inflight)
+        for model, (limit, most) in list(self._admission.limits.items()):
+            budget.add_metric([model], limit)
+            backstop.add_metric([model], most)
+        yield from (tokens, inflight, budget, backstop)

@@ -32,7 +32,7 @@ from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
 from hivenet_router.router.history import HistoryKeeper
-from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.metrics import AdmissionCollector, RouterMetrics
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.runtime import start_site
@@ -144,6 +144,7 @@ class RouterProcess:
             cfg.admit_fraction,
             cfg.admit_park_timeout,
         )
+        metrics.registry.register(AdmissionCollector(admission))
         admission.rejections = lambda reason, model: metrics.admission_rejections.labels(
             reason, model
         ).inc()

@@ -278,3 +278,24 @@ async def test_undeclared_output_grows_the_reservation_and_all_of_it_is_released
     declared.grow(50)
     assert pool.tokens == 109
     admission.settle(declared, None, answered=True)
+
+
+async def test_exact_input_replaces_the_estimate_once() -> None:
+    from hivenet_router.router.usage import stream_input_tokens
+
+    admission = _admission("admit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n")
+    facts = parse("/v1/messages", CHAT + b', "max_tokens": 10}')  # estimate 104 + 10
+    admitted = await admission.admit(who(Quota()), facts, {})
+    assert admitted is not None and admission.pools["m"].tokens == 114
+    first = (
+        b'event: message_start\ndata: {"type": "message_start", "message": '
+        b'{"usage": {"input_tokens": 80, "output_tokens": 1}}}\n\n'
+    )
+    exact = stream_input_tokens(first)
+    assert exact == 80
+    admitted.exact_input(exact)
+    admitted.exact_input(exact)
+    assert admission.pools["m"].tokens == 90
+    admission.settle(admitted, None, answered=True)
+    assert admission.pools["m"].tokens == 0
+    assert stream_input_tokens(b'data: {"choices": []}\n\n') is None

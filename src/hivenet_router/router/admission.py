@@ -235,16 +235,26 @@ class Admitted:
     key_pool: dict[str, int] | None = None  # serverless: the key's in-flight footprints
     output_bucket: TokenBucket | None = None  # serverless: charged with output afterwards
     grows: bool = False  # output undeclared: the reservation grows as tokens stream
+    estimate: int = 0  # the estimated input part of the footprint
 
-    def grow(self, tokens: int) -> None:
-        """Add streamed output to the reservation (only when no max_tokens was declared)."""
-        if not self.grows or tokens <= 0:
+    def exact_input(self, tokens: int) -> None:
+        """Replace the estimated input part of the reservation with the backend's count."""
+        if tokens <= 0 or not self.estimate:
             return
+        self._add(tokens - self.estimate)
+        self.estimate = 0  # once
+
+    def _add(self, tokens: int) -> None:
         if self.occupancy is not None:
             self.occupancy.tokens += tokens
         if self.key_pool is not None:
             self.key_pool[self.key_ref] += tokens
         self.footprint += tokens
+
+    def grow(self, tokens: int) -> None:
+        """Add streamed output to the reservation (only when no max_tokens was declared)."""
+        if self.grows and tokens > 0:
+            self._add(tokens)
 
     def release(self) -> None:
         if self.occupancy is not None:
@@ -318,6 +328,7 @@ class Admission:
         worst = estimate + (facts.max_output_tokens or 0)
         admitted = Admitted(model, "", 0, facts.text_bytes, facts.messages, facts.images)
         admitted.grows = facts.max_output_tokens is None
+        admitted.estimate = estimate
         serverless = policy.mode == "serverless"
         if policy.shed_if or policy.admit_budget_tokens or policy.max_inflight or serverless:
             healthy = self._healthy(model)  # only when a pool gate needs it

@@ -16,7 +16,7 @@ from hivenet_router.router.admission import Admission, Admitted
 from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import Registry
-from hivenet_router.router.usage import StreamMeter, Usage, from_body
+from hivenet_router.router.usage import StreamMeter, Usage, from_body, stream_input_tokens
 from hivenet_router.transport.link import StreamReset
 
 log = logging.getLogger("hivenet.api")
@@ -200,6 +200,10 @@ class Handlers:
         chunk = exchange.first
         try:
             async with asyncio.timeout_at(deadline):
+                if admitted is not None and chunk is not None:
+                    exact = stream_input_tokens(chunk)
+                    if exact is not None:
+                        admitted.exact_input(exact)
                 grow = admitted.grow if admitted is not None and admitted.grows else None
                 while chunk is not None:
                     meter.feed(chunk)

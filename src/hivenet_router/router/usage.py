@@ -94,3 +94,20 @@ class StreamMeter:
             else:
                 prompt, completion = found
         return Usage(prompt, completion) if seen else None
+
+
+def stream_input_tokens(first: bytes) -> int | None:
+    """Input tokens announced at the start of a stream (Anthropic `message_start`)."""
+    if b'"input_tokens"' not in first:
+        return None
+    for line in first.split(b"\n"):
+        if line.startswith(b"data:") and b"message_start" in line:
+            try:
+                event = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return None
+            message = event.get("message") if isinstance(event, dict) else None
+            usage = message.get("usage") if isinstance(message, dict) else None
+            found = _from_usage(usage)
+            return found[0] if found else None
+    return None

@@ -299,3 +299,70 @@ async def test_exact_input_replaces_the_estimate_once() -> None:
     admission.settle(admitted, None, answered=True)
     assert admission.pools["m"].tokens == 0
     assert stream_input_tokens(b'data: {"choices": []}\n\n') is None
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "grow", "exact", "end"]),
+            st.integers(min_value=0, max_value=9),
+            st.integers(min_value=1, max_value=400),
+        ),
+        max_size=60,
+    )
+)
+def test_occupancy_arithmetic_under_any_interleaving(steps: list[tuple[str, int, int]]) -> None:
+    """Whatever the order of admissions, growth, true-ups and endings: admission never
+    crosses the budget or the backstop, nothing goes negative, and the pool returns to
+    zero once every request has ended."""
+
+    async def run() -> None:
+        admission = Admission(
+            ManualClock(),
+            lambda m: parse_policy(
+                "admit_budget_tokens: 1000\nmax_inflight: 3\n"
+                "routing_policy: {strategy: least-loaded}\n",
+                "p",
+                "p",
+                require_models=False,
+            ),
+            lambda m: [],
+            park_timeout=0.0,
+        )
+        held: dict[int, object] = {}
+        for action, slot, amount in steps:
+            pool = admission.pools.get("m")
+            if action == "admit" and slot not in held:
+                before = (pool.tokens, pool.inflight) if pool else (0, 0)
+                # Odd amounts leave output undeclared, so those reservations grow.
+                body = (
+                    CHAT
+                    + (b', "max_tokens": ' + str(amount).encode() if amount % 2 == 0 else b"")
+                    + b"}"
+                )
+                try:
+                    admitted = await admission.admit(
+                        who(Quota()), parse("/v1/chat/completions", body), {}
+                    )
+                except ApiError:
+                    continue
+                assert admitted is not None
+                held[slot] = admitted
+                pool = admission.pools["m"]
+                assert pool.inflight <= 3
+                assert before[1] == 0 or before[0] + admitted.footprint <= 900
+            elif action == "grow" and slot in held:
+                held[slot].grow(amount)  # type: ignore[attr-defined]
+            elif action == "exact" and slot in held:
+                held[slot].exact_input(amount)  # type: ignore[attr-defined]
+            elif action == "end" and slot in held:
+                admission.settle(held.pop(slot), None, answered=True)  # type: ignore[arg-type]
+            pool = admission.pools.get("m")
+            if pool is not None:
+                assert pool.tokens >= 0 and pool.inflight >= 0
+        for admitted in held.values():
+            admission.settle(admitted, None, answered=True)  # type: ignore[arg-type]
+        pool = admission.pools.get("m")
+        assert pool is None or (pool.tokens, pool.inflight) == (0, 0)
+
+    asyncio.run(run())

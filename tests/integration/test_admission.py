@@ -1,0 +1,172 @@
+"""Admission through real processes: exemptions, growth, release on every ending, and key
+rotation under a live stream."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from pathlib import Path
+
+import anthropic
+import httpx2 as httpx
+
+from tests.procs import Cluster, Router, metric, wait_until
+
+MODEL = "m"
+KEY = "sk-hivenet-admission"
+
+
+def setup(
+    cluster: Cluster, tmp: Path, quota: str, policy: str, *sim_flags: str, key: str = KEY
+) -> tuple[Router, Path]:
+    auth = tmp / "auth.yaml"
+    auth.write_text(
+        "api:\n  mode: api-key\n  keys:\n"
+        f'    - key_hash: "{hashlib.sha256(key.encode()).hexdigest()}"\n'
+        f"      metadata: {{name: k, owner: acme}}\n      quota: {quota}\n"
+        "admin:\n  mode: api-key\n"
+    )
+    policy_file = tmp / "policy.yaml"
+    policy_file.write_text(policy + "routing_policy: {strategy: least-loaded}\n")
+    router = cluster.router("--auth-config-file", str(auth), "--policy-file", str(policy_file))
+    sim = cluster.sim(MODEL, *sim_flags)
+    cluster.agent(router, sim)
+    wait_registered_by_health(router)
+    return router, auth
+
+
+def wait_registered_by_health(router: Router) -> None:
+    wait_until(lambda: metric(router.metrics(), "hivenet_routing_agent_healthy") == 1.0)
+
+
+def inflight(router: Router) -> float:
+    return metric(router.metrics(), "hivenet_admission_occupancy_tokens", model=MODEL)
+
+
+def test_count_tokens_skips_budgets_but_not_the_request_rate(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{requests_per_minute: 2, tokens_per_day: 10}",
+        "max_input_tokens: 1\n",
+        "--zero-latency",
+    )
+    with anthropic.Anthropic(base_url=router.url, api_key=KEY, max_retries=0) as client:
+        messages = [{"role": "user", "content": "a prompt far over one token and ten per day"}]
+        for _ in range(2):  # over B1 and the daily budget, yet admitted
+            assert client.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+        try:
+            client.messages.count_tokens(model=MODEL, messages=messages)
+            raise AssertionError("the third request in a minute was admitted")
+        except anthropic.RateLimitError as exc:
+            assert exc.response.headers["X-RateLimit-Remaining-Requests"] == "0"
+
+
+def test_undeclared_output_grows_then_everything_is_released(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{}",
+        "admit_budget_tokens: 100000\n",
+        "--itl",
+        "50ms",
+        "--ttft-base",
+        "0",
+        "--output-tokens",
+        "60",
+    )
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream(
+        "POST",
+        router.url + "/v1/chat/completions",
+        json=body,
+        timeout=20,
+        headers={"Authorization": f"Bearer {KEY}"},
+    ) as reply:
+        lines = reply.iter_lines()
+        for _ in range(4):
+            next(lines)
+        start = inflight(router)
+        for _ in range(40):
+            next(lines)
+        assert inflight(router) > start  # the reservation grew with the stream
+    wait_until(lambda: inflight(router) == 0.0, timeout=5)
+
+
+def test_reservations_are_released_on_disconnect_and_agent_death(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{}",
+        "admit_budget_tokens: 100000\n",
+        "--itl",
+        "50ms",
+        "--ttft-base",
+        "0",
+    )
+    body = {
+        "model": MODEL,
+        "max_tokens": 100,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream(
+        "POST", router.url + "/v1/chat/completions", json=body, timeout=20, headers=headers
+    ) as reply:
+        first = next(reply.iter_lines())
+        assert reply.status_code == 200, first
+    wait_until(lambda: inflight(router) == 0.0, timeout=5)  # the client went away
+    agent = make_cluster.procs[-1]
+    with httpx.stream(
+        "POST", router.url + "/v1/chat/completions", json=body, timeout=20, headers=headers
+    ) as reply:
+        lines = reply.iter_lines()
+        next(lines)
+        agent.kill()
+        assert "stream interrupted" in "\n".join(lines)
+    wait_until(lambda: inflight(router) == 0.0, timeout=5)  # the agent died
+    assert metric(router.metrics(), "hivenet_admission_inflight_requests", model=MODEL) == 0.0
+
+
+def test_key_rotation_keeps_streams_in_flight(make_cluster: Cluster, tmp_path: Path) -> None:
+    router, auth = setup(make_cluster, tmp_path, "{}", "", "--itl", "40ms", "--ttft-base", "0")
+    body = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    rotated = "sk-hivenet-rotated"
+    with httpx.stream(
+        "POST",
+        router.url + "/v1/chat/completions",
+        json=body,
+        timeout=20,
+        headers={"Authorization": f"Bearer {KEY}"},
+    ) as reply:
+        lines = reply.iter_lines()
+        next(lines)
+        auth.write_text(
+            auth.read_text().replace(
+                hashlib.sha256(KEY.encode()).hexdigest(),
+                hashlib.sha256(rotated.encode()).hexdigest(),
+            )
+        )
+        router.proc.popen.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        wait_until(lambda: "auth reloaded" in router.proc.log())
+        rest = "\n".join(lines)
+    assert rest.rstrip().endswith("data: [DONE]")  # the old key's stream finished
+    old = httpx.get(
+        router.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=5
+    )
+    new = httpx.get(
+        router.url + "/v1/models", headers={"Authorization": f"Bearer {rotated}"}, timeout=5
+    )
+    assert (old.status_code, new.status_code) == (401, 200)

@@ -223,6 +223,13 @@ def test_quotas(make_cluster: Cluster, tmp_path: Path) -> None:
     assert over.status_code == 429 and over.json()["error"]["code"] == "token_limit_exceeded"
     assert int(over.headers["X-RateLimit-Remaining-Tokens"]) > 0
 
+    quotas = httpx.get(
+        router.url + "/admin/quotas", timeout=5, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    ).json()
+    by_owner = {k["owner"]: k for k in quotas["keys"]}
+    assert by_owner["rpm-tenant"]["quota"]["requests_per_minute"] == 2
+    assert by_owner["budget-tenant"]["tokens_used_today"]["*"] > 0
+    assert all("key_hash" not in k for k in quotas["keys"])
     # Per-model quotas list the only models the key may use.
     assert chat(strict).status_code == 200
     assert _models(router, strict) == [MODEL]

@@ -64,6 +64,7 @@ class StaticKeys:
     mode = "api-key"
 
     def __init__(self, keys: tuple[ClientKey, ...]) -> None:
+        self.keys = keys
         self._keys = DigestSet({key.digest: key for key in keys})
 
     def authenticate(self, credential: str | None, now: float) -> Principal | None:

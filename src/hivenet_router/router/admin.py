@@ -13,8 +13,8 @@ import msgspec
 import orjson
 from aiohttp import web
 
-from hivenet_router.auth.providers import AuthState, DynamicKeys
-from hivenet_router.auth.registry import DynamicRegistry, RegistryError
+from hivenet_router.auth.providers import AuthState, DynamicKeys, StaticKeys
+from hivenet_router.auth.registry import DynamicKey, DynamicRegistry, RegistryError
 from hivenet_router.clock import Clock
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
@@ -123,6 +123,7 @@ class AdminApi:
             ("GET", "/admin/policy/models/{name}", self.policy_model),
             ("POST", "/admin/reload", self.reload_all),
             ("GET", "/admin/usage", self.usage),
+            ("GET", "/admin/quotas", self.quotas),
             ("GET", "/admin/api-keys", self.keys_list),
             ("GET", "/admin/api-keys/version", self.keys_version),
             ("POST", "/admin/api-keys/replace", self.keys_replace),
@@ -227,6 +228,38 @@ class AdminApi:
         if policy is None:
             return _json({"error": "no such policy"}, 404)
         return _json(_policy(policy))
+
+    async def quotas(self, request: web.Request) -> web.Response:
+        """Every key's limits (static or dynamic), without hashes, and today's use."""
+        client = self.auth.client
+        day, totals = self.daily.today()
+        keys: list[dict[str, Any]] = []
+        if isinstance(client, StaticKeys):
+            for key in client.keys:
+                entry = DynamicKey(
+                    "",
+                    key.digest,
+                    key.preview,
+                    key.owner,
+                    key.name,
+                    True,
+                    key.expires_at,
+                    "",
+                    key.models,
+                    key.quota,
+                    key.max_occupancy_share,
+                ).public()
+                keys.append({k: v for k, v in entry.items() if k not in {"id", "key_hash"}})
+        elif isinstance(client, DynamicKeys):
+            keys = [entry.public() for entry in client.registry.entries()]
+        for entry in keys:
+            owner = entry["owner"]
+            entry["tokens_used_today"] = {
+                (key.partition("\x00")[2] or "*"): used
+                for key, used in totals.items()
+                if key.partition("\x00")[0] == owner
+            }
+        return _json({"mode": client.mode, "day": day, "keys": keys})
 
     async def usage(self, request: web.Request) -> web.Response:
         """Today's daily-token totals by budget (owner, or owner and model)."""

@@ -38,9 +38,16 @@ async def relay(
     a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
 ) -> None:
-    """Copy bytes both ways until both directions end (or idle out); then close both."""
+    """Copy bytes both ways until both directions end (or idle out); then close both.
+
+    Relays run as the connection callbacks of asyncio servers; when the process shuts down
+    they are cancelled, which ends them quietly (asyncio would otherwise log the
+    cancellation of a server callback as an error).
+    """
     try:
         await asyncio.gather(_copy(a[0], b[1]), _copy(b[0], a[1]))
+    except asyncio.CancelledError:
+        pass
     finally:
         for _, writer in (a, b):
             writer.close()

@@ -131,3 +131,14 @@ def test_backend_rejections_keep_their_status(client: httpx.Client) -> None:
     )
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_made_up_models_leave_no_trace_in_metrics(
+    client: httpx.Client, fleet: tuple[Router, Sim]
+) -> None:
+    for index in range(3):
+        reply = client.post(
+            CHAT, json={"model": f"made-up-{index}", "messages": [{"role": "user", "content": "x"}]}
+        )
+        assert reply.json()["error"]["code"] == "model_not_found"
+    assert "made-up-" not in fleet[0].metrics()

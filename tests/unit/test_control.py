@@ -28,6 +28,9 @@ ROUTER = "router-peer"
 class OpenLink:
     closed = False
 
+    async def close(self, reason: str = "") -> None:
+        self.closed = True
+
 
 def plane() -> tuple[ControlPlane, Registry, ManualClock, Sessions]:
     clock = ManualClock()
@@ -169,3 +172,22 @@ def test_oversized_metadata_is_refused() -> None:
     ):
         with pytest.raises(msgspec.ValidationError):
             decoder.decode(msgspec.json.encode({**base, **bad}))
+
+
+async def test_only_a_registration_new_to_the_router_restores_history() -> None:
+    control, registry, _, sessions = plane()
+    identity = Identity.generate()
+    first = sessions.issue(identity.peer_id)
+    binding = Binding(OpenLink(), first)  # type: ignore[arg-type]
+    assert control._register(binding, registration(identity, first))[0] == 200
+    assert binding.fresh
+    record = registry.get(identity.peer_id)
+    assert record is not None
+    record.successes = 5
+    # The same agent on a new connection: its history rides over in the registry.
+    again = sessions.issue(identity.peer_id)
+    second = Binding(OpenLink(), again)  # type: ignore[arg-type]
+    assert control._register(second, registration(identity, again))[0] == 200
+    assert not second.fresh
+    current = registry.get(identity.peer_id)
+    assert current is not None and current.successes == 5

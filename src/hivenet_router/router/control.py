@@ -56,6 +56,7 @@ class Binding:
     link: Link
     grant: trust.SessionGrant
     record: AgentRecord | None = None
+    fresh: bool = False  # the last registration was new to this router: restore history
 
 
 class ControlPlane:
@@ -150,8 +151,9 @@ class ControlPlane:
             else:
                 try:
                     status, reply = call(binding, body)
-                    if head.path == "/register" and status == 200 and binding.record:
-                        await self.history.restore(binding.record)
+                    record = binding.record
+                    if head.path == "/register" and status == 200 and binding.fresh and record:
+                        await self.history.restore(record)
                 except msgspec.ValidationError as exc:
                     log.warning(
                         "agent %s sent an invalid %s: %s", binding.grant.peer_id, head.path, exc
@@ -192,6 +194,9 @@ class ControlPlane:
         )
         binding.record = record
         old = self.registry.upsert(record)
+        # A reconnect within this process carries its history over in upsert; only an agent
+        # this router does not hold is restored from the store (else it would count twice).
+        binding.fresh = old is None
         if old is not None and old.link is not None and old.link is not binding.link:
             asyncio.get_running_loop().create_task(old.link.close("replaced by a new connection"))
         log.info(

@@ -154,6 +154,10 @@ class Dispatcher:
         if queue is not None:
             queue.wake_one()
 
+    def claims(self, model: str) -> bool:
+        """Does a per-model policy name this model (so provider fallback may serve it)?"""
+        return model in self.policies.current.by_model
+
     def queued(self, model: str) -> int:
         queue = self._queues.get(model)
         return len(queue) if queue else 0

@@ -126,6 +126,12 @@ class Handlers:
                 ErrorCode.MODEL_FORBIDDEN,
                 f"your API key does not have access to model: {facts.model}",
             )
+        if not self.registry.for_model(facts.model) and not self.dispatcher.claims(facts.model):
+            # Refused before admission and metrics: a made-up model name must not create
+            # occupancy pools or metric series.
+            raise ApiError(
+                ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {facts.model}"
+            )
         limits: dict[str, str] = request["limit_headers"]
         try:
             admitted = await self.admission.admit(principal, facts, limits)

@@ -190,6 +190,18 @@ class Registry:
         record = self._by_peer.pop(peer_id, None)
         if record is not None:
             self._drop(record)
+            # Its counters go too: if the agent comes back, its history is restored from the
+            # store and the counters resume from there, without counting anything twice.
+            # (A replacement by upsert keeps them: the new record shares the same series.)
+            labels = (record.peer_id, record.model)
+            for counter in (
+                self._metrics.agent_success,
+                self._metrics.agent_failed,
+                self._metrics.input_tokens,
+                self._metrics.output_tokens,
+            ):
+                with contextlib.suppress(KeyError):
+                    counter.remove(*labels)
         return record
 
     def _drop(self, record: AgentRecord) -> None:

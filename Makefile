@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unit integration bench docs clean
+.PHONY: run test lint unit integration conformance engines bench docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -16,9 +16,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python scripts/run_local.py
 
-## Lint, type-check and run every test.
-test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+## Lint, type-check and run every test (real llama.cpp engines included).
+test: $(STAMP) lint engines
+	HIVENET_REQUIRE_REAL_ENGINES=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+## Build llama-server and the two test models once per version, cached outside the repo.
+engines:
+	PYTHON=$(PYTHON) scripts/real_engines.sh >/dev/null
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
@@ -33,6 +37,10 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration
+
+## Spec conformance and the fuzzing run; FUZZ_EXAMPLES=500 for a longer one.
+conformance: $(STAMP) engines
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/conformance
 
 ## Router overhead benchmark (not in CI); results go to docs/benchmarks.md.
 bench: $(STAMP)

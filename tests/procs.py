@@ -37,8 +37,9 @@ class Proc:
 
     def start(self) -> Proc:
         handle = self.log_path.open("ab")
+        program = self.args[0] if os.path.isabs(self.args[0]) else str(BIN / self.args[0])
         self.popen = subprocess.Popen(
-            [str(BIN / self.args[0]), *self.args[1:]],
+            [program, *self.args[1:]],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
@@ -153,6 +154,10 @@ class Cluster:
         proc = Proc(name, args, self.tmp / f"{name}.log", env=env or {}).start()
         self.procs.append(proc)
         return proc
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+        """Start any program (an absolute path, or one of this venv's commands)."""
+        return self._proc(name, args, env)
 
     def sim(self, model: str = "sim-model", *extra: str, name: str = "sim", port: int = 0) -> Sim:
         port = port or free_port()

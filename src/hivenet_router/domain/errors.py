@@ -3,6 +3,11 @@
 Codes and statuses follow the documented interface of the Go router so that clients and
 dashboards keep working. The envelope carries `code`, `message`, `type` (OpenAI clients read
 it) and `source` (router or backend).
+
+One envelope satisfies both official specifications: OpenAI's `ErrorResponse` (an `error`
+object with `type`, `message`, `param` and `code`) and Anthropic's (top-level `"type":
+"error"` and `request_id`, and an `error.type` from Anthropic's list, which every value of
+`_TYPE` is). Each client reads the fields it knows and ignores the rest.
 """
 
 from __future__ import annotations
@@ -105,22 +110,31 @@ class ApiError(Exception):
     def http_status(self) -> int:
         return self.status if self.status is not None else STATUS[self.code]
 
-    def body(self) -> bytes:
-        return error_body(self.code, self.message, self.source, self.http_status)
+    def body(self, request_id: str | None = None) -> bytes:
+        return error_body(self.code, self.message, self.source, self.http_status, request_id)
 
     def __str__(self) -> str:
         return f"{self.code.value}: {self.message}"
 
 
-def error_body(code: ErrorCode, message: str, source: str = "router", status: int = 0) -> bytes:
+def error_body(
+    code: ErrorCode,
+    message: str,
+    source: str = "router",
+    status: int = 0,
+    request_id: str | None = None,
+) -> bytes:
     http_status = status or STATUS[code]
     return orjson.dumps(
         {
+            "type": "error",
             "error": {
                 "code": code.value,
                 "message": message,
                 "type": _TYPE.get(http_status, "api_error"),
+                "param": None,
                 "source": source,
-            }
+            },
+            "request_id": request_id,
         }
     )

@@ -99,7 +99,7 @@ class Edge:
                     raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
                 response = await handler(request)
             except ApiError as exc:
-                response = _error_response(exc.http_status, exc.body(), rid)
+                response = _error_response(exc.http_status, exc.body(rid), rid)
                 response.headers.update(limits)
                 if exc.code is ErrorCode.UNAUTHORIZED:
                     response.headers["WWW-Authenticate"] = 'Bearer realm="hivenet-router"'
@@ -111,7 +111,9 @@ class Edge:
                 )
                 response = _error_response(
                     500,
-                    error_body(ErrorCode.BACKEND_ERROR, "internal router error", status=500),
+                    error_body(
+                        ErrorCode.BACKEND_ERROR, "internal router error", status=500, request_id=rid
+                    ),
                     rid,
                 )
             if not response.prepared:

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
-from hivenet_router.router import bodies
+from hivenet_router.router import bodies, catalog
 from hivenet_router.router.admission import Admission, Admitted
 from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
 from hivenet_router.router.metrics import RouterMetrics
@@ -99,6 +99,9 @@ class Handlers:
             for model in sorted(self.registry.models())
             if principal.sees(model) and (obj := self._model_object(model)) is not None
         ]
+        if catalog.wants_anthropic(request.headers):
+            page = catalog.anthropic_page(data, request.query)
+            return web.Response(body=orjson.dumps(page), content_type=_JSON)
         return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=_JSON)
 
     async def model(self, request: web.Request) -> web.Response:
@@ -107,6 +110,8 @@ class Handlers:
         obj = self._model_object(model) if principal.sees(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
+        if catalog.wants_anthropic(request.headers):
+            obj = catalog.anthropic_model(obj)
         return web.Response(body=orjson.dumps(obj), content_type=_JSON)
 
     # -- inference ------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class ChatFormat:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": text},
+                        "message": {"role": "assistant", "content": text, "refusal": None},
                         "logprobs": None,
                         "finish_reason": finish,
                     }
@@ -147,6 +147,35 @@ class CompletionFormat:
 _ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "abort": "end_turn"}
 
 
+def _anthropic_usage(input_tokens: int | None, output_tokens: int) -> dict[str, Any]:
+    """Usage with every field Anthropic's specification requires, the unknown ones null."""
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": None,
+        "cache_read_input_tokens": None,
+        "output_tokens_details": None,
+        "server_tool_use": None,
+    }
+
+
+def _anthropic_message(
+    msg_id: str, model: str, content: list[Any], stop: str | None, usage: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+        "usage": {**usage, "cache_creation": None, "inference_geo": None, "service_tier": None},
+    }
+
+
 class MessagesFormat:
     def __init__(self, model: str, created: int) -> None:
         self.id = new_id("msg_")
@@ -154,16 +183,13 @@ class MessagesFormat:
 
     def whole(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> bytes:
         return orjson.dumps(
-            {
-                "id": self.id,
-                "type": "message",
-                "role": "assistant",
-                "model": self.model,
-                "content": [{"type": "text", "text": text}],
-                "stop_reason": _ANTHROPIC_STOP[finish],
-                "stop_sequence": None,
-                "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens},
-            }
+            _anthropic_message(
+                self.id,
+                self.model,
+                [{"type": "text", "text": text, "citations": None}],
+                _ANTHROPIC_STOP[finish],
+                _anthropic_usage(prompt_tokens, completion_tokens),
+            )
         )
 
     @staticmethod
@@ -171,23 +197,16 @@ class MessagesFormat:
         return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
     def stream_start(self, prompt_tokens: int) -> bytes:
-        message: dict[str, Any] = {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 1},
-        }
+        message = _anthropic_message(
+            self.id, self.model, [], None, _anthropic_usage(prompt_tokens, 1)
+        )
         return self._event("message_start", {"type": "message_start", "message": message}) + (
             self._event(
                 "content_block_start",
                 {
                     "type": "content_block_start",
                     "index": 0,
-                    "content_block": {"type": "text", "text": ""},
+                    "content_block": {"type": "text", "text": "", "citations": None},
                 },
             )
         )
@@ -207,8 +226,13 @@ class MessagesFormat:
                 "message_delta",
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": _ANTHROPIC_STOP[finish], "stop_sequence": None},
-                    "usage": {"output_tokens": completion_tokens},
+                    "delta": {
+                        "stop_reason": _ANTHROPIC_STOP[finish],
+                        "stop_sequence": None,
+                        "stop_details": None,
+                        "container": None,
+                    },
+                    "usage": _anthropic_usage(prompt_tokens, completion_tokens),
                 },
             )
             + self._event("message_stop", {"type": "message_stop"})

@@ -1,0 +1,212 @@
+"""Router and agents in front of real llama.cpp servers, driven by the official SDKs.
+
+The chat model is a 270M base model: its words are gibberish, so the tests check shapes,
+token accounting and where requests went, never what the model said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import httpx2 as httpx
+import openai
+import pytest
+
+from tests.procs import ADMIN_KEY, Router, cluster, metric, wait_registered, wait_until
+from tests.real.engines import CHAT_MODEL, EMBED_MODEL, Artefacts, LlamaServer, llama_server
+
+PROMPT = [{"role": "user", "content": "Say hello."}]
+AGENT = ("--engine", "llama-cpp", "--capacity", "2")
+
+
+def admin_agents(router: Router) -> list[dict[str, object]]:
+    table = httpx.get(
+        router.url + "/admin/routing-table",
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=5,
+    ).json()
+    agents: list[dict[str, object]] = table["agents"]
+    return agents
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory, real: Artefacts
+) -> Iterator[tuple[Router, list[LlamaServer]]]:
+    tmp: Path = tmp_path_factory.mktemp("llama")
+    with cluster(tmp) as c:
+        router = c.router()
+        engines = [llama_server(c, real, f"llama-{n}") for n in ("a", "b")]
+        embed = llama_server(c, real, "llama-embed", embeddings=True)
+        for n, engine in zip(("a", "b"), engines, strict=True):
+            c.agent(router, None, *AGENT, name=f"agent-{n}", backend_url=engine.url)
+        c.agent(
+            router,
+            None,
+            "--engine",
+            "llama-cpp",
+            "--capability",
+            "embedding",
+            name="agent-embed",
+            backend_url=embed.url,
+        )
+        wait_registered(router, CHAT_MODEL, replicas=2, timeout=30)
+        wait_registered(router, EMBED_MODEL, timeout=30)
+        yield router, engines
+
+
+@pytest.fixture
+def oai(fleet: tuple[Router, list[LlamaServer]]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fleet[0].url + "/v1", api_key="x", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+def claude(fleet: tuple[Router, list[LlamaServer]]) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=fleet[0].url, api_key="x", max_retries=0) as client:
+        yield client
+
+
+def test_models_discovered_from_the_engines(oai: openai.OpenAI) -> None:
+    ids = {model.id for model in oai.models.list()}
+    assert {CHAT_MODEL, EMBED_MODEL} <= ids
+
+
+def test_chat_completion(oai: openai.OpenAI) -> None:
+    reply = oai.chat.completions.create(model=CHAT_MODEL, messages=PROMPT, max_tokens=6)  # type: ignore[arg-type]
+    assert reply.choices[0].message.role == "assistant"
+    assert isinstance(reply.choices[0].message.content, str)
+    assert reply.usage is not None
+    assert 0 < reply.usage.completion_tokens <= 6
+    assert reply.usage.prompt_tokens > 0
+
+
+def test_chat_stream_with_usage(oai: openai.OpenAI) -> None:
+    stream = oai.chat.completions.create(
+        model=CHAT_MODEL,
+        messages=PROMPT,  # type: ignore[arg-type]
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert text
+    assert len(usage) == 1
+    assert 0 < usage[0].completion_tokens <= 6
+
+
+def test_completions(oai: openai.OpenAI) -> None:
+    reply = oai.completions.create(model=CHAT_MODEL, prompt="Once upon a time", max_tokens=6)
+    assert isinstance(reply.choices[0].text, str)
+    assert reply.usage is not None
+    assert 0 < reply.usage.completion_tokens <= 6
+
+
+def test_anthropic_messages(claude: anthropic.Anthropic) -> None:
+    reply = claude.messages.create(model=CHAT_MODEL, max_tokens=6, messages=PROMPT)  # type: ignore[arg-type]
+    assert reply.role == "assistant"
+    assert reply.content and reply.content[0].type == "text"
+    assert 0 < reply.usage.output_tokens <= 6
+
+
+def test_anthropic_messages_stream(claude: anthropic.Anthropic) -> None:
+    with claude.messages.stream(model=CHAT_MODEL, max_tokens=6, messages=PROMPT) as stream:  # type: ignore[arg-type]
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text
+    assert 0 < final.usage.output_tokens <= 6
+
+
+def test_embeddings(oai: openai.OpenAI) -> None:
+    reply = oai.embeddings.create(model=EMBED_MODEL, input=["a routing test", "another"])
+    assert [len(item.embedding) for item in reply.data] == [384, 384]
+    assert reply.usage.prompt_tokens > 0
+
+
+def test_two_agents_share_the_load(
+    fleet: tuple[Router, list[LlamaServer]], oai: openai.OpenAI
+) -> None:
+    router, engines = fleet
+    before = [engine.value("tokens_predicted_total") for engine in engines]
+
+    def one(_: int) -> int:
+        reply = oai.chat.completions.create(model=CHAT_MODEL, messages=PROMPT, max_tokens=4)  # type: ignore[arg-type]
+        assert reply.usage is not None
+        return reply.usage.completion_tokens
+
+    with ThreadPoolExecutor(6) as pool:
+        produced = sum(pool.map(one, range(6)))
+    after = [engine.value("tokens_predicted_total") for engine in engines]
+    grown = [b - a for a, b in zip(before, after, strict=True)]
+    assert all(g > 0 for g in grown), grown  # both engines decoded part of the burst
+    assert sum(grown) == produced
+    text = router.metrics()
+    assert metric(text, "hivenet_router_active_forwards") == 0.0
+
+
+def test_router_reads_live_llamacpp_metrics(fleet: tuple[Router, list[LlamaServer]]) -> None:
+    router, _ = fleet
+
+    def reported() -> bool:
+        chat = [a for a in admin_agents(router) if a["metadata"]["model"] == CHAT_MODEL]  # type: ignore[index]
+        engines = [a["engine"] for a in chat]
+        return len(engines) == 2 and all(
+            e and e.get("generation_tokens_total", 0) > 0  # type: ignore[attr-defined]
+            for e in engines
+        )
+
+    wait_until(reported, timeout=10)
+
+
+@pytest.mark.parametrize("victim", ["engine", "agent"])
+def test_one_killed_mid_stream(tmp_path: Path, real: Artefacts, victim: str) -> None:
+    with cluster(tmp_path) as c:
+        router = c.router()
+        engines = [llama_server(c, real, f"llama-{n}", slots=1) for n in ("a", "b")]
+        agents = [
+            c.agent(
+                router,
+                None,
+                "--engine",
+                "llama-cpp",
+                "--capacity",
+                "1",
+                name=f"agent-{n}",
+                backend_url=e.url,
+            )
+            for n, e in zip(("a", "b"), engines, strict=True)
+        ]
+        wait_registered(router, CHAT_MODEL, replicas=2, timeout=30)
+        with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
+            stream = client.chat.completions.create(
+                model=CHAT_MODEL,
+                messages=PROMPT,  # type: ignore[arg-type]
+                max_tokens=400,
+                stream=True,
+            )
+            seen = 0
+            with pytest.raises(openai.APIError, match="stream interrupted"):
+                for _chunk in stream:
+                    seen += 1
+                    if seen == 3:
+                        busy = [e.value("requests_processing") for e in engines].index(1.0)
+                        target = engines[busy].proc if victim == "engine" else agents[busy]
+                        target.kill()
+            assert seen >= 3
+            # The survivor takes the next requests once the router has seen the loss.
+            wait_until(lambda: router.healthy_replicas(CHAT_MODEL) == 1, timeout=10)
+            for _ in range(2):
+                reply = client.chat.completions.create(
+                    model=CHAT_MODEL,
+                    messages=PROMPT,  # type: ignore[arg-type]
+                    max_tokens=3,
+                )
+                assert reply.usage is not None and reply.usage.completion_tokens > 0
+        text = router.metrics()
+        assert metric(text, "hivenet_router_active_forwards") == 0.0
+        assert metric(text, "hivenet_agent_capacity_utilization") == 0.0

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unit integration conformance engines bench docs clean
+.PHONY: run test lint unit integration conformance engines bench bench-peers bench-routing bench-overhead docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -42,9 +42,26 @@ integration: $(STAMP)
 conformance: $(STAMP) engines
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/conformance
 
-## Router overhead benchmark (not in CI); results go to docs/benchmarks.md.
-bench: $(STAMP)
-	$(BIN)/python bench/overhead.py $(ARGS)
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+## Benchmarks (not in CI); results go to docs/benchmarks.md and docs/img/.
+bench: bench-peers bench-routing
+
+## This router against LiteLLM, vllm-router and sglang-router on the same simulators.
+bench-peers: $(BENCH_STAMP)
+	$(BIN)/python -m bench.peers $(ARGS)
+
+## Routing quality on a simulated fleet of four unlike engines (under 15 minutes).
+bench-routing: $(BENCH_STAMP)
+	$(BIN)/python -m bench.routing $(ARGS)
+
+## Router overhead against a bare aiohttp proxy.
+bench-overhead: $(STAMP)
+	$(BIN)/python -m bench.overhead $(ARGS)
 
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_config_docs.py

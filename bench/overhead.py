@@ -16,22 +16,28 @@ import argparse
 import json
 import os
 import platform
-import re
-import secrets
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-RESULTS = ROOT / "bench" / "results"
-DOC = ROOT / "docs" / "benchmarks.md"
+from bench.common import (
+    BIN,
+    RESULTS,
+    ROOT,
+    Fleet,
+    agent_args,
+    cpu_ticks,
+    ensure_wrk,
+    free_port,
+    replace_section,
+    router_args,
+    run_wrk,
+    secret_file,
+    wait_http,
+)
+
 MODEL = "bench-model"
 
 LOADS = {
@@ -51,50 +57,6 @@ LOADS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def ensure_wrk() -> str:
-    path = shutil.which("wrk")
-    if path:
-        return path
-    print("installing wrk with apt-get ...", flush=True)
-    subprocess.run(["apt-get", "update", "-qq"], check=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True)
-    return shutil.which("wrk") or "wrk"
-
-
-def wait_ready(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if MODEL in resp.read().decode():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not become ready")
-
-
-_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
-
-
-def _ms(text: str) -> float:
-    match = re.match(r"([\d.]+)(us|ms|s)", text)
-    if not match:
-        return float("nan")
-    return float(match.group(1)) * _UNITS[match.group(2)]
-
-
 @dataclass
 class Row:
     target: str
@@ -108,54 +70,8 @@ class Row:
     cpu_us: dict[str, float]
 
 
-def run_wrk(
-    wrk: str, url: str, body: dict[str, object], conns: int, seconds: int, script_dir: Path
-) -> tuple[int, float, float, float, int]:
-    script = script_dir / "post.lua"
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = {json.dumps(json.dumps(body))}\n"
-    )
-    out = subprocess.run(
-        [wrk, "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(script), url],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    # Anchor at line start: "68.50%" in the stdev column must not read as the 50th percentile.
-    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
-    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
-    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    errors = int(bad.group(1)) if bad else 0
-    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    if sock:
-        errors += sum(int(x) for x in sock.groups())
-    return requests, rps, p50, p99, errors
-
-
-class Fleet:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, args: list[str]) -> None:
-        log = (self.tmp / f"{name}.log").open("wb")
-        env = {**os.environ, "HIVENET_ROUTER_ADMIN_API_KEYS": secrets.token_urlsafe(16)}
-        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def pid(self, name: str) -> int:
-        return self.procs[name].pid
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+def wait_ready(url: str) -> None:
+    wait_http(url, lambda text: MODEL in text, timeout=30)
 
 
 def main() -> int:
@@ -171,10 +87,8 @@ def main() -> int:
     levels = [int(x) for x in args.concurrency.split(",")]
     wrk = ensure_wrk()
     tmp = Path(tempfile.mkdtemp(prefix="hivenet-bench-"))
-    secret = tmp / "secret"
-    secret.write_text(secrets.token_urlsafe(48))
-    secret.chmod(0o600)
-    sim, http, grpc, p2p, met, base = (free_port() for _ in range(6))
+    secret = secret_file(tmp)
+    sim, http, grpc, base = (free_port() for _ in range(4))
     fleet = Fleet(tmp)
     sim_url = f"http://127.0.0.1:{sim}"
     fleet.start(
@@ -193,50 +107,9 @@ def main() -> int:
     fleet.start(
         "baseline", [sys.executable, str(ROOT / "bench" / "baseline_proxy.py"), str(base), sim_url]
     )
-    fleet.start(
-        "router",
-        [
-            str(BIN / "hivenet-router"),
-            "--http-port",
-            f"127.0.0.1:{http}",
-            "--grpc-port",
-            f"127.0.0.1:{grpc}",
-            "--metrics-port",
-            f"127.0.0.1:{met}",
-            "--p2p-port",
-            str(p2p),
-            "--jwt-secret-file",
-            str(secret),
-            "--max-concurrent",
-            "1024",
-            "--queue-size",
-            "4096",
-            "--log-level",
-            "warn",
-            "--disk-db-path",
-            str(tmp / "store"),
-        ],
-    )
-    fleet.start(
-        "agent",
-        [
-            str(BIN / "hivenet-agent"),
-            "--backend-url",
-            sim_url,
-            "--router-grpc",
-            f"127.0.0.1:{grpc}",
-            "--jwt-secret-file",
-            str(secret),
-            "--identity-path",
-            str(tmp / "id.key"),
-            "--capacity",
-            "1024",
-            "--reconnect-delay",
-            "200ms",
-            "--log-level",
-            "warn",
-        ],
-    )
+    queue = ("--max-concurrent", "1024", "--queue-size", "4096")
+    fleet.start("router", router_args(secret, tmp / "store", http, grpc, *queue))
+    fleet.start("agent", agent_args(secret, grpc, sim_url, tmp / "id.key", "--capacity", "1024"))
     rows: list[Row] = []
     try:
         wait_ready(f"{sim_url}/v1/models")
@@ -261,9 +134,9 @@ def main() -> int:
                     )
                     run_wrk(wrk, url + "/v1/chat/completions", body, conns, 1, tmp)  # warm-up
                     before = {p: cpu_ticks(fleet.pid(p)) for p in procs}
-                    n, rps, p50, p99, errors = run_wrk(
-                        wrk, url + "/v1/chat/completions", body, conns, seconds, tmp
-                    )
+                    got = run_wrk(wrk, url + "/v1/chat/completions", body, conns, seconds, tmp)
+                    n, rps, p50, p99 = got.requests, got.rps, got.p50_ms, got.p99_ms
+                    errors = got.errors
                     tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
                     cpu = {
                         p: round((cpu_ticks(fleet.pid(p)) - before[p]) * tick_us / max(n, 1), 1)
@@ -282,11 +155,7 @@ def main() -> int:
     (RESULTS / "overhead.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
     print(report)
     if not args.no_docs:
-        text = DOC.read_text()
-        start, end = "<!-- bench:overhead -->", "<!-- /bench:overhead -->"
-        head, _, rest = text.partition(start)
-        _, _, tail = rest.partition(end)
-        DOC.write_text(f"{head}{start}\n{report}\n{end}{tail}")
+        replace_section("overhead", report)
     return 0
 
 

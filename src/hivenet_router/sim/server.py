@@ -258,6 +258,10 @@ class Simulator:
             await response.write_eof()
             outcome = finish
             return response
+        except ConnectionResetError:
+            # The client went away mid-answer (a load generator stopping, say): a real
+            # engine aborts the sequence quietly, and so does this one.
+            return web.Response(status=499)
         finally:
             engine.release(seq, outcome, generated)
 

@@ -1,0 +1,251 @@
+"""What the benchmarks share: processes on loopback, wrk, CPU and memory accounting, venvs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+RESULTS = ROOT / "bench" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+CACHE = Path(os.environ.get("HIVENET_CACHE", Path.home() / ".cache" / "hivenet-router"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU of these processes and all their children."""
+    total = 0.0
+    for pid in pids:
+        for proc in _tree(pid):
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+    return total
+
+
+def tree_peak_rss_mb(pids: list[int]) -> float:
+    """Sum of each process's peak resident set (VmHWM) over these process trees."""
+    total_kb = 0
+    for pid in pids:
+        for proc in _tree(pid):
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+            except OSError:
+                continue
+            match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+            total_kb += int(match.group(1)) if match else 0
+    return total_kb / 1024
+
+
+def ensure_wrk() -> str:
+    path = shutil.which("wrk")
+    if path:
+        return path
+    print("installing wrk with apt-get ...", flush=True)
+    subprocess.run(["apt-get", "update", "-qq"], check=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True)
+    return shutil.which("wrk") or "wrk"
+
+
+def wait_http(url: str, accept: Callable[[str], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if accept(resp.read().decode(errors="replace")):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not become ready within {timeout:.0f}s")
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _ms(text: str) -> float:
+    match = re.match(r"([\d.]+)(us|ms|s)", text)
+    if not match:
+        return float("nan")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def run_wrk(
+    wrk: str, url: str, body: dict[str, object], conns: int, seconds: int, script_dir: Path
+) -> WrkResult:
+    script = script_dir / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"
+    )
+    out = subprocess.run(
+        [wrk, "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    # Anchor at line start: "68.50%" in the stdev column must not read as the 50th percentile.
+    p50 = _ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = int(bad.group(1)) if bad else 0
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if sock:
+        errors += sum(int(x) for x in sock.groups())
+    return WrkResult(requests, rps, p50, p99, errors)
+
+
+class Fleet:
+    """Named processes with logs in one folder; `stop` ends them all."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        log = (self.tmp / f"{name}.log").open("wb")
+        full_env = {
+            **os.environ,
+            "HIVENET_ROUTER_ADMIN_API_KEYS": secrets.token_urlsafe(16),
+            **(env or {}),
+        }
+        self.procs[name] = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=self.tmp
+        )
+
+    def pid(self, name: str) -> int:
+        return self.procs[name].pid
+
+    def stop(self, names: list[str] | None = None) -> None:
+        """Stop these processes (and their children), or all of them when `names` is None."""
+        chosen = [self.procs.pop(n) for n in (list(self.procs) if names is None else names)]
+        for proc in chosen:
+            for child in _tree(proc.pid)[1:]:
+                child.terminate()
+            proc.terminate()
+        for proc in chosen:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def secret_file(tmp: Path) -> Path:
+    secret = tmp / "jwt.secret"
+    secret.write_text(secrets.token_urlsafe(48))
+    secret.chmod(0o600)
+    return secret
+
+
+def router_args(secret: Path, store: Path, http: int, grpc: int, *extra: str) -> list[str]:
+    p2p, met = free_port(), free_port()
+    return [
+        str(BIN / "hivenet-router"),
+        "--http-port",
+        f"127.0.0.1:{http}",
+        "--grpc-port",
+        f"127.0.0.1:{grpc}",
+        "--metrics-port",
+        f"127.0.0.1:{met}",
+        "--p2p-port",
+        str(p2p),
+        "--jwt-secret-file",
+        str(secret),
+        "--log-level",
+        "warn",
+        "--disk-db-path",
+        str(store),
+        *extra,
+    ]
+
+
+def agent_args(secret: Path, grpc: int, backend: str, identity: Path, *extra: str) -> list[str]:
+    return [
+        str(BIN / "hivenet-agent"),
+        "--backend-url",
+        backend,
+        "--router-grpc",
+        f"127.0.0.1:{grpc}",
+        "--jwt-secret-file",
+        str(secret),
+        "--identity-path",
+        str(identity),
+        "--reconnect-delay",
+        "200ms",
+        "--log-level",
+        "warn",
+        *extra,
+    ]
+
+
+def venv(name: str, requirements: list[str]) -> Path:
+    """A virtualenv of its own for one peer, made once per requirement set, in the cache."""
+    key = "-".join(r.replace("[", "_").replace("]", "").replace("==", "-") for r in requirements)
+    folder = CACHE / "peers" / key
+    marker = folder / ".ready"
+    if marker.exists():
+        return folder / "bin"
+    print(f"installing {' '.join(requirements)} into {folder} ...", flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    pip = [str(folder / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *requirements], check=True)
+    marker.touch()
+    return folder / "bin"
+
+
+def replace_section(marker: str, content: str) -> None:
+    """Put `content` between <!-- bench:MARKER --> and its closing marker in the docs page."""
+    text = DOC.read_text()
+    start, end = f"<!-- bench:{marker} -->", f"<!-- /bench:{marker} -->"
+    if start not in text:
+        text = f"{text.rstrip()}\n\n{start}\n{end}\n"
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    DOC.write_text(f"{head}{start}\n{content}\n{end}{tail}")

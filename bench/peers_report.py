@@ -1,0 +1,119 @@
+"""Tables and plots for the peer benchmark (bench/peers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:
+    from bench.peers import Cell, Report
+
+
+def _direct(cells: list[Cell]) -> dict[tuple[str, str, int], Cell]:
+    return {(c.profile, c.load, c.concurrency): c for c in cells if c.system == "direct"}
+
+
+def plots(report: Report, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for profile in dict.fromkeys(c.profile for c in report.cells):
+        cells = [c for c in report.cells if c.profile == profile]
+        systems = list(dict.fromkeys(c.system for c in cells))
+        loads = list(dict.fromkeys(c.load for c in cells))
+        levels = list(dict.fromkeys(c.concurrency for c in cells))
+        fig, axes = plt.subplots(2, len(loads), figsize=(6 * len(loads), 7), squeeze=False)
+        width = 0.8 / len(systems)
+        for col, load in enumerate(loads):
+            for row, (metric, label) in enumerate((("rps", "req/s"), ("p50_ms", "p50 ms"))):
+                ax = axes[row][col]
+                for n, system in enumerate(systems):
+                    values = [
+                        next(
+                            (
+                                getattr(c, metric)
+                                for c in cells
+                                if c.system == system and c.load == load and c.concurrency == lvl
+                            ),
+                            0.0,
+                        )
+                        for lvl in levels
+                    ]
+                    xs = [i + n * width for i in range(len(levels))]
+                    ax.bar(xs, values, width, label=system)
+                ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(levels))])
+                ax.set_xticklabels([f"c={lvl}" for lvl in levels])
+                ax.set_title(f"{load}: {label} ({profile} latency)")
+                if metric == "p50_ms":
+                    ax.set_yscale("log")
+                ax.grid(axis="y", alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        path = folder / f"peers-{profile}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _fmt(value: float | None, spec: str = ".0f") -> str:
+    return "" if value is None else format(value, spec)
+
+
+def render(report: Report, seconds: int, images: list[Path]) -> str:
+    direct = _direct(report.cells)
+    lines = [
+        f"Measured {report.started} on {report.machine}: everything (engines, routers, load",
+        "generators) on the same cores, so read the numbers against each other, not as",
+        "absolutes.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()) + ".",
+        "",
+        "| system | how it was started |",
+        "| --- | --- |",
+        *(f"| {k} | `{v}` |" for k, v in report.commands.items()),
+        "",
+        f"wrk: `wrk -t1 -cC -d{seconds}s --latency -s post.lua URL/v1/chat/completions`, after "
+        "a 1 s warm-up. CPU/req is user+system CPU of the router's whole process tree (for "
+        "this router: router and both agents) divided by the requests wrk completed.",
+        "",
+    ]
+    for image in images:
+        lines += [f"![{image.stem}](img/{image.name})", ""]
+    lines += [
+        "| profile | load | conc. | system | req/s | p50 ms | p99 ms | added p50 ms "
+        "| CPU/req us | errors |",
+        "| --- | --- | --: | --- | --: | --: | --: | --: | --: | --: |",
+    ]
+    for c in report.cells:
+        base = direct.get((c.profile, c.load, c.concurrency))
+        added = "" if base is None or c.system == "direct" else f"{c.p50_ms - base.p50_ms:+.2f}"
+        lines.append(
+            f"| {c.profile} | {c.load} | {c.concurrency} | {c.system} | {c.rps:,.0f} | "
+            f"{c.p50_ms:.2f} | {c.p99_ms:.2f} | {added} | {_fmt(c.cpu_us)} | {c.errors} |"
+        )
+    lines += [
+        "",
+        "LLM-shaped load, aiperf: streaming chat, 32 concurrent, 100 input and 50 output "
+        "tokens, server-reported token counts, 32 warm-up requests:",
+        "",
+        "| profile | system | requests | errors | req/s | TTFT p50 ms | TTFT p99 ms "
+        "| ITL p50 ms | latency p50 ms |",
+        "| --- | --- | --: | --: | --: | --: | --: | --: | --: |",
+    ]
+    for r in report.llm:
+        lines.append(
+            f"| {r.profile} | {r.system} | {r.requests} | {r.errors} | {r.rps:,.0f} | "
+            f"{r.ttft_p50_ms:.2f} | {r.ttft_p99_ms:.2f} | {r.itl_p50_ms:.3f} | "
+            f"{r.latency_p50_ms:.2f} |"
+        )
+    lines += ["", "Peak RSS of the router's process tree (sum of each process's VmHWM):", ""]
+    lines += ["| profile/system | peak RSS MiB |", "| --- | --: |"]
+    lines += [f"| {k} | {v:.0f} |" for k, v in report.peak_rss_mb.items()]
+    for note in report.notes:
+        lines += ["", note]
+    return "\n".join(lines)

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unit integration conformance engines bench bench-peers bench-routing bench-overhead docs clean
+.PHONY: run test test-vllm lint unit integration conformance engines bench bench-peers bench-routing bench-overhead docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -37,6 +37,11 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration
+
+## The slow tier, not in CI: the same paths against real vLLM on the CPU (see docs/engines.md).
+test-vllm: $(STAMP) engines
+	PYTHON=$(PYTHON) scripts/vllm_engine.sh >/dev/null
+	HIVENET_VLLM_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 900 tests/vllm
 
 ## Spec conformance and the fuzzing run; FUZZ_EXAMPLES=500 for a longer one.
 conformance: $(STAMP) engines

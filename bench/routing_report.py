@@ -32,7 +32,7 @@ def plot(results: list[Result], path: Path) -> Path:
         axes[2].bar(xs, shares, bottom=bottom, label=engine)
         bottom = [b + s for b, s in zip(bottom, shares, strict=True)]
     axes[2].set_title("share of requests per engine (%)")
-    axes[2].legend(fontsize=8)
+    axes[2].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     for ax in axes:
         ax.set_xticks(list(xs))
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)

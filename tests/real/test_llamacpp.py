@@ -163,6 +163,19 @@ def test_router_reads_live_llamacpp_metrics(fleet: tuple[Router, list[LlamaServe
     wait_until(reported, timeout=10)
 
 
+def _busy(engines: list[LlamaServer]) -> int:
+    """The engine serving the one request in flight, by its own metrics."""
+    found: list[int] = []
+
+    def serving() -> bool:
+        values = [e.value("requests_processing") for e in engines]
+        found[:] = [n for n, v in enumerate(values) if v >= 1]
+        return len(found) == 1
+
+    wait_until(serving, timeout=5)
+    return found[0]
+
+
 @pytest.mark.parametrize("victim", ["engine", "agent"])
 def test_one_killed_mid_stream(tmp_path: Path, real: Artefacts, victim: str) -> None:
     with cluster(tmp_path) as c:
@@ -194,7 +207,7 @@ def test_one_killed_mid_stream(tmp_path: Path, real: Artefacts, victim: str) -> 
                 for _chunk in stream:
                     seen += 1
                     if seen == 3:
-                        busy = [e.value("requests_processing") for e in engines].index(1.0)
+                        busy = _busy(engines)
                         target = engines[busy].proc if victim == "engine" else agents[busy]
                         target.kill()
             assert seen >= 3

@@ -23,6 +23,14 @@ BIN = Path(sys.executable).parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
 CACHE = Path(os.environ.get("HIVENET_CACHE", Path.home() / ".cache" / "hivenet-router"))
+MODEL = "bench-model"
+CHAT: dict[str, object] = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
+LOADS: dict[str, dict[str, object]] = {
+    # ~1 KB JSON answer (130 tokens of the simulator's words)
+    "json-1k": {**CHAT, "max_tokens": 130},
+    # 50 content chunks plus the role, finish and [DONE] events
+    "sse-50": {**CHAT, "max_tokens": 50, "stream": True},
+}
 
 
 def free_port() -> int:
@@ -249,3 +257,12 @@ def replace_section(marker: str, content: str) -> None:
     head, _, rest = text.partition(start)
     _, _, tail = rest.partition(end)
     DOC.write_text(f"{head}{start}\n{content}\n{end}{tail}")
+
+
+def publish(name: str, data: object, text: str, docs: bool) -> None:
+    """Write bench/results/NAME.json, print the report, and put it in the docs page."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
+    print(text)
+    if docs:
+        replace_section(name, text)

@@ -13,7 +13,6 @@ bench/results/overhead.json and into docs/benchmarks.md between the overhead mar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -24,37 +23,20 @@ from pathlib import Path
 
 from bench.common import (
     BIN,
-    RESULTS,
+    LOADS,
+    MODEL,
     ROOT,
     Fleet,
     agent_args,
     cpu_ticks,
     ensure_wrk,
     free_port,
-    replace_section,
+    publish,
     router_args,
     run_wrk,
     secret_file,
     wait_http,
 )
-
-MODEL = "bench-model"
-
-LOADS = {
-    # ~1 KB JSON answer (130 tokens of the simulator's words)
-    "json-1k": {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "hello"}],
-        "max_tokens": 130,
-    },
-    # 50 content chunks plus the role, finish and [DONE] events
-    "sse-50": {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "hello"}],
-        "max_tokens": 50,
-        "stream": True,
-    },
-}
 
 
 @dataclass
@@ -150,12 +132,7 @@ def main() -> int:
                     )
     finally:
         fleet.stop()
-    report = render(rows, seconds)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "overhead.json").write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    print(report)
-    if not args.no_docs:
-        replace_section("overhead", report)
+    publish("overhead", [asdict(r) for r in rows], render(rows, seconds), not args.no_docs)
     return 0
 
 

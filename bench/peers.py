@@ -36,13 +36,15 @@ from tqdm import tqdm
 
 from bench.common import (
     BIN,
-    RESULTS,
+    CHAT,
+    LOADS,
+    MODEL,
     ROOT,
     Fleet,
     agent_args,
     ensure_wrk,
     free_port,
-    replace_section,
+    publish,
     router_args,
     run_wrk,
     secret_file,
@@ -52,7 +54,6 @@ from bench.common import (
     wait_http,
 )
 
-MODEL = "bench-model"
 PINS = {
     "litellm": ["litellm[proxy]==1.100.5"],
     "vllm-router": ["vllm-router==0.1.17"],
@@ -71,11 +72,6 @@ PROFILES = {
         "--max-num-seqs",
         "512",
     ],
-}
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
-LOADS: dict[str, dict[str, object]] = {
-    "json-1k": {**CHAT, "max_tokens": 130},  # about 1 KB of answer
-    "sse-50": {**CHAT, "max_tokens": 50, "stream": True},  # 50 content chunks
 }
 SYSTEMS = ["direct", "hivenet", "litellm", "vllm-router", "sglang-router"]
 
@@ -424,15 +420,10 @@ def main() -> int:
     finally:
         bar.close()
         fleet.stop()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "peers.json").write_text(json.dumps(asdict(report), indent=2))
     from bench.peers_report import plots, render
 
     images = plots(report, ROOT / "docs" / "img")
-    text = render(report, seconds, images)
-    print(text)
-    if not args.no_docs:
-        replace_section("peers", text)
+    publish("peers", asdict(report), render(report, seconds, images), not args.no_docs)
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -40,8 +39,8 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
-from bench.common import BIN, RESULTS, ROOT, Fleet, free_port, replace_section, wait_http
-from bench.peers import MODEL, STARTERS, Running, _rust_router, machine, versions
+from bench.common import BIN, MODEL, ROOT, Fleet, free_port, publish, wait_http
+from bench.peers import STARTERS, Running, _rust_router, machine, versions
 
 ENGINES = {
     "fast-big": ["--itl", "4ms", "--prefill-per-token", "0.05ms", "--kv-cache-tokens", "262144"],
@@ -281,15 +280,10 @@ def main() -> int:
         "requests_per_system": turns,
         "results": [asdict(r) for r in results],
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "routing.json").write_text(json.dumps(report, indent=2))
     from bench.routing_report import plot, render
 
     image = plot(results, ROOT / "docs" / "img" / "routing-quality.png")
-    text = render(report, results, image)
-    print(text)
-    if not args.no_docs:
-        replace_section("routing", text)
+    publish("routing", report, render(report, results, image), not args.no_docs)
     return 0
 
 

@@ -18,7 +18,7 @@ import pytest
 from tests.conformance import specs
 from tests.conformance.allowlist import ALLOWED
 from tests.procs import Cluster, Router, cluster, wait_registered
-from tests.real.engines import CHAT_MODEL, EMBED_MODEL, artefacts, llama_server
+from tests.real.engines import CHAT_MODEL, EMBED_MODEL, artefacts, embedding_agent, llama_server
 
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
 OPENAI_MODEL = "/v1/models/{model}"
@@ -50,16 +50,7 @@ def _llama_fleet(c: Cluster) -> Backend:
     chat = llama_server(c, found, "llama-chat")
     embed = llama_server(c, found, "llama-embed", embeddings=True)
     c.agent(router, None, "--engine", "llama-cpp", name="agent-chat", backend_url=chat.url)
-    c.agent(
-        router,
-        None,
-        "--engine",
-        "llama-cpp",
-        "--capability",
-        "embedding",
-        name="agent-embed",
-        backend_url=embed.url,
-    )
+    embedding_agent(c, router, embed.url)
     wait_registered(router, CHAT_MODEL, timeout=30)
     wait_registered(router, EMBED_MODEL, timeout=30)
     return Backend("llamacpp", router, CHAT_MODEL, EMBED_MODEL)

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from tests.procs import Cluster, Proc, free_port, metric, wait_until
+from tests.procs import Cluster, Proc, Router, free_port, metric, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT_MODEL = "gemma-3-270m"
@@ -24,15 +24,20 @@ class Artefacts:
     embed_model: Path
 
 
-def artefacts() -> Artefacts:
-    """Paths from the build script; skip (or fail, when the Makefile demands them) if absent."""
+def printed_paths(script: str) -> dict[str, str]:
+    """The KEY=VALUE lines a setup script prints with --print (it builds nothing then)."""
     printed = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "real_engines.sh"), "--print"],
+        ["bash", str(ROOT / "scripts" / script), "--print"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    paths = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+    return dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+
+
+def artefacts() -> Artefacts:
+    """Paths from the build script; skip (or fail, when the Makefile demands them) if absent."""
+    paths = printed_paths("real_engines.sh")
     found = Artefacts(
         Path(paths["LLAMA_SERVER"]),
         Path(paths["LLAMA_CHAT_MODEL"]),
@@ -79,3 +84,9 @@ def llama_server(
     server = LlamaServer(proc, port)
     wait_until(lambda: httpx.get(server.url + "/health", timeout=2).status_code == 200, 90)
     return server
+
+
+def embedding_agent(c: Cluster, router: Router, url: str, engine: str = "llama-cpp") -> Proc:
+    """An agent that registers the engine at `url` as an embedding model."""
+    extra = ("--engine", engine, "--capability", "embedding")
+    return c.agent(router, None, *extra, name="agent-embed", backend_url=url)

@@ -16,7 +16,14 @@ import openai
 import pytest
 
 from tests.procs import ADMIN_KEY, Router, cluster, metric, wait_registered, wait_until
-from tests.real.engines import CHAT_MODEL, EMBED_MODEL, Artefacts, LlamaServer, llama_server
+from tests.real.engines import (
+    CHAT_MODEL,
+    EMBED_MODEL,
+    Artefacts,
+    LlamaServer,
+    embedding_agent,
+    llama_server,
+)
 
 PROMPT = [{"role": "user", "content": "Say hello."}]
 AGENT = ("--engine", "llama-cpp", "--capacity", "2")
@@ -43,16 +50,7 @@ def fleet(
         embed = llama_server(c, real, "llama-embed", embeddings=True)
         for n, engine in zip(("a", "b"), engines, strict=True):
             c.agent(router, None, *AGENT, name=f"agent-{n}", backend_url=engine.url)
-        c.agent(
-            router,
-            None,
-            "--engine",
-            "llama-cpp",
-            "--capability",
-            "embedding",
-            name="agent-embed",
-            backend_url=embed.url,
-        )
+        embedding_agent(c, router, embed.url)
         wait_registered(router, CHAT_MODEL, replicas=2, timeout=30)
         wait_registered(router, EMBED_MODEL, timeout=30)
         yield router, engines

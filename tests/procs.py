@@ -10,12 +10,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx2 as httpx
+import openai
+import pytest
 
 BIN = Path(sys.executable).parent
 ADMIN_KEY = "test-admin-key-0123456789"
@@ -302,3 +304,37 @@ def cluster(tmp: Path) -> Iterator[Cluster]:
 
 def wait_registered(router: Router, model: str, replicas: int = 1, timeout: float = 20) -> None:
     wait_until(lambda: router.healthy_replicas(model) >= replicas, timeout=timeout)
+
+
+def break_stream(
+    client: openai.OpenAI, model: str, kill: Callable[[], None], max_tokens: int = 100
+) -> None:
+    """Stream a chat answer, call `kill` at the third chunk, and expect the SDK to raise
+    the router's "stream interrupted" error rather than end quietly or hang."""
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=max_tokens,
+        stream=True,
+    )
+    seen = 0
+    with pytest.raises(openai.APIError, match="stream interrupted"):
+        for _chunk in stream:
+            seen += 1
+            if seen == 3:
+                kill()
+    assert seen >= 3
+
+
+def survivor_serves(router: Router, client: openai.OpenAI, model: str) -> None:
+    """After one of two replicas died: the router drops it, the other answers, and nothing
+    is left held."""
+    wait_until(lambda: router.healthy_replicas(model) == 1, timeout=15)
+    for _ in range(2):
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Again."}], max_tokens=3
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    text = router.metrics()
+    assert metric(text, "hivenet_router_active_forwards") == 0.0
+    assert metric(text, "hivenet_agent_capacity_utilization") == 0.0

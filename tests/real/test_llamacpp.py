@@ -15,7 +15,16 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from tests.procs import ADMIN_KEY, Router, cluster, metric, wait_registered, wait_until
+from tests.procs import (
+    ADMIN_KEY,
+    Router,
+    break_stream,
+    cluster,
+    metric,
+    survivor_serves,
+    wait_registered,
+    wait_until,
+)
 from tests.real.engines import (
     CHAT_MODEL,
     EMBED_MODEL,
@@ -194,30 +203,10 @@ def test_one_killed_mid_stream(tmp_path: Path, real: Artefacts, victim: str) -> 
         ]
         wait_registered(router, CHAT_MODEL, replicas=2, timeout=30)
         with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
-            stream = client.chat.completions.create(
-                model=CHAT_MODEL,
-                messages=PROMPT,  # type: ignore[arg-type]
-                max_tokens=400,
-                stream=True,
-            )
-            seen = 0
-            with pytest.raises(openai.APIError, match="stream interrupted"):
-                for _chunk in stream:
-                    seen += 1
-                    if seen == 3:
-                        busy = _busy(engines)
-                        target = engines[busy].proc if victim == "engine" else agents[busy]
-                        target.kill()
-            assert seen >= 3
-            # The survivor takes the next requests once the router has seen the loss.
-            wait_until(lambda: router.healthy_replicas(CHAT_MODEL) == 1, timeout=10)
-            for _ in range(2):
-                reply = client.chat.completions.create(
-                    model=CHAT_MODEL,
-                    messages=PROMPT,  # type: ignore[arg-type]
-                    max_tokens=3,
-                )
-                assert reply.usage is not None and reply.usage.completion_tokens > 0
-        text = router.metrics()
-        assert metric(text, "hivenet_router_active_forwards") == 0.0
-        assert metric(text, "hivenet_agent_capacity_utilization") == 0.0
+
+            def kill() -> None:
+                busy = _busy(engines)
+                (engines[busy].proc if victim == "engine" else agents[busy]).kill()
+
+            break_stream(client, CHAT_MODEL, kill, max_tokens=400)
+            survivor_serves(router, client, CHAT_MODEL)

@@ -24,9 +24,11 @@ from tests.procs import (
     Cluster,
     Proc,
     Router,
+    break_stream,
     cluster,
     free_port,
     metric,
+    survivor_serves,
     wait_registered,
     wait_until,
 )
@@ -214,24 +216,11 @@ def test_the_vllm_adapter_reads_live_metrics(fleet: Fleet, oai: openai.OpenAI) -
 
 def test_an_engine_killed_mid_stream(fleet: Fleet, oai: openai.OpenAI) -> None:
     """Last on purpose: it leaves one chat engine dead."""
-    stream = oai.chat.completions.create(
-        model=CHAT_MODEL,
-        messages=PROMPT,  # type: ignore[arg-type]
-        max_tokens=300,
-        stream=True,
-    )
-    seen = 0
-    with pytest.raises(openai.APIError, match="stream interrupted"):
-        for _chunk in stream:
-            seen += 1
-            if seen == 3:
-                busy = [e for e in fleet.chat if e.value("num_requests_running") >= 1]
-                assert len(busy) == 1
-                busy[0].proc.kill()
-    wait_until(lambda: fleet.router.healthy_replicas(CHAT_MODEL) == 1, timeout=15)
-    for _ in range(2):
-        reply = oai.chat.completions.create(model=CHAT_MODEL, messages=PROMPT, max_tokens=3)  # type: ignore[arg-type]
-        assert reply.usage is not None and reply.usage.completion_tokens > 0
-    text = fleet.router.metrics()
-    assert metric(text, "hivenet_router_active_forwards") == 0.0
-    assert metric(text, "hivenet_agent_capacity_utilization") == 0.0
+
+    def kill() -> None:
+        busy = [e for e in fleet.chat if e.value("num_requests_running") >= 1]
+        assert len(busy) == 1
+        busy[0].proc.kill()
+
+    break_stream(oai, CHAT_MODEL, kill, max_tokens=300)
+    survivor_serves(fleet.router, oai, CHAT_MODEL)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import struct
+
 import httpx2 as httpx
 import pytest
 
@@ -58,6 +62,28 @@ def test_stall_stops_a_stream_halfway(make_cluster: Cluster) -> None:
         lines.extend(line for line in reply.iter_lines() if line)
     assert len(lines) == 11  # the role event and the first 10 of 20 tokens, then silence
     assert "[DONE]" not in "".join(lines)
+
+
+def test_clients_hanging_up_mid_answer_free_their_sequences_quietly(
+    make_cluster: Cluster,
+) -> None:
+    """What a load generator does when it stops: many connections reset with requests still
+    being answered. Each sequence must be released, without a traceback per connection."""
+    sim = make_cluster.sim("m", "--zero-latency", "--max-num-seqs", "4096")
+    body = json.dumps({**CHAT, "max_tokens": 50, "stream": True}).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    sockets = [socket.create_connection(("127.0.0.1", sim.port)) for _ in range(200)]
+    for sock in sockets:
+        sock.sendall(request)
+    for sock in sockets:  # close with a reset (linger 0), as a killed client would
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    wait_until(lambda: metric(sim.metrics(), "vllm:num_requests_running") == 0.0, timeout=5)
+    assert "Traceback" not in sim.proc.log()
 
 
 def test_hang_and_latency(make_cluster: Cluster) -> None:

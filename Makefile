@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint unit integration conformance engines bench bench-peers bench-routing bench-overhead docs clean
+.PHONY: run test test-vllm lint unit integration conformance engines clients bench bench-peers bench-routing bench-overhead docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -17,12 +17,16 @@ run: $(STAMP)
 	$(BIN)/python scripts/run_local.py
 
 ## Lint, type-check and run every test (real llama.cpp engines included).
-test: $(STAMP) lint engines
+test: $(STAMP) lint engines clients
 	HIVENET_REQUIRE_REAL_ENGINES=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 ## Build llama-server and the two test models once per version, cached outside the repo.
 engines:
 	PYTHON=$(PYTHON) scripts/real_engines.sh >/dev/null
+
+## Install the real clients the tests run (Claude Code), once per version, cached outside.
+clients:
+	scripts/claude_code.sh >/dev/null
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anthropic
 import httpx2 as httpx
 import openai
 import pytest
@@ -139,6 +140,14 @@ class Router:
         data = httpx.get(self.url + "/v1/models", timeout=5).json()["data"]
         return [m["id"] for m in data]
 
+    def openai(self, key: str = "x", retries: int = 0) -> openai.OpenAI:
+        """The official OpenAI SDK pointed at this router (use as a context manager)."""
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=retries)
+
+    def anthropic(self, key: str = "x", retries: int = 0) -> anthropic.Anthropic:
+        """The official Anthropic SDK pointed at this router (use as a context manager)."""
+        return anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=retries)
+
     def healthy_replicas(self, model: str) -> int:
         data = httpx.get(self.url + "/v1/models", timeout=5).json()["data"]
         return sum(m["healthy_replicas"] for m in data if m["id"] == model)
@@ -218,6 +227,9 @@ class Cluster:
                 "5s",
                 "--disk-db-path",
                 str(self.tmp / f"{name}-store"),
+                # Tests ask for unknown models on purpose; the warm-up has its own test.
+                "--warmup",
+                "0s",
                 *extra,
             ],
             {"HIVENET_ROUTER_ADMIN_API_KEYS": ADMIN_KEY, **(env or {})},

@@ -10,7 +10,7 @@ from pathlib import Path
 import anthropic
 import httpx2 as httpx
 
-from tests.procs import Cluster, Router, metric, wait_until
+from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_until
 
 MODEL = "m"
 KEY = "sk-hivenet-admission"
@@ -53,7 +53,7 @@ def test_count_tokens_skips_budgets_but_not_the_request_rate(
         "max_input_tokens: 1\n",
         "--zero-latency",
     )
-    with anthropic.Anthropic(base_url=router.url, api_key=KEY, max_retries=0) as client:
+    with router.anthropic(KEY) as client:
         messages = [{"role": "user", "content": "a prompt far over one token and ten per day"}]
         for _ in range(2):  # over B1 and the daily budget, yet admitted
             assert client.messages.count_tokens(model=MODEL, messages=messages).input_tokens
@@ -171,3 +171,130 @@ def test_key_rotation_keeps_streams_in_flight(make_cluster: Cluster, tmp_path: P
         router.url + "/v1/models", headers={"Authorization": f"Bearer {rotated}"}, timeout=5
     )
     assert (old.status_code, new.status_code) == (401, 200)
+
+
+def test_completions_are_admitted_and_charged(make_cluster: Cluster, tmp_path: Path) -> None:
+    """A key out of its daily budget on chat is out of it on completions too, and what
+    completions generate is counted in /admin/usage."""
+    router, _ = setup(make_cluster, tmp_path, "{tokens_per_day: 40}", "", "--zero-latency")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    first = httpx.post(
+        router.url + "/v1/completions",
+        headers=headers,
+        json={"model": MODEL, "prompt": "hello", "max_tokens": 30},
+        timeout=10,
+    )
+    assert first.status_code == 200, first.text
+    spent = first.json()["usage"]["total_tokens"]
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    usage = httpx.get(router.url + "/admin/usage", headers=admin, timeout=5).json()
+    assert usage["budgets"] == [{"tenant": "acme", "model": None, "tokens_used": spent}]
+    for route, body in (
+        ("/v1/completions", {"model": MODEL, "prompt": "hello", "max_tokens": 64}),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64},
+        ),
+    ):
+        refused = httpx.post(router.url + route, headers=headers, json=body, timeout=10)
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "token_limit_exceeded"
+
+
+def test_a_static_key_occupancy_share_is_enforced(make_cluster: Cluster, tmp_path: Path) -> None:
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{}\n      max_occupancy_share: 0.1",
+        "mode: serverless\nadmit_budget_tokens: 1000\n",
+        "--itl",
+        "50ms",
+        "--ttft-base",
+        "0",
+    )
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}
+    # 0.1 x 1000 tokens: one request of about 65 fits, a second one alongside does not.
+    with httpx.stream(
+        "POST",
+        router.url + "/v1/chat/completions",
+        json={**body, "stream": True},
+        headers=headers,
+        timeout=20,
+    ) as live:
+        lines = live.iter_lines()
+        next(lines)
+        second = httpx.post(
+            router.url + "/v1/chat/completions", json=body, headers=headers, timeout=10
+        )
+        assert second.status_code == 429 and second.headers["Retry-After"] == "1"
+        assert "occupancy share" in second.json()["error"]["message"]
+        for _ in lines:
+            pass
+    assert (
+        httpx.post(
+            router.url + "/v1/chat/completions", json=body, headers=headers, timeout=10
+        ).status_code
+        == 200
+    )
+
+
+SERVERLESS = "mode: serverless\nmax_input_tokens: 4096\n"
+
+
+def test_input_rates_below_the_policy_input_limit_are_refused(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    """An input rate under a serverless policy's max_input_tokens could never admit a prompt
+    the policy allows: refused at start, on reload, and on dynamic key writes."""
+    low = "{input_tokens_per_minute: 1000}"
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        "api:\n  mode: api-key\n  keys:\n"
+        f'    - key_hash: "{hashlib.sha256(KEY.encode()).hexdigest()}"\n'
+        f"      metadata: {{name: k, owner: acme}}\n      quota: {low}\n"
+    )
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(SERVERLESS + "routing_policy: {strategy: least-loaded}\n")
+    log = make_cluster.refused_router("--auth-config-file", str(auth), "--policy-file", str(policy))
+    assert "input_tokens_per_minute 1000 is below max_input_tokens 4096" in log
+    # Started with a reserved policy, a reload that makes it serverless is refused.
+    policy.write_text("max_input_tokens: 4096\nrouting_policy: {strategy: least-loaded}\n")
+    router = make_cluster.router("--auth-config-file", str(auth), "--policy-file", str(policy))
+    policy.write_text(SERVERLESS + "routing_policy: {strategy: least-loaded}\n")
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    reload = httpx.post(router.url + "/admin/reload", headers=admin, timeout=10)
+    assert reload.status_code == 409 and reload.json()["policies"] is False
+    current = httpx.get(router.url + "/admin/policy", headers=admin, timeout=5).json()
+    assert current["name"] == "global"
+    router.proc.popen.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    wait_until(lambda: router.proc.log().count("policy reload rejected") >= 2)
+
+
+def test_dynamic_writes_check_input_rates(make_cluster: Cluster, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(SERVERLESS + "routing_policy: {strategy: least-loaded}\n")
+    router = make_cluster.router(
+        "--policy-file", str(policy), env={"HIVENET_ROUTER_AUTH_MODE": "dynamic"}
+    )
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    entry = {
+        "version": "v1",
+        "key_hash": hashlib.sha256(KEY.encode()).hexdigest(),
+        "owner": "acme",
+        "name": "k",
+        "enabled": True,
+        "quota": {"input_tokens_per_minute": 1000},
+    }
+    put = httpx.put(router.url + "/admin/api-keys/k", headers=admin, json=entry, timeout=5)
+    assert put.status_code == 400 and "below max_input_tokens 4096" in put.json()["error"]
+    replace = httpx.post(
+        router.url + "/admin/api-keys/replace",
+        headers=admin,
+        json={"version": "v2", "keys": [{**entry, "id": "k"}]},
+        timeout=5,
+    )
+    assert replace.status_code == 400
+    entry["quota"] = {"input_tokens_per_minute": 4096}
+    put = httpx.put(router.url + "/admin/api-keys/k", headers=admin, json=entry, timeout=5)
+    assert put.json() == {"ok": True}

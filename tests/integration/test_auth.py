@@ -6,7 +6,6 @@ import hashlib
 import signal
 from pathlib import Path
 
-import anthropic
 import httpx2 as httpx
 import openai
 import pytest
@@ -63,7 +62,7 @@ def test_client_keys(secured: tuple[Cluster, Router, Path]) -> None:
         assert reply.json()["error"]["code"] == "unauthorized"
         assert reply.headers["WWW-Authenticate"] == 'Bearer realm="hivenet-router"'
     assert httpx.get(router.url + "/health", timeout=5).status_code == 200  # public
-    with openai.OpenAI(base_url=router.url + "/v1", api_key=KEY, max_retries=0) as client:
+    with router.openai(KEY) as client:
         assert (
             client.chat.completions.create(
                 model=OTHER, messages=[{"role": "user", "content": "x"}], max_tokens=2
@@ -71,7 +70,7 @@ def test_client_keys(secured: tuple[Cluster, Router, Path]) -> None:
             .choices[0]
             .message.content
         )
-    with anthropic.Anthropic(base_url=router.url, api_key=KEY, max_retries=0) as claude:
+    with router.anthropic(KEY) as claude:
         # The Anthropic SDK sends x-api-key, which the router accepts too.
         assert claude.messages.create(
             model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}]
@@ -302,9 +301,17 @@ def test_dynamic_keys(make_cluster: Cluster) -> None:
         },
     )
     assert put.json() == {"ok": True}
+    # A body past --max-request-bytes (10 MiB) is refused with the envelope, not a 500.
+    huge = httpx.post(
+        router.url + "/admin/api-keys/replace",
+        headers=admin,
+        timeout=20,
+        content=b'{"version": "rev_9", "keys": [' + b" " * (11 << 20) + b"]}",
+    )
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
     wait_registered_with(router, raw, 1)
     # Discovery skips quota admission; the first inference request uses the one per minute.
-    with openai.OpenAI(base_url=router.url + "/v1", api_key=raw, max_retries=0) as client:
+    with router.openai(raw) as client:
         messages = [{"role": "user", "content": "x"}]
         assert client.chat.completions.create(model=MODEL, max_tokens=2, messages=messages)
         with pytest.raises(openai.RateLimitError):

@@ -26,16 +26,21 @@ def test_dead_agent_leaves_the_pool_then_the_registry(make_cluster: Cluster) -> 
     sim = make_cluster.sim(MODEL, "--zero-latency")
     agent = make_cluster.agent(router, sim)
     wait_registered(router, MODEL)
+    assert metric(router.metrics(), "hivenet_routing_agent_healthy", model=MODEL) == 1.0
     agent.kill()
     # The connection drops at once, so the agent stops being eligible at once...
     wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=5)
     reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
     assert reply.json()["error"]["code"] == "no_agents_available"
+    # The gauge says so at once too, rather than after --unhealthy-after.
+    assert metric(router.metrics(), "hivenet_routing_agent_healthy", model=MODEL) == 0.0
     # ...and is removed once --remove-after (5s) passes without a heartbeat.
     wait_until(lambda: MODEL not in router.models(), timeout=10)
     reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
     assert reply.status_code == 404
     assert reply.json()["error"]["code"] == "model_not_found"
+    # One connection lost is one disconnection, though the agent was also removed later.
+    assert metric(router.metrics(), "hivenet_agent_disconnections_total") == 1.0
 
 
 def test_unhealthy_backend_is_taken_out_and_back(make_cluster: Cluster) -> None:
@@ -75,6 +80,29 @@ def test_router_restart_agents_reconnect(make_cluster: Cluster) -> None:
     again = make_cluster.router(ports=router, name="router2")
     wait_registered(again, MODEL)
     assert _ok(again)
+
+
+def test_a_restarted_router_asks_clients_to_retry_while_agents_reconnect(
+    make_cluster: Cluster,
+) -> None:
+    router = make_cluster.router("--warmup", "3s")
+    started = time.monotonic()
+    reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
+    assert reply.status_code == 503 and reply.headers["Retry-After"] == "1"
+    assert reply.json()["error"]["code"] == "no_agents_available"
+    assert "starting" in reply.json()["error"]["message"]
+    # The SDKs retry a 503 with Retry-After: an agent that registers meanwhile answers.
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(router, sim)
+    with router.openai("x", 8) as client:
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+    assert answer.choices[0].message.content
+    # Once warm, a model nobody serves is simply not found.
+    time.sleep(max(0.0, 3.2 - (time.monotonic() - started)))
+    other = httpx.post(router.url + "/v1/chat/completions", json={**CHAT, "model": "x"})
+    assert other.status_code == 404
 
 
 def test_agent_restart_keeps_peer_id(make_cluster: Cluster) -> None:
@@ -131,7 +159,7 @@ def test_openai_sdk_raises_on_a_broken_stream(make_cluster: Cluster) -> None:
     sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
     agent = make_cluster.agent(router, sim)
     wait_registered(router, MODEL)
-    with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
+    with router.openai() as client:
         break_stream(client, MODEL, agent.kill)
 
 
@@ -140,7 +168,7 @@ def test_anthropic_sdk_raises_on_a_broken_stream(make_cluster: Cluster) -> None:
     sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
     agent = make_cluster.agent(router, sim)
     wait_registered(router, MODEL)
-    with anthropic.Anthropic(base_url=router.url, api_key="x", max_retries=0) as client:
+    with router.anthropic() as client:
         seen = 0
         with (
             pytest.raises(anthropic.APIError, match="stream interrupted"),
@@ -219,3 +247,30 @@ def test_agent_history_survives_a_router_restart(make_cluster: Cluster) -> None:
     assert _ok(again)
     wait_until(lambda: metric(again.metrics(), "hivenet_agent_requests_success_total") == 6.0)
     assert "resumes its history: 5 ok" in again.proc.log()
+
+
+def test_shutdown_grace_bounds_the_whole_shutdown(make_cluster: Cluster) -> None:
+    """A stream longer than the grace is cut, with an error event, when the grace is over;
+    the process is gone right after (aiohttp alone waited twice the grace)."""
+    router = make_cluster.router("--shutdown-grace", "2s", "--request-timeout", "60s")
+    sim = make_cluster.sim(MODEL, "--itl", "100ms", "--ttft-base", "0")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    with router.openai() as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=300,  # 30 s of tokens
+            stream=True,
+        )
+        started = 0.0
+        with pytest.raises(openai.APIError, match="shutting down"):
+            for _chunk in stream:
+                if not started:
+                    started = time.monotonic()
+                    router.proc.popen.send_signal(__import__("signal").SIGTERM)  # type: ignore[union-attr]
+    router.proc.popen.wait(timeout=15)  # type: ignore[union-attr]
+    elapsed = time.monotonic() - started
+    assert 1.5 < elapsed < 6, elapsed
+    assert "get up to 2s" in router.proc.log()
+    assert "cut 1 request(s)" in router.proc.log()

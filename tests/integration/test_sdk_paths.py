@@ -35,13 +35,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, R
 
 @pytest.fixture
 def oai(fleet: tuple[Cluster, Router]) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=fleet[1].url + "/v1", api_key="unused", max_retries=0) as c:
+    with fleet[1].openai("unused") as c:
         yield c
 
 
 @pytest.fixture
 def claude(fleet: tuple[Cluster, Router]) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=fleet[1].url, api_key="unused", max_retries=0) as c:
+    with fleet[1].anthropic("unused") as c:
         yield c
 
 

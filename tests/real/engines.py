@@ -13,6 +13,9 @@ import pytest
 from tests.procs import Cluster, Proc, Router, free_port, metric, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+# A Gemma-style chat template of this project's that renders tools and tool calls, so that
+# llama.cpp (with --jinja) parses the model's calls into structured tool_calls.
+TOOLS_TEMPLATE = Path(__file__).with_name("tools_template.jinja")
 CHAT_MODEL = "gemma-3-270m"
 EMBED_MODEL = "all-minilm-l6-v2"
 
@@ -69,16 +72,26 @@ class LlamaServer:
 
 
 def llama_server(
-    c: Cluster, found: Artefacts, name: str, *, embeddings: bool = False, slots: int = 2
+    c: Cluster,
+    found: Artefacts,
+    name: str,
+    *,
+    embeddings: bool = False,
+    slots: int = 2,
+    tools: bool = False,
 ) -> LlamaServer:
-    """One llama-server on a free loopback port, one thread, ready to serve."""
+    """One llama-server on a free loopback port, one thread, ready to serve. `tools` starts
+    it with a Jinja chat template that handles tool calls."""
     port = free_port()
     if embeddings:
         model = ["-m", str(found.embed_model), "-a", EMBED_MODEL, "--embeddings"]
         model += ["--pooling", "mean", "-c", "512"]
     else:
         model = ["-m", str(found.chat_model), "-a", CHAT_MODEL, "-c", str(1024 * slots)]
-        model += ["--no-jinja", "--chat-template", "gemma"]
+        if tools:
+            model += ["--jinja", "--chat-template-file", str(TOOLS_TEMPLATE)]
+        else:
+            model += ["--no-jinja", "--chat-template", "gemma"]
     args = [str(found.llama_server), *model, "-np", str(slots), "-t", "1", "--metrics"]
     proc = c.spawn(name, [*args, "--host", "127.0.0.1", "--port", str(port)])
     server = LlamaServer(proc, port)

@@ -67,13 +67,13 @@ def fleet(
 
 @pytest.fixture
 def oai(fleet: tuple[Router, list[LlamaServer]]) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=fleet[0].url + "/v1", api_key="x", max_retries=0) as client:
+    with fleet[0].openai() as client:
         yield client
 
 
 @pytest.fixture
 def claude(fleet: tuple[Router, list[LlamaServer]]) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=fleet[0].url, api_key="x", max_retries=0) as client:
+    with fleet[0].anthropic() as client:
         yield client
 
 
@@ -202,7 +202,7 @@ def test_one_killed_mid_stream(tmp_path: Path, real: Artefacts, victim: str) -> 
             for n, e in zip(("a", "b"), engines, strict=True)
         ]
         wait_registered(router, CHAT_MODEL, replicas=2, timeout=30)
-        with openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0) as client:
+        with router.openai() as client:
 
             def kill() -> None:
                 busy = _busy(engines)

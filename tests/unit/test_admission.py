@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from types import SimpleNamespace
 
 import pytest
@@ -236,8 +238,9 @@ async def test_serverless_per_key_limits() -> None:
     assert info.value.code is ErrorCode.RATE_LIMIT_EXCEEDED and headers["Retry-After"] == "1"
     assert await admission.admit(who(Quota(), 0.2, "other-key"), facts, {}) is not None
     assert held is not None
+    assert admission.key_footprints[("k1", "m")] == 1104
     admission.settle(held, None, answered=True)
-    assert admission.key_footprints["k1"] == 0
+    assert ("k1", "m") not in admission.key_footprints
     # Input tokens per minute: charged with the estimate before the request goes out.
     itpm = who(Quota(input_tokens_per_minute=150), key="k2")
     assert await admission.admit(itpm, facts, {}) is not None  # 104 of 150
@@ -268,9 +271,9 @@ async def test_undeclared_output_grows_the_reservation_and_all_of_it_is_released
     assert admitted is not None and admitted.grows
     admitted.grow(50)
     pool = admission.pools["m"]
-    assert pool.tokens == 154 and admission.key_footprints["k1"] == 154
+    assert pool.tokens == 154 and admission.key_footprints[("k1", "m")] == 154
     admission.settle(admitted, None, answered=True)
-    assert pool.tokens == 0 and admission.key_footprints["k1"] == 0
+    assert pool.tokens == 0 and ("k1", "m") not in admission.key_footprints
     declared = await admission.admit(
         who(Quota()), parse("/v1/chat/completions", CHAT + b', "max_tokens": 5}'), {}
     )
@@ -366,3 +369,94 @@ def test_occupancy_arithmetic_under_any_interleaving(steps: list[tuple[str, int,
         assert pool is None or (pool.tokens, pool.inflight) == (0, 0)
 
     asyncio.run(run())
+
+
+async def test_per_key_token_rates_are_kept_per_model() -> None:
+    admission = _admission(
+        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
+    )
+    key = who(Quota(input_tokens_per_minute=150))
+    first = parse("/v1/chat/completions", CHAT + b', "max_tokens": 1}')  # 104 input tokens
+    other = parse("/v1/chat/completions", CHAT.replace(b'"m"', b'"m2"') + b', "max_tokens": 1}')
+    assert await admission.admit(key, first, {}) is not None
+    with pytest.raises(ApiError, match="input token rate"):
+        await admission.admit(key, first, {})
+    # The same key on another model draws on a bucket of its own, as the reference keeps them.
+    assert await admission.admit(key, other, {}) is not None
+    assert set(admission.input_rates) == {("k1", "m"), ("k1", "m2")}
+
+
+async def test_completions_are_admitted_and_charged_like_chat() -> None:
+    admission = _admission("max_input_tokens: 50\nrouting_policy: {strategy: least-loaded}\n")
+    prompt = b'{"model": "m", "prompt": "' + b"x" * 320 + b'", "max_tokens": 64}'
+    with pytest.raises(ApiError) as info:
+        await admission.admit(who(Quota()), parse("/v1/completions", prompt), {})
+    assert info.value.code is ErrorCode.INPUT_TOO_LONG
+    small = b'{"model": "m", "prompt": "hello", "max_tokens": 64}'
+    budget = who(Quota(tokens_per_day=100))
+    admitted = await admission.admit(budget, parse("/v1/completions", small), {})
+    assert admitted is not None and admitted.charged == 66  # 2 estimated + 64 declared
+    assert admission.daily.used("t") == 66
+    with pytest.raises(ApiError) as refused:
+        await admission.admit(budget, parse("/v1/completions", small), {})
+    assert refused.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
+    admission.settle(admitted, Usage(input_tokens=2, output_tokens=64), answered=True)
+    assert admission.daily.used("t") == 66
+
+
+async def test_idle_state_of_100000_keys_is_forgotten() -> None:
+    """Every key and model ever seen leaves buckets behind; the sweep forgets the idle ones,
+    and memory returns to where it was before the keys came."""
+    clock = ManualClock()
+    policy = parse_policy(
+        "mode: serverless\nadmit_budget_tokens: 100000000\n"
+        "routing_policy: {strategy: least-loaded}\n",
+        "p.yaml",
+        "p",
+        require_models=False,
+    )
+    admission = Admission(clock, lambda model: policy, lambda model: [], park_timeout=0.05)
+    quota = Quota(
+        requests_per_minute=10,
+        tokens_per_day=10_000,
+        input_tokens_per_minute=10_000,
+        output_tokens_per_minute=10_000,
+    )
+    facts = parse("/v1/chat/completions", CHAT + b', "max_tokens": 10}')
+
+    async def wave(keys: range) -> None:
+        for index in keys:
+            principal = Principal(f"tenant-{index}", f"key-{index}", "n", frozenset(), quota, 0.5)
+            admitted = await admission.admit(principal, facts, {})
+            assert admitted is not None
+            admission.settle(admitted, Usage(input_tokens=100, output_tokens=10), answered=True)
+
+    def held() -> int:
+        return (
+            len(admission.rates)
+            + len(admission.daily)
+            + len(admission.input_rates)
+            + len(admission.output_rates)
+            + len(admission.pools)
+        )
+
+    await wave(range(10))  # warm up the interpreter's caches and the model's pool
+    clock.advance(86_400)
+    admission.sweep()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await wave(range(100_000))
+        assert len(admission.rates) == 100_000 and len(admission.daily) == 100_000
+        assert len(admission.input_rates) == 100_000 and len(admission.output_rates) == 100_000
+        grown = tracemalloc.get_traced_memory()[0]
+        assert grown - before > 20_000_000  # the state really exists (about 250 B a key)
+        clock.advance(86_400)  # a day later: buckets refilled, yesterday's totals past
+        admission.sweep()
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held() == 0
+    assert after - before < 200_000, (before, grown, after)

@@ -13,7 +13,8 @@ from hivenet_router.domain.agent import (
     Renewal,
     RoutingSignal,
 )
-from hivenet_router.router.agent_auth import FailureLimiter, Sessions, source_prefix
+from hivenet_router.listeners import address_prefix
+from hivenet_router.router.agent_auth import FailureLimiter, Sessions
 from hivenet_router.router.control import Binding, ControlPlane
 from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.metrics import RouterMetrics
@@ -43,7 +44,6 @@ def plane() -> tuple[ControlPlane, Registry, ManualClock, Sessions]:
         clock=clock,
         sessions=sessions,
         router_peer_id=ROUTER,
-        max_conns_per_ip=2,
         history=HistoryKeeper(registry, MemoryHistory(), 30.0),
     )
     return control, registry, clock, sessions
@@ -155,9 +155,9 @@ def test_failed_authentications_are_limited_per_source() -> None:
 
 
 def test_source_prefixes() -> None:
-    assert source_prefix("192.0.2.7") == "192.0.2.7"
-    assert source_prefix("2001:db8:1:2:3::1") == source_prefix("2001:db8:1:2:ff::9")
-    assert source_prefix("2001:db8:1:200::1") != source_prefix("2001:db8:1:100::1")
+    assert address_prefix("192.0.2.7") == "192.0.2.7"
+    assert address_prefix("2001:db8:1:2:3::1") == address_prefix("2001:db8:1:2:ff::9")
+    assert address_prefix("2001:db8:1:200::1") != address_prefix("2001:db8:1:100::1")
 
 
 def test_oversized_metadata_is_refused() -> None:

@@ -230,3 +230,38 @@ async def test_bodies_ride_with_their_head_and_spill_over(
             assert (await s.response_head()).status == 201
             assert await s.read_all(1 << 24) == payload
     assert pair.client.active_streams == 0
+
+
+async def test_a_head_too_large_for_a_frame_leaves_nothing_behind(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    pair = await connect(echo)
+    huge = [(f"x-{i}", "v" * 8000) for i in range(10)]
+    for _ in range(3):
+        with pytest.raises(StreamReset) as info:
+            await pair.client.open(PROTO, "POST", "/e", huge, b"{}")
+        assert info.value.code == "head_too_large"
+    assert pair.client.active_streams == 0
+    # The connection itself is fine.
+    async with pair.client.request(PROTO, "POST", "/e", [], b"ok") as stream:
+        assert (await stream.response_head()).status == 200
+        assert await stream.read_all(16) == b"ok"
+
+
+async def test_a_cancelled_open_leaves_nothing_behind(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    """A body bigger than the first window waits for credit; a caller cancelled meanwhile
+    must not leave its stream on the connection."""
+
+    async def never_reads(stream: Stream) -> None:
+        await asyncio.Event().wait()
+
+    pair = await connect(never_reads)
+    task = asyncio.create_task(pair.client.open(PROTO, "POST", "/e", [], b"x" * (1 << 20)))
+    await asyncio.sleep(0.2)
+    assert pair.client.active_streams == 1
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert pair.client.active_streams == 0

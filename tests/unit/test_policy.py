@@ -80,7 +80,6 @@ def test_a_full_document() -> None:
     assert [s.name for s in policy.steps] == ["primary", "anywhere", "fallback-2"]
     assert policy.steps[0].max_tries == 2 and policy.steps[1].max_tries is None
     assert policy.fallback_provider is not None and policy.fallback_provider.engine == "openai"
-    assert policy.unenforced == ()  # reserved mode: every field is enforced
 
 
 @pytest.mark.parametrize(
@@ -209,17 +208,20 @@ def test_directory_loading_and_conservative_reload(tmp_path: Path) -> None:
     _write(tmp_path / "_default.yaml", base, 100)
     _write(tmp_path / "older.yaml", "models: [a, shared]\n" + base, 200)
     _write(tmp_path / "newer.yaml", "models: [b, shared]\n" + base, 300)
-    _write(tmp_path / "nomodels.yaml", base, 400)
-    _write(tmp_path / "broken.yml", "models: [c]\nrouting_policy: {}\n", 500)
     (tmp_path / "notes.txt").write_text("ignored")
     store = PolicyStore(model_dir=str(tmp_path))
     store.load()
     current = store.current
     assert current.default.name == "_default"
-    assert set(current.named) == {"older"}  # newer clashes on "shared"; the others are invalid
+    assert set(current.named) == {"older"}  # newer clashes on "shared"
     assert current.for_model("shared").name == "older"
     assert current.for_model("b").name == "_default"  # the whole clashing file is skipped
-    # A valid file that turns invalid keeps its previous version; a deleted one goes away.
+    # On reload, an invalid new file is skipped, a valid file that turns invalid keeps its
+    # previous version, and a deleted one goes away.
+    _write(tmp_path / "nomodels.yaml", base, 400)
+    _write(tmp_path / "broken.yml", "models: [c]\nrouting_policy: {}\n", 500)
+    assert store.reload()
+    assert set(store.current.named) == {"older"}
     snapshot = store.current
     _write(tmp_path / "older.yaml", "models: [a]\nrouting_policy: {strategy: nope}\n", 600)
     _write(tmp_path / "broken.yml", "models: [c]\n" + base, 700)
@@ -232,6 +234,47 @@ def test_directory_loading_and_conservative_reload(tmp_path: Path) -> None:
     assert store.reload()
     assert "broken" not in store.current.named
     assert store.current.default.name == "_default"  # invalid default: previous one kept
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("nomodels.yaml", "routing_policy: {strategy: least-loaded}\n", "at least one model"),
+        ("broken.yml", "models: [c]\nrouting_policy: {}\n", "strategy: is required"),
+    ],
+)
+def test_an_invalid_per_model_policy_is_fatal_at_start(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    """Skipping it would serve its models under the global policy without anyone noticing."""
+    _write(tmp_path / "_default.yaml", "routing_policy: {strategy: least-loaded}\n", 100)
+    _write(tmp_path / name, text, 200)
+    with pytest.raises(PolicyError, match=message) as info:
+        PolicyStore(model_dir=str(tmp_path)).load()
+    assert name in str(info.value)
+
+
+def test_a_configuration_check_can_refuse_a_policy_set(tmp_path: Path) -> None:
+    _write(tmp_path / "_default.yaml", "routing_policy: {strategy: least-loaded}\n", 100)
+    store = PolicyStore(model_dir=str(tmp_path))
+    store.check = lambda candidate: "no" if candidate.default.mode == "serverless" else None
+    store.load()
+    first = store.current
+    _write(
+        tmp_path / "_default.yaml",
+        "mode: serverless\nrouting_policy: {strategy: least-loaded}\n",
+        200,
+    )
+    assert not store.reload()
+    assert store.current is first
+    with pytest.raises(PolicyError, match="no"):
+        _refusing_load(tmp_path)
+
+
+def _refusing_load(path: Path) -> None:
+    store = PolicyStore(model_dir=str(path))
+    store.check = lambda candidate: "no"
+    store.load()
 
 
 def test_invalid_global_policy_is_fatal_at_start(tmp_path: Path) -> None:
@@ -250,4 +293,4 @@ def test_serverless_mode_is_accepted() -> None:
         "p",
         require_models=False,
     )
-    assert policy.mode == "serverless" and policy.unenforced == ()
+    assert policy.mode == "serverless"

@@ -119,13 +119,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 @pytest.fixture
 def oai(fleet: Fleet) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=fleet.router.url + "/v1", api_key="x", max_retries=0) as client:
+    with fleet.router.openai() as client:
         yield client
 
 
 @pytest.fixture
 def claude(fleet: Fleet) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=fleet.router.url, api_key="x", max_retries=0) as client:
+    with fleet.router.anthropic() as client:
         yield client
 
 

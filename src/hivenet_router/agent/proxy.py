@@ -31,6 +31,11 @@ _HOP = frozenset(
     }
 )
 _JSON = [("content-type", "application/json")]
+_CLIENT_MESSAGES = {
+    "unreachable": "the model's engine is unreachable",
+    "timeout": "the model's engine did not answer in time",
+    "failed": "the model's engine failed to answer",
+}
 
 
 class BackendProxy:
@@ -87,15 +92,18 @@ class BackendProxy:
         except StreamReset:
             raise
         except aiohttp.ClientConnectorError as exc:
-            await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, f"backend unreachable: {exc}")
-        except TimeoutError:
-            await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "backend request timed out")
+            await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "unreachable", exc)
+        except TimeoutError as exc:
+            await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "timeout", exc)
         except aiohttp.ClientError as exc:
-            await self._fail(stream, ErrorCode.BACKEND_ERROR, f"backend failed: {exc!r}")
+            await self._fail(stream, ErrorCode.BACKEND_ERROR, "failed", exc)
 
     @staticmethod
-    async def _fail(stream: Stream, code: ErrorCode, message: str) -> None:
-        log.warning("request to backend failed: %s", message)
+    async def _fail(stream: Stream, code: ErrorCode, what: str, exc: BaseException) -> None:
+        # The log gets the details (addresses, library messages); the client only learns
+        # what kind of failure it was.
+        log.warning("request to backend failed (%s): %r", what, exc)
+        message = _CLIENT_MESSAGES[what]
         if stream.error is not None:
             return
         try:

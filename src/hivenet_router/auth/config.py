@@ -147,11 +147,12 @@ def _string(value: Any, where: str, required: bool = False) -> str:
     return value
 
 
-def _share(value: Any, where: str) -> float:
+def occupancy_share(value: Any, where: str) -> float:
+    """A key's `max_occupancy_share`; `where` names the field in errors."""
     if value is None:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise AuthConfigError(f"{where}.max_occupancy_share: must be 0 (unset) or in (0, 1]")
+        raise AuthConfigError(f"{where}: must be 0 (unset) or in (0, 1]")
     return float(value)
 
 
@@ -222,6 +223,9 @@ def parse_auth(text: str, source: str) -> AuthConfig:
                 ),
                 models=frozenset(models),
                 quota=quota,
+                max_occupancy_share=occupancy_share(
+                    item.get("max_occupancy_share"), f"{where}.max_occupancy_share"
+                ),
             )
         )
     if api_mode == "api-key" and not keys:

@@ -14,6 +14,7 @@ from typing import Protocol
 from hivenet_router.auth.config import AuthConfig, AuthConfigError, ClientKey, Quota, parse_auth
 from hivenet_router.auth.keys import DigestSet, digest
 from hivenet_router.auth.registry import DynamicRegistry
+from hivenet_router.auth.serverless import KeyCheck, no_check
 
 log = logging.getLogger("hivenet.auth")
 
@@ -116,11 +117,27 @@ class AuthSettings:
 
 class AuthState:
     """The active providers. `reload` builds new ones and swaps them, or keeps the old ones
-    and says why."""
+    and says why. `check` judges every key against the routing policies (static keys when
+    loaded, dynamic keys when written)."""
 
-    def __init__(self, settings: AuthSettings) -> None:
+    def __init__(self, settings: AuthSettings, check: KeyCheck = no_check) -> None:
         self.settings = settings
+        self.check = check
         self.client, self.admin = self._build()
+
+    def conflict(self, check: KeyCheck) -> str | None:
+        """The first active key that `check` refuses, if any."""
+        client = self.client
+        keys: list[tuple[str, frozenset[str], Quota]] = []
+        if isinstance(client, StaticKeys):
+            keys = [(k.name, k.models, k.quota) for k in client.keys]
+        elif isinstance(client, DynamicKeys):
+            keys = [(k.id, k.models, k.quota) for k in client.registry.entries()]
+        for name, models, quota in keys:
+            problem = check(name, models, quota)
+            if problem is not None:
+                return problem
+        return None
 
     def _config(self) -> AuthConfig:
         if not self.settings.file:
@@ -142,11 +159,19 @@ class AuthState:
                     "api-key mode needs keys; use an auth.yaml file "
                     "(--auth-config-file) with api.keys"
                 )
+            for key in config.keys:
+                problem = self.check(key.name, key.models, key.quota)
+                if problem is not None:
+                    raise AuthConfigError(problem)
             client = StaticKeys(config.keys)
         else:
             # The registry survives reloads: only a restart empties it.
             current = getattr(self, "client", None)
-            registry = current.registry if isinstance(current, DynamicKeys) else DynamicRegistry()
+            registry = (
+                current.registry
+                if isinstance(current, DynamicKeys)
+                else DynamicRegistry(lambda key: self.check(key.id, key.models, key.quota))
+            )
             client = DynamicKeys(registry)
         admin = AdminKeys(self.settings.admin_keys)
         wanted = config.admin_mode or admin.mode

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hivenet_router.auth.config import AuthConfigError, Quota, mapping, parse_quota
+from hivenet_router.auth.config import (
+    AuthConfigError,
+    Quota,
+    mapping,
+    occupancy_share,
+    parse_quota,
+)
 from hivenet_router.auth.keys import digest
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -112,9 +119,7 @@ def parse_entry(key_id: str, body: Any) -> DynamicKey:
         models = item.get("allowed_models") or []
         if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
             raise AuthConfigError("allowed_models: must be a list of model names")
-        share = item.get("max_occupancy_share", 0) or 0
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
-            raise AuthConfigError("max_occupancy_share: must be 0 (unset) or in (0, 1]")
+        share = occupancy_share(item.get("max_occupancy_share"), "max_occupancy_share")
         quota = parse_quota(item.get("quota"), "quota")
     except AuthConfigError as exc:
         raise RegistryError(400, str(exc)) from None
@@ -131,14 +136,15 @@ def parse_entry(key_id: str, body: Any) -> DynamicKey:
         expires_text=expires_text,
         models=frozenset(models),
         quota=quota,
-        max_occupancy_share=float(share),
+        max_occupancy_share=share,
     )
 
 
 class DynamicRegistry:
     mode = "dynamic"
 
-    def __init__(self) -> None:
+    def __init__(self, check: Callable[[DynamicKey], str | None] = lambda key: None) -> None:
+        self._check = check
         self.version = ""
         self._by_id: dict[str, DynamicKey] = {}
         self._by_digest: dict[bytes, DynamicKey] = {}
@@ -155,7 +161,7 @@ class DynamicRegistry:
 
     def put(self, key_id: str, body: Any) -> None:
         version = self._check_version(body.get("version") if isinstance(body, dict) else None)
-        entry = parse_entry(key_id, {k: v for k, v in body.items() if k != "id"})
+        entry = self._parse(key_id, body)
         owner = self._by_digest.get(entry.digest)
         if owner is not None and owner.id != key_id:
             raise RegistryError(409, f"key_hash already belongs to {owner.id}; delete it first")
@@ -187,13 +193,20 @@ class DynamicRegistry:
                 raise RegistryError(400, f"keys[{index}].id: is required")
             if key_id in by_id:
                 raise RegistryError(400, f"keys[{index}].id: duplicate id {key_id}")
-            entry = parse_entry(key_id, {k: v for k, v in item.items() if k != "id"})
+            entry = self._parse(key_id, item)
             if entry.digest in by_digest:
                 raise RegistryError(400, f"keys[{index}].key_hash: duplicate key hash")
             by_id[key_id] = entry
             by_digest[entry.digest] = entry
         self._by_id, self._by_digest, self.version = by_id, by_digest, version
         return len(by_id)
+
+    def _parse(self, key_id: str, body: dict[str, Any]) -> DynamicKey:
+        entry = parse_entry(key_id, {k: v for k, v in body.items() if k != "id"})
+        problem = self._check(entry)
+        if problem is not None:
+            raise RegistryError(400, problem)
+        return entry
 
     def get(self, key_id: str) -> DynamicKey | None:
         return self._by_id.get(key_id)

@@ -59,6 +59,12 @@ class RouterConfig:
         env="HIVENET_ROUTER_P2P_MAX_CONNS_PER_IP",
         help="Most agent connections from one IPv4 /32 or IPv6 /56",
     )
+    p2p_handshake_timeout: float = duration_option(
+        10.0,
+        flag="--p2p-handshake-timeout",
+        env="HIVENET_ROUTER_P2P_HANDSHAKE_TIMEOUT",
+        help="Time an agent connection has to finish TLS and open its link, else it is closed",
+    )
     queue_size: int = option(
         100,
         parse=v.positive_int,
@@ -118,6 +124,47 @@ class RouterConfig:
         flag="--max-request-bytes",
         env="HIVENET_ROUTER_MAX_REQUEST_BYTES",
         help="Largest request body accepted on /v1/*, in bytes; 0 means 1 GiB",
+    )
+    http_idle_timeout: float = duration_option(
+        30.0,
+        flag="--http-idle-timeout",
+        env="HIVENET_ROUTER_HTTP_IDLE_TIMEOUT",
+        help="A client connection that has not sent a complete request head this long after "
+        "it was opened, or after its last answer, is closed",
+    )
+    http_body_timeout: float = duration_option(
+        30.0,
+        flag="--http-body-timeout",
+        env="HIVENET_ROUTER_HTTP_BODY_TIMEOUT",
+        help="Time to receive a whole request body once its head arrived; then 408",
+    )
+    http_max_conns_per_ip: int = option(
+        256,
+        parse=v.positive_int,
+        flag="--http-max-conns-per-ip",
+        env="HIVENET_ROUTER_HTTP_MAX_CONNS_PER_IP",
+        help="Most open client connections from one IPv4 address or IPv6 /56",
+    )
+    http_max_conns: int = option(
+        8192,
+        parse=v.positive_int,
+        flag="--http-max-conns",
+        env="HIVENET_ROUTER_HTTP_MAX_CONNS",
+        help="Most open client connections in all (lowered to fit the open-files limit)",
+    )
+    warmup: float = duration_option(
+        15.0,
+        flag="--warmup",
+        env="HIVENET_ROUTER_WARMUP",
+        positive=False,
+        help="After start, a model no agent has registered yet gets 503 with Retry-After "
+        "instead of 404 for this long, while agents reconnect",
+    )
+    shutdown_grace: float = duration_option(
+        30.0,
+        flag="--shutdown-grace",
+        env="HIVENET_ROUTER_SHUTDOWN_GRACE",
+        help="On SIGTERM, how long requests in flight may finish before they are cut",
     )
     health_check_interval: float = duration_option(
         5.0,

@@ -80,6 +80,13 @@ class SimConfig:
         flag="--output-tokens",
         help="Tokens generated when a request sets no max_tokens",
     )
+    answer_cap: int = option(
+        0,
+        parse=v.non_negative_int,
+        flag="--answer-cap",
+        help="Longest answer in tokens: a request that allows more gets this many and stops "
+        "naturally, as a model that has said what it had to say; 0 answers max_tokens in full",
+    )
     embedding_dim: int = option(
         384,
         parse=v.positive_int,

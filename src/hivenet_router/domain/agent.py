@@ -108,11 +108,6 @@ class RoutingSignal(msgspec.Struct):
     hardware: HardwareSnapshot | None = None
 
 
-class RegisterReply(msgspec.Struct):
-    ok: bool
-    message: str = ""
-
-
 CAPABILITIES = ("llm", "embedding", "reranker")
 
 # Which capability a public route needs from the agent that serves it.

@@ -8,7 +8,7 @@ sucess_rate: unknown signal ...`). The accepted shape is also published as a JSO
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -88,7 +88,6 @@ class Policy:
     shed_if: tuple[ThresholdGate, ...] = ()
     fallback_provider: Provider | None = None
     source: str = "built-in"
-    unenforced: tuple[str, ...] = field(default=())
 
 
 BUILT_IN = Policy(
@@ -96,9 +95,6 @@ BUILT_IN = Policy(
     models=(),
     steps=(Step("primary", Match(), (), "least-loaded", None),),
 )
-
-# Accepted, validated, and not enforced yet (besides serverless mode, handled below).
-_NOT_YET_ENFORCED: tuple[str, ...] = ()
 
 
 class _Reader:
@@ -271,7 +267,6 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         if key in items
     }
     shed = reader.gates(items["shed_if"], "shed_if", SHED_SIGNALS) if "shed_if" in items else ()
-    unenforced = tuple(key for key in _NOT_YET_ENFORCED if key in items)
     return Policy(
         name=name,
         models=models,
@@ -280,6 +275,5 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         shed_if=shed,
         fallback_provider=provider,
         source=source,
-        unenforced=unenforced,
         **limits,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
 
@@ -15,10 +14,6 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "lt": operator.lt,
     "lte": operator.le,
 }
-
-
-class Gate(Protocol):
-    def excludes(self, agent: AgentFacts) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ an invalid file keeps what it replaced, and the reason is logged.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,15 +48,6 @@ def _read(path: Path) -> str:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}") from None
 
 
-def _warn_unenforced(policy: Policy) -> None:
-    if policy.unenforced:
-        log.warning(
-            "%s: %s accepted but not enforced by this version yet",
-            policy.source,
-            ", ".join(policy.unenforced),
-        )
-
-
 class PolicyStore:
     def __init__(
         self, policy_file: str = "", model_dir: str = "", providers: frozenset[str] = frozenset()
@@ -64,16 +56,27 @@ class PolicyStore:
         self._file = Path(policy_file) if policy_file else None
         self._dir = Path(model_dir) if model_dir else None
         self.current = PolicySet()
-        self._mtimes: dict[str, float] = {}
+        # Judges a candidate set against the rest of the configuration (the keys' limits);
+        # set by whoever wires the router. A complaint keeps the current set.
+        self.check: Callable[[PolicySet], str | None] = lambda candidate: None
 
     def load(self) -> None:
-        """First load: an invalid global policy is fatal (raises PolicyError)."""
-        self.current = self._build(initial=True)
+        """First load: any invalid policy file is fatal (raises PolicyError). The Go router
+        skipped an invalid per-model file and served that model under the global policy,
+        which an operator learns about only from a log line."""
+        fresh = self._build(initial=True)
+        problem = self.check(fresh)
+        if problem is not None:
+            raise PolicyError(problem)
+        self.current = fresh
 
     def reload(self) -> bool:
         """SIGHUP: rebuild and swap; on a fatal problem keep the current set. True if swapped."""
         try:
             fresh = self._build(initial=False)
+            problem = self.check(fresh)
+            if problem is not None:
+                raise PolicyError(problem)
         except PolicyError as exc:
             log.error("policy reload rejected, keeping the active policies: %s", exc)
             return False
@@ -91,7 +94,6 @@ class PolicyStore:
                 raise
             log.error("%s; keeping the previous global policy", exc)
             return previous
-        _warn_unenforced(policy)
         return policy
 
     def _build(self, *, initial: bool) -> PolicySet:
@@ -120,10 +122,11 @@ class PolicyStore:
             try:
                 policy = parse_policy(_read(path), str(path), name, require_models=True)
                 _check_provider(policy, self._providers)
-                _warn_unenforced(policy)
             except PolicyError as exc:
+                if initial:
+                    raise
                 kept = previous.named.get(name)
-                if kept is not None and not initial:
+                if kept is not None:
                     log.error("%s; keeping its previous version", exc)
                     named[name] = kept
                 else:

@@ -21,6 +21,7 @@ from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admission import DailyTokens
 from hivenet_router.router.dispatch import Dispatcher
 from hivenet_router.router.registry import AgentRecord, Registry
+from hivenet_router.router.requests import read_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -81,7 +82,6 @@ def _policy(policy: Policy) -> dict[str, Any]:
         "fallback_provider": {"engine": provider.engine, "model": provider.model}
         if provider
         else None,
-        "not_enforced_yet": list(policy.unenforced),
     }
 
 
@@ -97,7 +97,9 @@ class AdminApi:
         reload: Callable[[], Awaitable[dict[str, bool]]],
         daily: DailyTokens,
         auth: AuthState,
+        body_timeout: float = 30.0,
     ) -> None:
+        self.body_timeout = body_timeout
         self.auth = auth
         self.daily = daily
         self.registry = registry
@@ -280,7 +282,7 @@ class AdminApi:
 
     async def _body(self, request: web.Request) -> Any:
         try:
-            return orjson.loads(await request.read())
+            return orjson.loads(await read_body(request, self.body_timeout))
         except orjson.JSONDecodeError as exc:
             raise RegistryError(400, f"malformed JSON: {exc}") from None
 

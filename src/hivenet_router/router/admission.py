@@ -11,6 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from hivenet_router.auth.config import Quota
 from hivenet_router.auth.providers import Principal
@@ -21,6 +22,8 @@ from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
 from hivenet_router.router.bodies import RequestFacts
 from hivenet_router.router.usage import Usage
+
+V = TypeVar("V")
 
 START_TOKENS_PER_BYTE = 1 / 3.2
 MESSAGE_OVERHEAD = 4  # tokens of role and framing per message, text or not
@@ -62,6 +65,10 @@ class TokenBucket:
     def resize(self, capacity: float, per_second: float) -> None:
         self.capacity, self.per_second = capacity, per_second
         self.level = min(self.level, capacity)
+
+    def full(self, now: float) -> bool:
+        """Refilled to capacity by `now`: nothing would change if it were forgotten."""
+        return self.level + (now - self.stamp) * self.per_second >= self.capacity
 
     def take(self, now: float, amount: float = 1.0) -> bool:
         self.level = min(self.capacity, self.level + (now - self.stamp) * self.per_second)
@@ -110,6 +117,14 @@ class RequestRates:
         ok = bucket.take(now)
         return Verdict(ok, "" if ok else "rate limit exceeded", int(bucket.level))
 
+    def sweep(self) -> None:
+        """Forget buckets that have refilled: a new one would start in the same state."""
+        now = self._clock.monotonic()
+        self._buckets = {k: b for k, b in self._buckets.items() if not b.full(now)}
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
 
 class DailyTokens:
     """Tokens used per budget key and UTC day. Charged on admission with the worst case
@@ -118,9 +133,13 @@ class DailyTokens:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._used: dict[tuple[str, str], int] = {}
+        self._day_cache = (-1, "")
 
     def _day(self) -> str:
-        return time.strftime("%Y-%m-%d", time.gmtime(self._clock.wall()))
+        number = int(self._clock.wall() // 86_400)
+        if number != self._day_cache[0]:
+            self._day_cache = (number, time.strftime("%Y-%m-%d", time.gmtime(number * 86_400)))
+        return self._day_cache[1]
 
     def charge(self, key: str, amount: int, limit: int) -> Verdict:
         if limit <= 0:
@@ -133,9 +152,6 @@ class DailyTokens:
                 "insufficient daily token budget for requested max_tokens",
                 max(0, limit - used),
             )
-        if slot not in self._used and len(self._used) > 10_000:
-            # Yesterday's entries are dead weight once the day has turned.
-            self._used = {k: v for k, v in self._used.items() if k[1] == slot[1]}
         self._used[slot] = used + amount
         return Verdict(True, remaining=limit - used - amount)
 
@@ -143,6 +159,14 @@ class DailyTokens:
         slot = (key, self._day())
         if slot in self._used:
             self._used[slot] = max(0, self._used[slot] + delta)
+
+    def sweep(self) -> None:
+        """Forget totals of past UTC days."""
+        day = self._day()
+        self._used = {k: v for k, v in self._used.items() if k[1] == day}
+
+    def __len__(self) -> int:
+        return len(self._used)
 
     def used(self, key: str) -> int:
         return self._used.get((key, self._day()), 0)
@@ -167,7 +191,10 @@ def budget_for(tenant: str, quota: Quota, model: str) -> tuple[str, int]:
     return tenant, quota.tokens_per_day
 
 
-LLM_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages"})
+# Every route that generates tokens goes through B1 to B4 and the daily budget. The Go
+# router left /v1/completions out, which let a key past its daily budget keep generating.
+GENERATING_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+IDLE_POOL_SECONDS = 15 * 60
 
 
 class Occupancy:
@@ -176,10 +203,14 @@ class Occupancy:
     Check and take happen in one synchronous step; a request that does not fit parks in
     FIFO order until a release makes room or its park timeout passes."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: float = 0.0) -> None:
         self.tokens = 0
         self.inflight = 0
+        self.last_used = now
         self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def idle(self, now: float, after: float) -> bool:
+        return not self.inflight and not self._waiters and now - self.last_used >= after
 
     def _fits(self, footprint: int, budget: int, backstop: int) -> bool:
         if backstop and self.inflight >= backstop:
@@ -209,9 +240,10 @@ class Occupancy:
         self.inflight += 1
         return True
 
-    def release(self, footprint: int) -> None:
+    def release(self, footprint: int, now: float) -> None:
         self.tokens -= footprint
         self.inflight -= 1
+        self.last_used = now
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -231,9 +263,9 @@ class Admitted:
     images: int
     occupancy: Occupancy | None = None
     footprint: int = 0
-    key_ref: str = ""
-    key_pool: dict[str, int] | None = None  # serverless: the key's in-flight footprints
-    output_bucket: TokenBucket | None = None  # serverless: charged with output afterwards
+    key_ref: tuple[str, str] = ("", "")  # serverless: (key, model)
+    key_pool: dict[tuple[str, str], int] | None = None  # serverless: in-flight footprints
+    output_rate: int = 0  # serverless: tokens per minute charged with the output afterwards
     grows: bool = False  # output undeclared: the reservation grows as tokens stream
     estimate: int = 0  # the estimated input part of the footprint
 
@@ -256,12 +288,16 @@ class Admitted:
         if self.grows and tokens > 0:
             self._add(tokens)
 
-    def release(self) -> None:
+    def release(self, now: float) -> None:
         if self.occupancy is not None:
-            self.occupancy.release(self.footprint)
+            self.occupancy.release(self.footprint, now)
             self.occupancy = None
         if self.key_pool is not None:
-            self.key_pool[self.key_ref] -= self.footprint
+            left = self.key_pool[self.key_ref] - self.footprint
+            if left:
+                self.key_pool[self.key_ref] = left
+            else:
+                del self.key_pool[self.key_ref]
             self.key_pool = None
 
 
@@ -284,9 +320,10 @@ class Admission:
         self.park_timeout = park_timeout
         self.pools: dict[str, Occupancy] = {}
         self.limits: dict[str, tuple[int, int]] = {}  # last effective (budget, backstop)
-        self.key_footprints: dict[str, int] = {}
-        self.input_rates: dict[str, TokenBucket] = {}
-        self.output_rates: dict[str, TokenBucket] = {}
+        # B4 state is kept per key and model, as the reference does.
+        self.key_footprints: dict[tuple[str, str], int] = {}
+        self.input_rates: dict[tuple[str, str], TokenBucket] = {}
+        self.output_rates: dict[tuple[str, str], TokenBucket] = {}
         self._clock = clock
         self.rejections: Callable[[str, str], None] = lambda reason, model: None
         self.estimator = Estimator()
@@ -308,7 +345,7 @@ class Admission:
             if not verdict.ok:
                 self.rejections("b4_rpm", model)
                 raise ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, verdict.message)
-        if facts.route not in LLM_ROUTES:
+        if facts.route not in GENERATING_ROUTES:
             return None
         estimate = self.estimator.estimate(model, facts.text_bytes, facts.messages)
         policy = self._policy_for(model)
@@ -340,14 +377,15 @@ class Admission:
                         principal, policy, admitted, estimate, worst, len(healthy), headers
                     )
                 except ApiError:
-                    admitted.release()
+                    admitted.release(self._clock.monotonic())
                     raise
         key, limit = budget_for(tenant, quota, model)
         verdict = self.daily.charge(key, worst, limit)
         if verdict.remaining is not None:
             headers["X-RateLimit-Remaining-Tokens"] = str(verdict.remaining)
         if not verdict.ok:
-            admitted.release()  # a later refusal gives back what earlier gates took
+            # a later refusal gives back what earlier gates took
+            admitted.release(self._clock.monotonic())
             raise ApiError(ErrorCode.TOKEN_LIMIT_EXCEEDED, verdict.message)
         admitted.budget_key, admitted.charged = key, worst if limit > 0 else 0
         return admitted
@@ -364,7 +402,11 @@ class Admission:
     ) -> None:
         """B4, serverless mode: the key's occupancy share, then its input and output token
         rates. Refusals are 429 rate_limit_exceeded with Retry-After: 1."""
-        key, quota, now = principal.key_ref, principal.quota, self._clock.monotonic()
+        key, quota, now = (
+            (principal.key_ref, admitted.model),
+            principal.quota,
+            self._clock.monotonic(),
+        )
 
         def refuse(reason: str, message: str) -> ApiError:
             self.rejections(reason, admitted.model)
@@ -379,7 +421,7 @@ class Admission:
             bucket = self._bucket(self.output_rates, key, quota.output_tokens_per_minute, now)
             if not bucket.take(now, 0.0) or bucket.level <= 0:
                 raise refuse("b4_otpm", "output token rate exceeded, please retry")
-            admitted.output_bucket = bucket
+            admitted.output_rate = quota.output_tokens_per_minute
         if quota.input_tokens_per_minute:
             bucket = self._bucket(self.input_rates, key, quota.input_tokens_per_minute, now)
             if not bucket.take(now, float(estimate)):
@@ -393,7 +435,10 @@ class Admission:
 
     @staticmethod
     def _bucket(
-        buckets: dict[str, TokenBucket], key: str, per_minute: int, now: float
+        buckets: dict[tuple[str, str], TokenBucket],
+        key: tuple[str, str],
+        per_minute: int,
+        now: float,
     ) -> TokenBucket:
         bucket = buckets.get(key)
         if bucket is None or bucket.capacity != per_minute:
@@ -427,7 +472,9 @@ class Admission:
         replicas = max(1, replicas)
         budget = math.floor(self.admit_fraction * policy.admit_budget_tokens * replicas)
         backstop = policy.max_inflight * replicas
-        pool = self.pools.setdefault(admitted.model, Occupancy())
+        pool = self.pools.get(admitted.model)
+        if pool is None:
+            pool = self.pools[admitted.model] = Occupancy(self._clock.monotonic())
         self.limits[admitted.model] = (budget, backstop)
         if not await pool.reserve(footprint, budget, backstop, self.park_timeout):
             self.rejections("b2", admitted.model)
@@ -438,14 +485,20 @@ class Admission:
             )
         admitted.occupancy, admitted.footprint = pool, footprint
 
+    def leave(self, admitted: Admitted) -> None:
+        """Give back the occupancy reservation early (the request left the local pool)."""
+        admitted.release(self._clock.monotonic())
+
     def settle(self, admitted: Admitted, usage: Usage | None, answered: bool) -> None:
         """Release the occupancy reservation, true up the daily budget with exact usage,
         refund a request nobody answered, and teach the estimator from text-only prompts."""
-        admitted.release()
-        if usage is not None and admitted.output_bucket is not None:
-            # One answer can drain at most the bucket, never borrow beyond it.
-            bucket = admitted.output_bucket
-            bucket.take(self._clock.monotonic(), 0.0)
+        now = self._clock.monotonic()
+        admitted.release(now)
+        if usage is not None and admitted.output_rate:
+            # Looked up again rather than held: a sweep may have dropped a full bucket
+            # meanwhile. One answer can drain at most the bucket, never borrow beyond it.
+            bucket = self._bucket(self.output_rates, admitted.key_ref, admitted.output_rate, now)
+            bucket.take(now, 0.0)
             bucket.level = max(0.0, bucket.level - usage.output_tokens)
         if usage is not None:
             if admitted.charged:
@@ -457,3 +510,27 @@ class Admission:
                 )
         elif not answered and admitted.charged:
             self.daily.adjust(admitted.budget_key, -admitted.charged)
+
+    def sweep(self) -> None:
+        """Forget idle state (run every few minutes): request and token-rate buckets that
+        have refilled, daily totals of past UTC days, and occupancy pools that have held
+        nothing for 15 minutes. Memory then follows the keys in use, not every key ever
+        seen; what is forgotten would be recreated in the same state."""
+        now = self._clock.monotonic()
+        self.rates.sweep()
+        self.daily.sweep()
+        for buckets in (self.input_rates, self.output_rates):
+            _keep(buckets, lambda bucket: not bucket.full(now))
+        _keep(self.key_footprints, lambda footprint: footprint != 0)
+        idle = [m for m, p in self.pools.items() if p.idle(now, IDLE_POOL_SECONDS)]
+        for model in idle:
+            del self.pools[model]
+            self.limits.pop(model, None)
+
+
+def _keep(table: dict[Any, V], wanted: Callable[[V], bool]) -> None:
+    """Drop unwanted entries in place and give the table's memory back: a dict keeps the
+    size it once had until it is cleared (the object stays the same for its holders)."""
+    kept = {key: value for key, value in table.items() if wanted(value)}
+    table.clear()
+    table.update(kept)

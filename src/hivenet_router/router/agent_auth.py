@@ -9,7 +9,6 @@ expiry. Failed attempts are limited per source address.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import logging
 from dataclasses import dataclass
 
@@ -22,17 +21,6 @@ log = logging.getLogger("hivenet.auth")
 
 MAX_AUTH_BODY = 16 * 1024
 FAILURE_WINDOW = 60.0
-
-
-def source_prefix(peer: str) -> str:
-    """IPv4 addresses count alone, IPv6 addresses by their /56."""
-    try:
-        address = ipaddress.ip_address(peer)
-    except ValueError:
-        return peer
-    if address.version == 6:
-        return str(ipaddress.ip_network(f"{address}/56", strict=False))
-    return str(address)
 
 
 class Sessions:
@@ -71,8 +59,8 @@ class _Window:
 
 
 class FailureLimiter:
-    """At most `limit` failed authentications per source and minute; then refuse at once,
-    without the work of checking, and say so in the log once per window."""
+    """At most `limit` failed authentications per source and minute are answered (and
+    logged) one by one; past that, failures get 429 and one log line per window."""
 
     def __init__(self, clock: Clock, limit: int) -> None:
         self._clock = clock
@@ -135,9 +123,11 @@ class AgentAuthenticator:
 
     def answer(self, body: bytes, source: str) -> tuple[int, dict[str, object]]:
         """Check one authentication request from `source`; (status, answer) as HTTP would
-        say it. The transport that carried it maps the status to its own codes."""
-        if self.failures.blocked(source):
-            return 429, {"error": "too many failed attempts; retry later"}
+        say it. The transport that carried it maps the status to its own codes.
+
+        A valid credential is always accepted: the failure limit only throttles the
+        failures, so a flood of bad attempts from one address cannot lock out a real agent
+        that shares it (checking an HMAC costs microseconds)."""
         try:
             request = orjson.loads(body)
             token = request["token"]
@@ -166,6 +156,8 @@ class AgentAuthenticator:
         }
 
     def _failed(self, source: str, reason: str, status: int) -> tuple[int, dict[str, object]]:
+        if self.failures.blocked(source):
+            return 429, {"error": "too many failed attempts; retry later"}
         # The reason names what failed, never the token or the secret.
         log.warning("agent authentication from %s refused: %s", source, reason)
         self.failures.failed(source)

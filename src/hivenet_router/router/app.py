@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +18,7 @@ from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.router.requests import check_headers, credential, request_id
 
 log = logging.getLogger("hivenet.api")
 
@@ -33,29 +32,6 @@ INFERENCE_ROUTES = (
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def request_id(supplied: str | None) -> str:
-    """Keep a client's X-Request-ID only when it is a UUID; otherwise make one.
-
-    Request IDs correlate logs; they are not secrets, so a fast pseudo-random UUID will do
-    (uuid4 costs a system call per request).
-    """
-    if supplied:
-        try:
-            return str(uuid.UUID(supplied))
-        except ValueError:
-            pass
-    return str(uuid.UUID(int=random.getrandbits(128), version=4))
-
-
-def credential(request: web.Request) -> str | None:
-    """The presented key: `Authorization: Bearer KEY`, or `x-api-key` (what the Anthropic
-    SDK sends; the Go router accepted only the former)."""
-    header = request.headers.get("Authorization")
-    if header and header[:7].lower() == "bearer ":
-        return header[7:].strip()
-    return request.headers.get("x-api-key")
 
 
 def _error_response(status: int, body: bytes, rid: str) -> web.Response:
@@ -75,6 +51,22 @@ class Edge:
         self._metrics = metrics
         self._auth = auth
         self._loop_time = asyncio.get_running_loop().time
+        self.inflight: set[asyncio.Task[Any]] = set()
+
+    async def drain(self, grace: float, cutting: Callable[[], None]) -> int:
+        """Give the requests in flight up to `grace` seconds to finish, then call `cutting`
+        and cancel the rest (a stream is cut) and wait for them to unwind. Returns how many
+        were cut."""
+        if self.inflight:
+            await asyncio.wait(set(self.inflight), timeout=grace)
+        left = set(self.inflight)
+        if left:
+            cutting()
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=2.0)
+        return len(left)
 
     def wrap(self, endpoint: str, handler: Handler, guard: str = "") -> Handler:
         """`guard`: "client" for /v1/*, "admin" for /admin/*, "" for public routes."""
@@ -82,14 +74,25 @@ class Edge:
         durations: dict[int, Any] = {}
         histogram = self._metrics.request_duration
         auth = self._auth
+        inflight = self.inflight
 
         async def edge(request: web.Request) -> web.StreamResponse:
+            task = asyncio.current_task()
+            assert task is not None
+            inflight.add(task)
+            try:
+                return await guarded(request)
+            finally:
+                inflight.discard(task)
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
             rid = request_id(request.headers.get("X-Request-ID"))
             request["request_id"] = rid
             limits: dict[str, str] = {}
             request["limit_headers"] = limits
             started = loop_time()
             try:
+                check_headers(request)
                 if guard == "client":
                     principal = auth.client.authenticate(credential(request), time.time())
                     if principal is None:
@@ -118,6 +121,8 @@ class Edge:
                 )
             if not response.prepared:
                 response.headers["X-Request-ID"] = rid
+                if request.get("close"):
+                    response.force_close()
             series = durations.get(response.status)
             if series is None:
                 series = durations[response.status] = histogram.labels(
@@ -129,17 +134,10 @@ class Edge:
         return edge
 
 
-def build_app(
-    handlers: Handlers,
-    admin: AdminApi,
-    metrics: RouterMetrics,
-    auth: AuthState,
-    body_limit: int,
-) -> web.Application:
+def build_app(handlers: Handlers, admin: AdminApi, edge: Edge, body_limit: int) -> web.Application:
     """The route allowlist. Anything else, any method, gets a structured 404 or 405."""
     # aiohttp's own limits bound the request line and each header (8 KiB).
     app = web.Application(client_max_size=body_limit)
-    edge = Edge(metrics, auth)
     known: dict[str, str] = {}
 
     def add(method: str, path: str, handler: Handler, guard: str) -> None:

@@ -15,7 +15,8 @@ import ssl
 import grpc
 import orjson
 
-from hivenet_router.router.agent_auth import MAX_AUTH_BODY, AgentAuthenticator, source_prefix
+from hivenet_router.listeners import address_prefix
+from hivenet_router.router.agent_auth import MAX_AUTH_BODY, AgentAuthenticator
 from hivenet_router.transport.tunnel import relay
 
 log = logging.getLogger("hivenet.grpc")
@@ -61,7 +62,7 @@ class GrpcAuthServer:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        source = source_prefix(str(peer[0])) if peer else "unknown"
+        source = address_prefix(str(peer[0])) if peer else "unknown"
         try:
             inner = await asyncio.open_connection("127.0.0.1", self._inner_port)
         except OSError as exc:

@@ -1,8 +1,12 @@
 """Read only what routing needs from a request body; keep the original bytes to forward.
 
 msgspec decodes the few fields named here and skips the rest without building objects for
-them, while still rejecting malformed JSON. A wrong type is a 400 `request_invalid` whose
-message names the field.
+them, while still rejecting malformed JSON. The router checks only the types of the fields
+it interprets itself (model, stream, the output limit, the prompt it estimates), and only
+as strictly as the official OpenAI and Anthropic schemas do: everything else (tools,
+tool_choice, response_format, thinking, cache_control, fields added next year) belongs to
+the engine, which receives the body unchanged. A wrong type is a 400 `request_invalid`
+whose message names the field.
 """
 
 from __future__ import annotations
@@ -16,34 +20,36 @@ from hivenet_router.domain.agent import ROUTE_CAPABILITY
 from hivenet_router.domain.errors import ApiError, ErrorCode
 
 ModelId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-TokenCount = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class _StreamOptions(msgspec.Struct):
-    include_usage: bool | None = None
+# Parts of a message whose text the model reads, and how deep tool results nest.
+_NEST_LIMIT = 3
 
 
 class _Common(msgspec.Struct, kw_only=True):
     model: ModelId
     stream: bool | None = None
-    stream_options: _StreamOptions | None = None
-    max_tokens: TokenCount | None = None
-    max_completion_tokens: TokenCount | None = None
+    # Any integer: OpenAI's schema sets no minimum on chat, and a negative value counts as
+    # undeclared output, as the Go router treats it; the engine judges the value itself.
+    # JSON Schema's integers include 64.0, so floats are read too (a fraction counts as
+    # undeclared, and the engine answers it).
+    max_tokens: int | float | None = None
+    max_completion_tokens: int | float | None = None
+    # Tool schemas become part of the prompt: their size feeds the estimate. An empty Raw
+    # stands for "absent" (msgspec cannot put Raw in a union with None).
+    tools: msgspec.Raw = msgspec.Raw()
 
 
 class _Chat(_Common):
     messages: Annotated[list[Any], msgspec.Meta(min_length=1)]
-    tools: msgspec.Raw | None = None
 
 
 class _Completion(_Common):
-    prompt: str | list[Any]
+    prompt: str | list[Any] | None
 
 
 class _Messages(_Common):
-    messages: Annotated[list[Any], msgspec.Meta(min_length=1)]
+    # Anthropic's schema sets no minimum length on messages.
+    messages: list[Any]
     system: Any = None
-    tools: msgspec.Raw | None = None
 
 
 class _Embeddings(msgspec.Struct):
@@ -74,30 +80,45 @@ class RequestFacts:
     model: str
     capability: str
     stream: bool
-    max_output_tokens: int | None
+    max_output_tokens: int | None  # None: undeclared (absent, null or negative)
     text_bytes: int = 0  # prompt text, system prompt and raw tool JSON, for the estimate
     messages: int = 0
     images: int = 0
 
 
 _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
+_TEXT_FIELDS = ("text", "thinking", "arguments")
 
 
-def _content(content: Any, tally: list[int]) -> None:
-    """Add a message content's text bytes to tally[0] and its images to tally[1]."""
+def _content(content: Any, tally: list[int], depth: int = 0) -> None:
+    """Add a message content's text bytes to tally[0] and its images to tally[1].
+
+    Reads OpenAI content parts and Anthropic blocks alike, including what an agentic client
+    sends most of: tool results (nested blocks) and tool calls (JSON arguments).
+    """
     if isinstance(content, str):
         tally[0] += len(content.encode())
-    elif isinstance(content, list):
+    elif isinstance(content, list) and depth < _NEST_LIMIT:
         for part in content:
             if isinstance(part, dict):
-                kind = part.get("type")
-                if kind in _IMAGE_PARTS:
-                    tally[1] += 1
-                text = part.get("text")
-                if isinstance(text, str):
-                    tally[0] += len(text.encode())
+                _part(part, tally, depth)
             elif isinstance(part, str):
                 tally[0] += len(part.encode())
+
+
+def _part(part: dict[str, Any], tally: list[int], depth: int) -> None:
+    kind = part.get("type")
+    if kind in _IMAGE_PARTS:
+        tally[1] += 1
+        return
+    for name in _TEXT_FIELDS:
+        text = part.get(name)
+        if isinstance(text, str):
+            tally[0] += len(text.encode())
+    if kind == "tool_result":
+        _content(part.get("content"), tally, depth + 1)
+    elif kind == "tool_use":
+        tally[0] += len(msgspec.json.encode(part.get("input")))
 
 
 def _measure(decoded: Any) -> tuple[int, int, int]:
@@ -109,6 +130,12 @@ def _measure(decoded: Any) -> tuple[int, int, int]:
         for message in messages:
             if isinstance(message, dict):
                 _content(message.get("content"), tally)
+                calls = message.get("tool_calls")
+                if isinstance(calls, list):
+                    for call in calls:
+                        function = call.get("function") if isinstance(call, dict) else None
+                        if isinstance(function, dict):
+                            _part(function, tally, 0)
     _content(getattr(decoded, "system", None), tally)
     prompt = getattr(decoded, "prompt", None)
     if prompt is not None:
@@ -117,6 +144,12 @@ def _measure(decoded: Any) -> tuple[int, int, int]:
     if tools is not None:
         tally[0] += len(tools)
     return tally[0], count, tally[1]
+
+
+def _declared(value: float | None) -> int | None:
+    if value is None or value < 0 or (isinstance(value, float) and not value.is_integer()):
+        return None
+    return int(value)
 
 
 def parse(route: str, body: bytes) -> RequestFacts:
@@ -128,10 +161,13 @@ def parse(route: str, body: bytes) -> RequestFacts:
         raise ApiError(ErrorCode.REQUEST_INVALID, _explain(str(exc), body)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        # msgspec follows nesting on the C stack; past Python's limit it gives up here.
+        raise ApiError(ErrorCode.REQUEST_INVALID, "JSON is nested too deeply") from None
     stream = bool(getattr(decoded, "stream", None))
-    max_out = getattr(decoded, "max_completion_tokens", None)
+    max_out = _declared(getattr(decoded, "max_completion_tokens", None))
     if max_out is None:
-        max_out = getattr(decoded, "max_tokens", None)
+        max_out = _declared(getattr(decoded, "max_tokens", None))
     text_bytes, messages, images = _measure(decoded)
     return RequestFacts(
         route, decoded.model, ROUTE_CAPABILITY[route], stream, max_out, text_bytes, messages, images
@@ -145,7 +181,7 @@ def _explain(message: str, body: bytes) -> str:
         return "model field is required"
     try:
         value = _ANY.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return message
     if not isinstance(value, dict):
         return "request body must be a JSON object"

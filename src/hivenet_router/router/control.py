@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -29,7 +28,7 @@ from hivenet_router.domain.agent import (
     Renewal,
     RoutingSignal,
 )
-from hivenet_router.router.agent_auth import Sessions, source_prefix
+from hivenet_router.router.agent_auth import Sessions
 from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import AgentRecord, Registry
@@ -68,7 +67,6 @@ class ControlPlane:
         clock: Clock,
         sessions: Sessions,
         router_peer_id: str,
-        max_conns_per_ip: int,
         history: HistoryKeeper,
     ) -> None:
         self.history = history
@@ -77,8 +75,6 @@ class ControlPlane:
         self.clock = clock
         self.sessions = sessions
         self.router_peer_id = router_peer_id
-        self.max_conns_per_ip = max_conns_per_ip
-        self._conns: Counter[str] = Counter()
         self.links: set[Link] = set()
 
     def link_app(self) -> web.Application:
@@ -93,20 +89,10 @@ class ControlPlane:
         if grant is None:
             log.warning("agent connection from %s refused: no valid session", request.remote)
             return _refuse(401, "no valid session")
-        source = source_prefix(request.remote or "")
-        if self._conns[source] >= self.max_conns_per_ip:
-            log.warning(
-                "agent connection from %s refused: %d connections from %s already",
-                request.remote,
-                self._conns[source],
-                source,
-            )
-            return _refuse(429, "too many connections from this address")
         ws = web.WebSocketResponse(
             heartbeat=5.0, max_msg_size=frames.WS_MAX_MSG_SIZE, autoping=True
         )
         await ws.prepare(request)
-        self._conns[source] += 1
         link = Link(ws, dialer=False, name=f"agent {grant.peer_id}", handlers={})
         binding = Binding(link, grant)
         link.add_handler(ROUTER_PROTOCOL, self._management(binding))
@@ -115,15 +101,14 @@ class ControlPlane:
             await link.run()
         finally:
             self.links.discard(link)
-            self._conns[source] -= 1
-            if self._conns[source] <= 0:
-                del self._conns[source]
             record = binding.record
             if record is not None and self.registry.get(record.peer_id) is record:
                 log.warning("agent %s disconnected: %s", record.peer_id, link.close_reason)
                 record.disconnected_at = self.clock.monotonic()
                 record.disconnects += 1
                 self.metrics.disconnections.labels(record.peer_id).inc()
+                # Out of the pool at once (eligible needs a live link); say so at once too.
+                self.metrics.agent_healthy.labels(record.peer_id, record.model).set(0)
         return ws
 
     def _management(self, binding: Binding) -> Callable[[Stream], Awaitable[None]]:

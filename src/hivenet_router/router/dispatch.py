@@ -29,7 +29,9 @@ from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream
 
 log = logging.getLogger("hivenet.router")
 
-MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+# A whole (non-streamed) answer is held in memory: bound it. Embeddings of a large batch
+# are the biggest legitimate answers (2,048 inputs of 3,072 floats are about 60 MB).
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,11 @@ class Exchange:
     ok: bool = False
     rtt_ms: float | None = None
     provider: str | None = None
+
+    @property
+    def client_error(self) -> bool:
+        """The engine refused the request itself (a 4xx it would give on any agent)."""
+        return 400 <= self.status < 500
 
 
 class _Done:
@@ -211,6 +218,8 @@ class Dispatcher:
                 self._routed(job.model).inc()
                 agent.meters.success.inc()
                 agent.succeeded(exchange.rtt_ms)
+            elif exchange.client_error:
+                pass  # the client's mistake: neither a success nor the agent's failure
             else:
                 agent.meters.failed.inc()
                 agent.failed()
@@ -324,9 +333,11 @@ class Dispatcher:
         if not self.registry.for_model(job.model):
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}")
         if last is not None:
+            # Only the code: the failure's own text names internal addresses and libraries
+            # (it is in the log).
             raise ApiError(
                 ErrorCode.NO_AGENTS_AVAILABLE,
-                f"every policy step of {policy.name} is exhausted; last failure: {last}",
+                f"every policy step of {policy.name} is exhausted; last failure: {last.code.value}",
             )
         if full:
             raise ApiError(
@@ -404,6 +415,11 @@ class Dispatcher:
         try:
             stream = await link.open(INFERENCE_PROTOCOL, "POST", job.route, job.headers, job.body)
         except StreamReset as exc:
+            if exc.code == "head_too_large":
+                # The request itself cannot travel; no agent would do better.
+                raise ApiError(
+                    ErrorCode.REQUEST_TOO_LARGE, "request headers too large", status=431
+                ) from None
             raise _Retry(ApiError(ErrorCode.AGENT_DISCONNECTED, str(exc)), stale=True) from None
         try:
             head = await stream.response_head()

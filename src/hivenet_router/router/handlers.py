@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
@@ -16,6 +17,7 @@ from hivenet_router.router.admission import Admission, Admitted
 from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
 from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import Registry
+from hivenet_router.router.requests import read_body
 from hivenet_router.router.usage import StreamMeter, Usage, from_body, stream_input_tokens
 from hivenet_router.transport.link import StreamReset
 
@@ -38,6 +40,10 @@ _DROP = frozenset(
         "authorization",
         "x-api-key",
         "cookie",
+        # The body goes on decoded (the router had to read it), so its encoding label and
+        # a 100-continue expectation (answered here) describe nothing the agent receives.
+        "content-encoding",
+        "expect",
     }
 )
 
@@ -63,7 +69,12 @@ class Handlers:
         metrics: RouterMetrics,
         request_timeout: float,
         admission: Admission,
+        body_timeout: float = 30.0,
+        warming: Callable[[], bool] = lambda: False,
     ) -> None:
+        self.warming = warming
+        self.stopping = False  # set when the shutdown grace is over and streams are cut
+        self.body_timeout = body_timeout
         self.admission = admission
         self.dispatcher = dispatcher
         self.registry = registry
@@ -118,12 +129,7 @@ class Handlers:
 
     async def inference(self, request: web.Request) -> web.StreamResponse:
         route = request.path
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise ApiError(
-                ErrorCode.REQUEST_TOO_LARGE, exc.text or "request body too large"
-            ) from None
+        body = await read_body(request, self.body_timeout)
         facts = bodies.parse(route, body)
         principal: Principal = request["principal"]
         if not principal.allows(facts.model):
@@ -134,6 +140,15 @@ class Handlers:
         if not self.registry.for_model(facts.model) and not self.dispatcher.claims(facts.model):
             # Refused before admission and metrics: a made-up model name must not create
             # occupancy pools or metric series.
+            if self.warming():
+                # Just started: the agents serving it may still be reconnecting. A 503 with
+                # Retry-After is what SDKs retry; a 404 would end the client's request.
+                request["limit_headers"]["Retry-After"] = "1"
+                raise ApiError(
+                    ErrorCode.NO_AGENTS_AVAILABLE,
+                    f"router is starting and no agent for model {facts.model} has "
+                    "registered yet; retry shortly",
+                )
             raise ApiError(
                 ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {facts.model}"
             )
@@ -151,7 +166,7 @@ class Handlers:
             facts.stream,
             body,
             _forward_headers(request),
-            admitted.release if admitted is not None else (lambda: None),
+            (lambda: self.admission.leave(admitted)) if admitted is not None else (lambda: None),
         )
         progress = Progress()
         deadline = asyncio.get_running_loop().time() + self.request_timeout
@@ -227,12 +242,11 @@ class Handlers:
         except StreamReset as exc:
             source = exchange.agent.peer_id if exchange.agent else exchange.provider
             log.warning("stream from %s broke: %s", source, exc)
-            code = (
-                ErrorCode.BACKEND_ERROR
-                if exc.code != "connection_lost"
-                else ErrorCode.AGENT_DISCONNECTED
-            )
-            await self._stream_error(response, job, code, f"stream interrupted: {exc.message}")
+            if exc.code == "connection_lost":
+                code, why = ErrorCode.AGENT_DISCONNECTED, "the agent's connection was lost"
+            else:
+                code, why = ErrorCode.BACKEND_ERROR, "the engine stopped answering mid-stream"
+            await self._stream_error(response, job, code, f"stream interrupted: {why}")
         except TimeoutError:
             await self._stream_error(
                 response,
@@ -240,6 +254,19 @@ class Handlers:
                 ErrorCode.REQUEST_TIMEOUT,
                 "request deadline expired during the stream",
             )
+        except asyncio.CancelledError:
+            if self.stopping:
+                # Cut at the end of the shutdown grace: say so, so the client's SDK raises
+                # instead of taking a truncated answer for a whole one.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await self._stream_error(
+                            response,
+                            job,
+                            ErrorCode.AGENT_DISCONNECTED,
+                            "stream interrupted: the router is shutting down",
+                        )
+            raise
         usage = meter.result()
         self._account(exchange, usage)
         await response.write_eof()

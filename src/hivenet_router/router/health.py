@@ -49,8 +49,11 @@ class HealthMonitor:
                     silent,
                 )
                 self.registry.remove(record.peer_id)
-                record.disconnects += 1
-                self.metrics.disconnections.labels(record.peer_id).inc()
+                if record.disconnected_at is None:
+                    # Silent on a connection that is still open; a dropped connection was
+                    # counted when it dropped, and must not be counted again here.
+                    record.disconnects += 1
+                    self.metrics.disconnections.labels(record.peer_id).inc()
                 self.on_remove(record)
             elif silent > self.unhealthy_after and record.process_healthy:
                 log.warning(

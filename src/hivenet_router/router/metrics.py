@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,3 +287,21 @@ class AdmissionCollector(Collector):
             budget.add_metric([model], limit)
             backstop.add_metric([model], most)
         yield from (tokens, inflight, budget, backstop)
+
+
+class LinkCollector(Collector):
+    """Streams open on each agent's connection, read at scrape time: after every request has
+    ended it must be zero, or something was left behind."""
+
+    def __init__(self, source: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        streams = GaugeMetricFamily(
+            "hivenet_agent_link_streams",
+            "Streams open on the agent's connection",
+            labels=["peer_id", "model"],
+        )
+        for peer_id, model, count in self._source():
+            streams.add_metric([peer_id, model], count)
+        yield streams

@@ -16,23 +16,30 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hivenet_router.auth.config import AuthConfigError
 from hivenet_router.auth.providers import AuthSettings, AuthState
+from hivenet_router.auth.serverless import itpm_conflict
 from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
+from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.listeners import (
+    ConnectionGuard,
+    connection_budget,
+    raise_open_files_limit,
+)
 from hivenet_router.policy.document import Policy, PolicyError
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.admission import Admission
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
-from hivenet_router.router.app import build_app
+from hivenet_router.router.app import Edge, build_app
 from hivenet_router.router.auth_grpc import GrpcAuthServer
 from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
 from hivenet_router.router.history import HistoryKeeper
-from hivenet_router.router.metrics import AdmissionCollector, RouterMetrics
+from hivenet_router.router.metrics import AdmissionCollector, LinkCollector, RouterMetrics
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.runtime import start_site
@@ -44,7 +51,25 @@ from hivenet_router.transport.tls import RouterTlsIdentity, derive_key
 
 log = logging.getLogger("hivenet.router")
 
-SHUTDOWN_GRACE = 30.0
+SWEEP_INTERVAL = 300.0  # idle admission state is forgotten every five minutes
+
+
+def _refusal() -> bytes:
+    """What a connection over the per-address cap reads before it is closed."""
+    body = error_body(ErrorCode.QUEUE_FULL, "too many open connections from this address")
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Retry-After: 1\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+TOO_MANY_CONNECTIONS = _refusal()
+LINK_REFUSAL = (
+    b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: 50\r\n\r\n"
+    b'{"error":"too many connections from this address"}'
+)
 
 
 def provider_configs(config: RouterConfig) -> dict[str, ProviderConfig]:
@@ -97,10 +122,17 @@ class RouterProcess:
                     env_mode=config.auth_mode,
                     admin_keys=config.admin_api_keys,
                     allow_insecure_admin=config.allow_insecure_admin,
-                )
+                ),
+                # Keys are judged against the policies in force, now and after reloads.
+                check=lambda name, models, quota: itpm_conflict(
+                    name, models, quota, policies.current
+                ),
             )
         except AuthConfigError as exc:
             raise ConfigError(f"authentication: {exc}") from None
+        policies.check = lambda candidate: auth.conflict(
+            lambda name, models, quota: itpm_conflict(name, models, quota, candidate)
+        )
         return cls(config, secret, SystemClock(), policies, providers, auth)
 
     def _announce(self) -> str:
@@ -145,10 +177,28 @@ class RouterProcess:
             cfg.admit_park_timeout,
         )
         metrics.registry.register(AdmissionCollector(admission))
+        metrics.registry.register(
+            LinkCollector(
+                lambda: [
+                    (a.peer_id, a.model, a.link.active_streams)
+                    for a in registry.all()
+                    if a.link is not None
+                ]
+            )
+        )
         admission.rejections = lambda reason, model: metrics.admission_rejections.labels(
             reason, model
         ).inc()
-        handlers = Handlers(dispatcher, registry, metrics, cfg.request_timeout, admission)
+        warm_until = self.clock.monotonic() + cfg.warmup
+        handlers = Handlers(
+            dispatcher,
+            registry,
+            metrics,
+            cfg.request_timeout,
+            admission,
+            body_timeout=cfg.http_body_timeout,
+            warming=lambda: self.clock.monotonic() < warm_until,
+        )
         sessions = Sessions(self.clock, cfg.session_ttl)
         authenticator = AgentAuthenticator(
             secret=self.secret,
@@ -177,7 +227,6 @@ class RouterProcess:
             clock=self.clock,
             sessions=sessions,
             router_peer_id=self.peer_id,
-            max_conns_per_ip=cfg.p2p_max_conns_per_ip,
             history=keeper,
         )
 
@@ -210,6 +259,7 @@ class RouterProcess:
             reload=lambda: reload("admin"),
             daily=admission.daily,
             auth=self.auth,
+            body_timeout=cfg.http_body_timeout,
         )
 
         monitor = HealthMonitor(
@@ -233,18 +283,42 @@ class RouterProcess:
         server_tls = self.tls.server_context()
         auth_server = GrpcAuthServer(authenticator, server_tls)
         runners: list[web.AppRunner] = []
+        edge = Edge(metrics, self.auth)
+        open_files = raise_open_files_limit()
+        client_conns = connection_budget(cfg.http_max_conns, open_files)
+        if client_conns < cfg.http_max_conns:
+            log.warning(
+                "open-files limit %d allows %d client connections, not --http-max-conns %d",
+                open_files,
+                client_conns,
+                cfg.http_max_conns,
+            )
         try:
             public = await start_site(
-                build_app(handlers, admin, metrics, self.auth, cfg.body_limit),
+                build_app(handlers, admin, edge, cfg.body_limit),
                 cfg.http_port.host,
                 cfg.http_port.port,
-                shutdown_timeout=min(cfg.request_timeout, SHUTDOWN_GRACE),
+                shutdown_timeout=1.0,
+                guard=ConnectionGuard("client API", cfg.http_max_conns_per_ip, client_conns),
+                refusal=TOO_MANY_CONNECTIONS,
+                idle_timeout=cfg.http_idle_timeout,
             )
             runners.append(public)
             await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
             runners.append(
                 await start_site(
-                    control.link_app(), cfg.p2p_listen_addr, cfg.p2p_port, ssl_context=server_tls
+                    control.link_app(),
+                    cfg.p2p_listen_addr,
+                    cfg.p2p_port,
+                    ssl_context=server_tls,
+                    guard=ConnectionGuard(
+                        "agent link",
+                        cfg.p2p_max_conns_per_ip,
+                        connection_budget(cfg.http_max_conns, open_files),
+                    ),
+                    refusal=LINK_REFUSAL,
+                    idle_timeout=cfg.p2p_handshake_timeout,
+                    handshake_timeout=cfg.p2p_handshake_timeout,
                 )
             )
             runners.append(
@@ -283,9 +357,16 @@ class RouterProcess:
         if persistent_quota:
             day, _ = admission.daily.today()
             admission.daily.restore(day, await store.load_tokens(day))
+
+        async def sweeper() -> None:
+            while True:
+                await asyncio.sleep(SWEEP_INTERVAL)
+                admission.sweep()
+
         health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
         flush_task = asyncio.create_task(keeper.run())
         quota_task = asyncio.create_task(quota_flusher())
+        sweep_task = asyncio.create_task(sweeper())
 
         async def hangup() -> None:
             await reload("sighup")
@@ -297,13 +378,19 @@ class RouterProcess:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
         await stop.wait()
         log.info(
-            "shutting down: no new requests; in-flight ones get up to %.0fs",
-            min(cfg.request_timeout, SHUTDOWN_GRACE),
+            "shutting down: no new requests; %d in flight get up to %gs",
+            len(edge.inflight),
+            cfg.shutdown_grace,
         )
         # The public port closes first, while agent connections still carry what is in
         # flight; only then do the agents hear that the router is going away.
+        for site in public.sites:
+            await site.stop()
+        cut = await edge.drain(cfg.shutdown_grace, lambda: setattr(handlers, "stopping", True))
+        if cut:
+            log.warning("shutdown grace over: cut %d request(s) still in flight", cut)
         await public.cleanup()
-        for task in (health_task, flush_task, quota_task):
+        for task in (health_task, flush_task, quota_task, sweep_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

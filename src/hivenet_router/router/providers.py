@@ -23,7 +23,9 @@ ROUTES: dict[str, frozenset[str]] = {
     "anthropic": frozenset({"/v1/messages", "/v1/messages/count_tokens"}),
 }
 ANTHROPIC_VERSION = "2023-06-01"
-MAX_BODY = 256 * 1024 * 1024
+# A whole provider answer is held in memory: the same bound as an agent's answer.
+MAX_BODY = 64 * 1024 * 1024
+MAX_ERROR_BODY = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +62,8 @@ class ProviderStream:
             chunk = await self._response.content.readany()
         except aiohttp.ClientError as exc:
             self.reset()
-            raise StreamReset("provider_error", f"provider stream failed: {exc}") from None
+            log.warning("provider stream failed: %r", exc)
+            raise StreamReset("provider_error", "provider stream failed") from None
         if not chunk:
             self.finished = True
             self._response.release()
@@ -125,19 +128,27 @@ class Providers:
                 config.base_url + route, data=payload, headers=config.headers(client_headers)
             )
         except aiohttp.ClientError as exc:
+            log.warning("provider %s unreachable: %r", name, exc)
             raise ApiError(
-                ErrorCode.BACKEND_ERROR, f"provider {name}: {exc}", source="backend"
+                ErrorCode.BACKEND_ERROR, f"provider {name} could not be reached", source="backend"
             ) from None
         content_type = response.headers.get("Content-Type", "application/json")
         headers = [("content-type", content_type)]
         handed_over = False
         try:
             if response.status >= 400:
-                raw = await response.content.read(64 * 1024)
+                # The provider's own words stay in the log: an authentication error there
+                # quotes part of the router's provider key.
+                raw = await response.content.read(MAX_ERROR_BODY)
+                log.warning(
+                    "provider %s answered %d: %s",
+                    name,
+                    response.status,
+                    raw[:300].decode(errors="replace"),
+                )
                 raise ApiError(
                     ErrorCode.BACKEND_ERROR,
-                    f"provider {name} answered {response.status}: "
-                    f"{raw[:300].decode(errors='replace')}",
+                    f"provider {name} refused the request (HTTP {response.status})",
                     source="backend",
                 )
             if stream and content_type.startswith("text/event-stream"):
@@ -145,14 +156,34 @@ class Providers:
                 first = await source.read()
                 handed_over = True
                 return ProviderAnswer(response.status, headers, None, first, source)
-            data = await response.read()
+            data = await _read_bounded(response, MAX_BODY)
             return ProviderAnswer(response.status, headers, data, None, None)
         except StreamReset as exc:
             raise ApiError(ErrorCode.BACKEND_ERROR, exc.message, source="backend") from None
         except aiohttp.ClientError as exc:
+            log.warning("provider %s failed mid-answer: %r", name, exc)
             raise ApiError(
-                ErrorCode.BACKEND_ERROR, f"provider {name}: {exc}", source="backend"
+                ErrorCode.BACKEND_ERROR, f"provider {name} failed to answer", source="backend"
             ) from None
         finally:
             if not handed_over:
                 response.release()
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """A whole answer, refused past `limit` bytes (declared or actual)."""
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise ApiError(
+            ErrorCode.BACKEND_ERROR, f"provider answer exceeds {limit} bytes", source="backend"
+        )
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(
+                ErrorCode.BACKEND_ERROR, f"provider answer exceeds {limit} bytes", source="backend"
+            )
+        parts.append(chunk)
+    return b"".join(parts)

@@ -32,6 +32,12 @@ class Format(Protocol):
     ) -> bytes: ...
 
 
+class ToolFormat(Format, Protocol):
+    """A format that can answer with a tool call; its tokens are then argument pieces."""
+
+    def use_tool(self, name: str) -> None: ...
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -49,8 +55,21 @@ class ChatFormat:
             {"id": self.id, "object": "chat.completion.chunk", "created": created, "model": model}
         )[:-1]
         self._head = b"data: " + head + b',"choices":[{"index":0,"delta":'
+        self._tool: str | None = None
+        self._call_id = ""
+
+    def use_tool(self, name: str) -> None:
+        self._tool, self._call_id = name, new_id("call_")
+
+    def _finish(self, finish: str) -> str:
+        return "tool_calls" if self._tool and finish != "length" else finish
 
     def whole(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if self._tool:
+            call = {"name": self._tool, "arguments": text}
+            message["content"] = None
+            message["tool_calls"] = [{"id": self._call_id, "type": "function", "function": call}]
         return orjson.dumps(
             {
                 "id": self.id,
@@ -60,9 +79,9 @@ class ChatFormat:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "message": message,
                         "logprobs": None,
-                        "finish_reason": finish,
+                        "finish_reason": self._finish(finish),
                     }
                 ],
                 "usage": _usage(prompt_tokens, completion_tokens),
@@ -70,14 +89,32 @@ class ChatFormat:
         )
 
     def stream_start(self, prompt_tokens: int) -> bytes:
+        if self._tool:
+            call = {
+                "index": 0,
+                "id": self._call_id,
+                "type": "function",
+                "function": {"name": self._tool, "arguments": ""},
+            }
+            delta = orjson.dumps({"role": "assistant", "content": None, "tool_calls": [call]})
+            return self._head + delta + b',"finish_reason":null}]}\n\n'
         return self._head + b'{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
 
     def stream_token(self, token: str) -> bytes:
+        if self._tool:
+            piece = orjson.dumps(token)
+            return (
+                self._head
+                + b'{"tool_calls":[{"index":0,"function":{"arguments":'
+                + piece
+                + b'}}]},"finish_reason":null}]}\n\n'
+            )
         return self._head + b'{"content":' + orjson.dumps(token) + b'},"finish_reason":null}]}\n\n'
 
     def stream_end(
         self, finish: str, prompt_tokens: int, completion_tokens: int, include_usage: bool
     ) -> bytes:
+        finish = self._finish(finish)
         out = self._head + b'{},"finish_reason":"' + finish.encode() + b'"}]}\n\n'
         if include_usage:
             out += (
@@ -144,7 +181,12 @@ class CompletionFormat:
         return out + b"data: [DONE]\n\n"
 
 
-_ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "abort": "end_turn"}
+_ANTHROPIC_STOP = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "abort": "end_turn",
+    "tool_calls": "tool_use",
+}
 
 
 def _anthropic_usage(input_tokens: int | None, output_tokens: int) -> dict[str, Any]:
@@ -180,14 +222,33 @@ class MessagesFormat:
     def __init__(self, model: str, created: int) -> None:
         self.id = new_id("msg_")
         self.model = model
+        self._tool: str | None = None
+        self._call_id = ""
+
+    def use_tool(self, name: str) -> None:
+        self._tool, self._call_id = name, new_id("toolu_")
+
+    def _stop(self, finish: str) -> str:
+        return _ANTHROPIC_STOP["tool_calls" if self._tool and finish != "length" else finish]
+
+    def _block(self, text: str) -> dict[str, Any]:
+        if self._tool:
+            return {
+                "type": "tool_use",
+                "id": self._call_id,
+                "name": self._tool,
+                "input": orjson.loads(text) if text else {},
+                "caller": {"type": "direct"},
+            }
+        return {"type": "text", "text": text, "citations": None}
 
     def whole(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> bytes:
         return orjson.dumps(
             _anthropic_message(
                 self.id,
                 self.model,
-                [{"type": "text", "text": text, "citations": None}],
-                _ANTHROPIC_STOP[finish],
+                [self._block(text)],
+                self._stop(finish),
                 _anthropic_usage(prompt_tokens, completion_tokens),
             )
         )
@@ -206,12 +267,21 @@ class MessagesFormat:
                 {
                     "type": "content_block_start",
                     "index": 0,
-                    "content_block": {"type": "text", "text": "", "citations": None},
+                    "content_block": {**self._block(""), "input": {}}
+                    if self._tool
+                    else self._block(""),
                 },
             )
         )
 
     def stream_token(self, token: str) -> bytes:
+        if self._tool:
+            return (
+                b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                b'"delta":{"type":"input_json_delta","partial_json":'
+                + orjson.dumps(token)
+                + b"}}\n\n"
+            )
         return (
             b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
             b'"delta":{"type":"text_delta","text":' + orjson.dumps(token) + b"}}\n\n"
@@ -227,7 +297,7 @@ class MessagesFormat:
                 {
                     "type": "message_delta",
                     "delta": {
-                        "stop_reason": _ANTHROPIC_STOP[finish],
+                        "stop_reason": self._stop(finish),
                         "stop_sequence": None,
                         "stop_details": None,
                         "container": None,

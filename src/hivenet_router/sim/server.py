@@ -18,9 +18,16 @@ from aiohttp import web
 from hivenet_router.config.sim import SimConfig
 from hivenet_router.sim.engine import Engine, Timing, count_tokens
 from hivenet_router.sim.faults import FaultDice, Faults
-from hivenet_router.sim.formats import ChatFormat, CompletionFormat, Format, MessagesFormat
+from hivenet_router.sim.formats import (
+    ChatFormat,
+    CompletionFormat,
+    Format,
+    MessagesFormat,
+    ToolFormat,
+)
 from hivenet_router.sim.metrics import render_metrics
 from hivenet_router.sim.text import Corpus, chat_prompt, completion_prompt
+from hivenet_router.sim.tools import forced_call, pieces, structured
 
 log = logging.getLogger("hivenet.sim")
 
@@ -211,6 +218,9 @@ class Simulator:
                 return _anthropic_error(400, message, "invalid_request_error")
             return _error(400, message, "BadRequestError")
         finish = "length" if requested is not None else "stop"
+        cap = self.config.answer_cap
+        if cap and max_new > cap:
+            max_new, finish = cap, "stop"
         stream = body.get("stream") is True
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -224,7 +234,9 @@ class Simulator:
             if delay:
                 await asyncio.sleep(delay)
             engine.stats.ttft.observe(time.monotonic() - arrived)
-            tokens = self.corpus.answer(prompt, max_new, draw.repeat)
+            tokens, shaped = self._answer(body, prompt, max_new, draw.repeat, fmt, anthropic)
+            if shaped:
+                finish = "stop"
             if not stream:
                 per_token = engine.token_delay()
                 if per_token:
@@ -264,6 +276,29 @@ class Simulator:
             return web.Response(status=499)
         finally:
             engine.release(seq, outcome, generated)
+
+    def _answer(
+        self,
+        body: dict[str, Any],
+        prompt: bytes,
+        max_new: int,
+        repeat: bool,
+        fmt: Format,
+        anthropic: bool,
+    ) -> tuple[list[str], bool]:
+        """Text from the corpus, or JSON pieces: a forced tool call's arguments, or an
+        answer shaped by `response_format`. JSON answers are never cut short, so clients
+        can always parse them."""
+        if isinstance(fmt, ChatFormat | MessagesFormat):
+            call = forced_call(body, anthropic)
+            if call is not None:
+                tool_fmt: ToolFormat = fmt
+                tool_fmt.use_tool(call[0])
+                return pieces(call[1]), True
+            shaped = structured(body)
+            if shaped is not None:
+                return pieces(shaped), True
+        return self.corpus.answer(prompt, max_new, repeat), False
 
     # -- embeddings and rerank ---------------------------------------------------------------
 

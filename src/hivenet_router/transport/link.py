@@ -331,21 +331,33 @@ class Link:
         stream_id = self._next_id
         if stream_id > frames.MAX_STREAM_ID:
             raise LinkClosed("stream ids exhausted")
+        head = {"proto": protocol, "method": method, "path": path, "headers": headers}
+        body = body or b""
+        try:
+            frame, inline = frames.encode_head(
+                FrameType.OPEN, stream_id, head, body, INITIAL_WINDOW, END
+            )
+        except FrameError as exc:
+            # Refused before the stream exists: nothing to forget, and the connection is fine.
+            raise StreamReset("head_too_large", str(exc)) from None
         self._next_id += 2
         stream = Stream(self, stream_id, None)
         self._streams[stream_id] = stream
-        head = {"proto": protocol, "method": method, "path": path, "headers": headers}
-        body = body or b""
-        frame, inline = frames.encode_head(
-            FrameType.OPEN, stream_id, head, body, stream._send_credit, END
-        )
         whole = inline == len(body)
         if whole:
             stream._send_done = True
         stream._send_credit -= inline
-        await self.send(frame)
-        if not whole:
-            await stream.write(body[inline:], end=True)
+        try:
+            await self.send(frame)
+            if not whole:
+                await stream.write(body[inline:], end=True)
+        except BaseException:
+            # Whatever stopped the request (the connection, a cancelled caller) must not
+            # leave its entry behind on a connection that lives on.
+            if not stream.finished:
+                stream.reset(StreamReset("cancelled", "request not sent"))
+            self._forget(stream)
+            raise
         return stream
 
     @contextlib.asynccontextmanager

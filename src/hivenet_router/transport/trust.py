@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import os
 import secrets
 import time
@@ -137,7 +136,3 @@ def verify_proof(signature_b64: str, challenge: bytes, peer_id: str, router_peer
 def token_digest(token: str) -> bytes:
     """Sessions are looked up by digest, so the table never holds a usable token."""
     return hashlib.sha256(token.encode()).digest()
-
-
-def same_secret(a: bytes, b: bytes) -> bool:
-    return hmac.compare_digest(a, b)

@@ -1,0 +1,303 @@
+"""What guards a listening socket before any request handler runs.
+
+A client that opens connections and never finishes a request must not be able to exhaust
+the process's file descriptors, and a flood of malformed requests must not flood the log:
+
+- `ConnectionGuard` caps open connections per source (an IPv4 address, or an IPv6 /56, the
+  same unit as the agent connection limit) and in total;
+- `GuardedSite` applies a guard to every accepted connection and bounds the TLS handshake;
+- `QuietServerLog` is the logger aiohttp's protocol reports to: malformed HTTP is counted
+  and summarised at most once a minute instead of a traceback per request;
+- `raise_open_files_limit` lifts the soft descriptor limit to the hard one at start.
+
+Time to first request, header and idle timeouts are aiohttp's keep-alive timer (which runs
+from the moment a connection is accepted); the body timeout is applied where bodies are
+read (router/app.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import resource
+import time
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from hivenet_router.domain.errors import ErrorCode, error_body
+
+log = logging.getLogger("hivenet.http")
+
+SUMMARY_INTERVAL = 60.0
+FD_RESERVE = 256  # descriptors kept for agent links, engines, stores and logs
+MAX_LINGERING = 64
+LINGER_SECONDS = 0.5
+
+
+def address_prefix(peer: str) -> str:
+    """IPv4 addresses count alone, IPv6 addresses by their /56."""
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return peer
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/56", strict=False))
+    return str(address)
+
+
+class ConnectionGuard:
+    """Open connections by source prefix, with a cap per source and a total cap."""
+
+    def __init__(self, name: str, per_source: int, total: int) -> None:
+        self.name = name
+        self.per_source = per_source
+        self.total = total
+        self.open = 0
+        self.lingering = 0  # refused connections still delivering their answer
+        self._by_source: Counter[str] = Counter()
+        self._refused = 0
+        self._last_report = 0.0
+
+    def enter(self, source: str) -> bool:
+        if self.open >= self.total or self._by_source[source] >= self.per_source:
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._last_report >= SUMMARY_INTERVAL:
+                log.warning(
+                    "%s: refused %d connection(s) over the limits (%d per source, %d in all); "
+                    "latest from %s",
+                    self.name,
+                    self._refused,
+                    self.per_source,
+                    self.total,
+                    source,
+                )
+                self._refused, self._last_report = 0, now
+            return False
+        self.open += 1
+        self._by_source[source] += 1
+        return True
+
+    def leave(self, source: str) -> None:
+        self.open -= 1
+        left = self._by_source[source] - 1
+        if left > 0:
+            self._by_source[source] = left
+        else:
+            del self._by_source[source]
+
+    def from_source(self, source: str) -> int:
+        return self._by_source.get(source, 0)
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's per-connection protocol, counted against a guard (refused before any byte
+    is parsed when a cap is reached), answering protocol errors with the JSON envelope."""
+
+    def __init__(
+        self, manager: web.Server, guard: ConnectionGuard, refusal: bytes, **kwargs: Any
+    ) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._refusal = refusal
+        self._source: str | None = None
+        self._lingering = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        source = address_prefix(str(peer[0])) if peer else "unknown"
+        if not self._guard.enter(source):
+            self._refuse(transport)
+            return
+        self._source = source
+        super().connection_made(transport)
+
+    def _refuse(self, transport: asyncio.BaseTransport) -> None:
+        """Answer and close. Closing a socket with unread request bytes makes the kernel
+        send a reset that can overtake the answer, so a refused connection lingers briefly,
+        discarding what it reads; only a few linger at once, the rest are reset at once."""
+        guard = self._guard
+        if not self._refusal or guard.lingering >= MAX_LINGERING:
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        guard.lingering += 1
+        self._lingering = True
+        self.transport = transport  # type: ignore[assignment]
+        with contextlib.suppress(Exception):
+            transport.write(self._refusal)  # type: ignore[attr-defined]
+        self._loop.call_later(LINGER_SECONDS, transport.close)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._lingering:
+            self._lingering = False
+            self._guard.lingering -= 1
+        if self._source is None:
+            return
+        self._guard.leave(self._source)
+        self._source = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._source is not None:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self._source is None and self.transport is not None:
+            self.transport.close()  # a refused client read its answer and hung up
+            return
+        super().eof_received()
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request aiohttp could not parse (bad request line, header too long, broken
+        chunking): the same envelope as every other error, and the connection closes."""
+        self.logger.exception("malformed request", exc_info=exc or True)
+        if request.writer.output_size > 0:
+            raise ConnectionError("answer already started; cannot send an error")
+        code = ErrorCode.REQUEST_TOO_LARGE if status in (413, 431) else ErrorCode.REQUEST_INVALID
+        if status >= 500:
+            code = ErrorCode.BACKEND_ERROR
+        text = "malformed HTTP request" if status < 500 else "internal router error"
+        response = web.Response(
+            status=status,
+            body=error_body(code, text, status=status),
+            content_type="application/json",
+        )
+        response.force_close()
+        return response
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site whose connections pass a ConnectionGuard; TLS handshakes are bounded."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        guard: ConnectionGuard,
+        refusal: bytes = b"",
+        handshake_timeout: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._guard = guard
+        self._refusal = refusal
+        self._handshake_timeout = handshake_timeout
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        guard, refusal = self._guard, self._refusal
+        # The options the runner was given (timeouts, the logger) go to each protocol, as
+        # aiohttp's own Server.__call__ passes them.
+        options = dict(server._kwargs)
+
+        def factory() -> GuardedHandler:
+            return GuardedHandler(server, guard, refusal, loop=loop, **options)
+
+        self._server = await loop.create_server(
+            factory,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )
+
+
+class QuietServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The logger aiohttp's protocol writes to. A malformed request is the client's problem:
+    it is counted and summarised once a minute at INFO, never logged with a traceback per
+    request. Anything else aiohttp reports (a bug) is logged as an error, at most once a
+    minute with its traceback."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.getLogger(name), {})
+        self._malformed = 0
+        self._other = 0
+        self._last: dict[str, float] = {}
+
+    def _due(self, kind: str) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(kind, -SUMMARY_INTERVAL) >= SUMMARY_INTERVAL:
+            self._last[kind] = now
+            return True
+        return False
+
+    def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if error is None or _client_fault(error):
+            self._malformed += 1
+            if self._due("malformed"):
+                self.logger.info(
+                    "%d malformed or broken request(s) in the last minute (latest: %s)",
+                    self._malformed,
+                    _describe(error),
+                )
+                self._malformed = 0
+            return
+        self._other += 1
+        if self._due("other"):
+            self.logger.error(
+                "HTTP server error (%d in the last minute): %s",
+                self._other,
+                msg,
+                exc_info=error,
+            )
+            self._other = 0
+
+
+def _client_fault(error: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, HttpProcessingError | ConnectionError | asyncio.CancelledError):
+            return True
+        if type(current).__name__ in {"RequestPayloadError", "ContentEncodingError"}:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "unknown"
+    text = str(error).replace("\n", " ").strip()
+    return f"{type(error).__name__}: {text[:120]}"
+
+
+def raise_open_files_limit() -> int:
+    """Lift the soft limit on open files to the hard limit; return the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return int(soft)
+
+
+def connection_budget(wanted: int, open_files: int) -> int:
+    """How many client connections the descriptor limit really allows."""
+    return max(16, min(wanted, open_files - FD_RESERVE))

@@ -1,0 +1,94 @@
+"""Reading a client's request safely: its ID, its credential, its headers and its body.
+
+Every way these can be wrong is the client's error, answered with a stable code; none of
+them reaches an agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+from hivenet_router.domain.errors import ApiError, ErrorCode
+
+# All request headers together; one header line is bounded by aiohttp (8 KiB). Headers
+# travel to the agent in one frame, so they must stay well under its 64 KiB.
+MAX_HEADER_BYTES = 32 * 1024
+
+
+def request_id(supplied: str | None) -> str:
+    """Keep a client's X-Request-ID only when it is a UUID; otherwise make one.
+
+    Request IDs correlate logs; they are not secrets, so a fast pseudo-random UUID will do
+    (uuid4 costs a system call per request).
+    """
+    if supplied:
+        try:
+            return str(uuid.UUID(supplied))
+        except ValueError:
+            pass
+    return str(uuid.UUID(int=random.getrandbits(128), version=4))
+
+
+def credential(request: web.Request) -> str | None:
+    """The presented key: `Authorization: Bearer KEY`, or `x-api-key` (what the Anthropic
+    SDK sends; the Go router accepted only the former). Both may carry the same key, as
+    Claude Code's key helper sends it; two different keys, in repeated headers or across
+    the two, are refused rather than resolved by picking one."""
+    headers = request.headers
+    found: set[str] = set()
+    for value in headers.getall("Authorization", ()):
+        found.add(value[7:].strip() if value[:7].lower() == "bearer " else "\0" + value)
+    found.update(headers.getall("x-api-key", ()))
+    if len(found) > 1:
+        raise ApiError(
+            ErrorCode.UNAUTHORIZED,
+            "conflicting credentials: send one key, as Authorization: Bearer or x-api-key",
+        )
+    key = next(iter(found), None)
+    return None if key is None or key.startswith("\0") else key
+
+
+async def read_body(request: web.Request, timeout: float) -> bytes:
+    """The whole request body, decoded as its Content-Encoding says, within `timeout`.
+
+    Every way a body can be bad is the client's error with a stable code: too large (413),
+    too slow (408), undecodable or cut short (400). The connection is then closed, since
+    the rest of the body cannot be trusted to be skipped."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        request["close"] = True
+        raise ApiError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"request body exceeds the limit of {request.client_max_size} bytes",
+        ) from None
+    except TimeoutError:
+        request["close"] = True
+        raise ApiError(
+            ErrorCode.REQUEST_TIMEOUT, f"request body not received within {timeout:g}s", status=408
+        ) from None
+    except (RequestPayloadError, HttpProcessingError) as exc:
+        request["close"] = True
+        reason = "its Content-Encoding" if "encoding" in str(exc).lower() else "the transfer"
+        raise ApiError(
+            ErrorCode.REQUEST_INVALID, f"request body could not be read: {reason} is broken"
+        ) from None
+
+
+def check_headers(request: web.Request) -> None:
+    size = 0
+    for name, value in request.raw_headers:
+        size += len(name) + len(value)
+    if size > MAX_HEADER_BYTES:
+        raise ApiError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"request headers exceed {MAX_HEADER_BYTES} bytes",
+            status=431,
+        )

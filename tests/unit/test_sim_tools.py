@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import orjson
+
+from hivenet_router.sim.tools import example, forced_call, pieces, structured
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "unit": {"enum": ["c", "f"]},
+        "days": {"type": "integer", "minimum": 2},
+        "hourly": {"type": ["boolean", "null"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+        "where": {"anyOf": [{"type": "object", "properties": {}}, {"type": "null"}]},
+        "optional": {"type": "string"},
+    },
+    "required": ["city", "unit", "days", "hourly", "tags", "where"],
+}
+
+
+def test_examples_satisfy_the_schema_they_came_from() -> None:
+    assert example(SCHEMA) == {
+        "city": "sim",
+        "unit": "c",
+        "days": 2,
+        "hourly": True,
+        "tags": ["sim", "sim"],
+        "where": {},
+    }
+
+
+def test_only_a_forced_choice_calls_a_tool() -> None:
+    openai_tools = [{"type": "function", "function": {"name": "f", "parameters": SCHEMA}}]
+    anthropic_tools = [{"name": "f", "input_schema": SCHEMA}]
+    assert forced_call({"tools": openai_tools}, anthropic=False) is None
+    assert forced_call({"tools": openai_tools, "tool_choice": "auto"}, anthropic=False) is None
+    call = forced_call({"tools": openai_tools, "tool_choice": "required"}, anthropic=False)
+    assert call is not None and call[0] == "f" and orjson.loads(call[1])["days"] == 2
+    named = {"type": "function", "function": {"name": "f"}}
+    assert forced_call({"tools": openai_tools, "tool_choice": named}, anthropic=False)
+    unknown = {"type": "function", "function": {"name": "g"}}
+    assert forced_call({"tools": openai_tools, "tool_choice": unknown}, anthropic=False) is None
+    assert forced_call({"tools": anthropic_tools, "tool_choice": {"type": "any"}}, anthropic=True)
+    tool = {"type": "tool", "name": "f"}
+    assert forced_call({"tools": anthropic_tools, "tool_choice": tool}, anthropic=True)
+    assert forced_call({"tools": anthropic_tools}, anthropic=True) is None
+
+
+def test_structured_answers_and_pieces() -> None:
+    shaped = structured(
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}
+    )
+    assert shaped is not None and orjson.loads(shaped)["unit"] == "c"
+    assert structured({"response_format": {"type": "json_object"}}) == b'{"answer": "sim"}'
+    assert structured({"response_format": {"type": "text"}}) is None
+    assert "".join(pieces(b'{"a": "long text here"}', 4)) == '{"a": "long text here"}'

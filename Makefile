@@ -35,6 +35,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/gen_config_docs.py --check
 	$(BIN)/python scripts/gen_policy_schema.py --check
+	$(BIN)/python scripts/check_function_length.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit

@@ -1,8 +1,13 @@
 """Router overhead benchmark: the same load straight to the engine simulator, through a bare
 aiohttp proxy, and through router plus agent.
 
-    make bench            # full run (about 6 minutes)
-    make bench ARGS=--quick
+    make bench-overhead                       # full run (about 6 minutes)
+    make bench-overhead ARGS=--quick
+    make bench-overhead ARGS="--compare HEAD~1"   # also another commit's router and agent
+
+With --compare, the source of that commit is exported from git into a scratch folder and its
+router and agent run from it (same virtual environment, same simulator) as one more target,
+`router+agent@REV`, so the two are measured in the same run, cell after cell.
 
 Load comes from wrk (installed with apt-get when missing). For each target, load and
 concurrency it reports req/s, p50 and p99 latency, and the CPU time each process spent per
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +70,7 @@ def main() -> int:
     parser.add_argument("--loads", default=",".join(LOADS))
     parser.add_argument("--targets", default="direct,aiohttp proxy,router+agent")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--compare", default="", help="a git revision to measure beside")
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -92,16 +99,34 @@ def main() -> int:
     queue = ("--max-concurrent", "1024", "--queue-size", "4096")
     fleet.start("router", router_args(secret, tmp / "store", http, grpc, *queue))
     fleet.start("agent", agent_args(secret, grpc, sim_url, tmp / "id.key", "--capacity", "1024"))
+    targets = {
+        "direct": (sim_url, ["sim"]),
+        "aiohttp proxy": (f"http://127.0.0.1:{base}", ["baseline", "sim"]),
+        "router+agent": (f"http://127.0.0.1:{http}", ["router", "agent", "sim"]),
+    }
+    targets = {k: v for k, v in targets.items() if k in args.targets.split(",")}
+    if args.compare:
+        other_http, other_grpc = free_port(), free_port()
+        src = export(args.compare, tmp / "compare")
+        env = {"PYTHONPATH": str(src)}
+        program = [
+            sys.executable,
+            "-c",
+            "import sys; from hivenet_router.cli import {}; sys.exit({}())",
+        ]
+        args_router = router_args(secret, tmp / "store-b", other_http, other_grpc, *queue)
+        args_agent = agent_args(secret, other_grpc, sim_url, tmp / "id-b.key", "--capacity", "1024")
+        fleet.start("router@", [*_main(program, "router_main"), *args_router[1:]], env)
+        fleet.start("agent@", [*_main(program, "agent_main"), *args_agent[1:]], env)
+        targets[f"router+agent@{args.compare}"] = (
+            f"http://127.0.0.1:{other_http}",
+            ["router@", "agent@", "sim"],
+        )
     rows: list[Row] = []
     try:
         wait_ready(f"{sim_url}/v1/models")
-        wait_ready(f"http://127.0.0.1:{http}/v1/models")
-        targets = {
-            "direct": (sim_url, ["sim"]),
-            "aiohttp proxy": (f"http://127.0.0.1:{base}", ["baseline", "sim"]),
-            "router+agent": (f"http://127.0.0.1:{http}", ["router", "agent", "sim"]),
-        }
-        targets = {k: v for k, v in targets.items() if k in args.targets.split(",")}
+        for url, _ in targets.values():
+            wait_ready(f"{url}/v1/models")
         loads = {k: v for k, v in LOADS.items() if k in args.loads.split(",")}
         total = len(targets) * len(loads) * len(levels)
         done = 0
@@ -134,6 +159,20 @@ def main() -> int:
         fleet.stop()
     publish("overhead", [asdict(r) for r in rows], render(rows, seconds), not args.no_docs)
     return 0
+
+
+def export(revision: str, folder: Path) -> Path:
+    """The `src` folder of another commit, exported from git (no worktree to clean up)."""
+    folder.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision, "src"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder / "src"
+
+
+def _main(program: list[str], name: str) -> list[str]:
+    return [program[0], program[1], program[2].format(name, name)]
 
 
 def render(rows: list[Row], seconds: int) -> str:

@@ -87,8 +87,9 @@ def wait_until(predicate: object, timeout: float = 15.0, interval: float = 0.05)
     raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples whose labels include `labels`."""
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """Sum of a metric's samples whose labels include `labels`; None when there is no such
+    series at all, so a renamed or missing metric fails a check instead of reading as 0."""
     total = 0.0
     found = False
     for line in text.splitlines():
@@ -101,7 +102,7 @@ def metric(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
             total += float(match.group(2))
             found = True
-    return total if found else 0.0
+    return total if found else None
 
 
 @dataclass

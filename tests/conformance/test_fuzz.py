@@ -46,14 +46,27 @@ ROUTES = [
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
     tmp: Path = tmp_path_factory.mktemp("fuzz")
+    # A budget and a backstop, so that every request that generates holds an occupancy
+    # reservation the leak check can see come and go.
+    policy = tmp / "policy.yaml"
+    policy.write_text(
+        "admit_budget_tokens: 10000000\nmax_inflight: 1000\n"
+        "routing_policy: {strategy: least-loaded}\n"
+    )
     with cluster(tmp) as c:
-        r = c.router()
+        r = c.router("--policy-file", str(policy))
         chat = c.sim(CHAT, "--zero-latency", "--output-tokens", "8", name="sim-chat")
         embed = c.sim(EMBED, "--zero-latency", name="sim-embed")
         c.agent(r, chat, name="agent-chat")
         c.agent(r, embed, "--capability", "embedding", name="agent-embed")
         wait_registered(r, CHAT)
         wait_registered(r, EMBED)
+        first = httpx.post(
+            r.url + "/v1/chat/completions",
+            json={"model": CHAT, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+        assert first.status_code == 200 and metric(r.metrics(), HELD[-1]) == 0.0
         yield r
 
 
@@ -163,20 +176,26 @@ def test_generated_requests_get_no_5xx_and_leak_nothing(
 
     def drained() -> bool:
         text = router.metrics()
-        held = [
-            metric(text, name)
-            for name in (
-                "hivenet_router_active_forwards",
-                "hivenet_router_pending_requests",
-                "hivenet_agent_capacity_utilization",
-                "hivenet_queue_depth",
-                "hivenet_admission_occupancy_tokens",
-                "hivenet_admission_inflight_requests",
-            )
-        ]
-        return not any(held)
+        held = {name: metric(text, name) for name in HELD}
+        missing = [name for name, value in held.items() if value is None]
+        assert not missing, f"the fixture's state is not where the check looks: {missing}"
+        # Created only when a request had to wait for an agent: zero whenever it exists.
+        waiting = metric(text, "hivenet_queue_depth")
+        return not any(held.values()) and not waiting
 
     wait_until(drained, timeout=5)
+
+
+# What a request holds while it is in flight, all of which the fixture creates (the
+# occupancy pool with its first chat request).
+HELD = (
+    "hivenet_router_active_forwards",
+    "hivenet_router_pending_requests",
+    "hivenet_agent_capacity_utilization",
+    "hivenet_agent_link_streams",
+    "hivenet_admission_occupancy_tokens",
+    "hivenet_admission_inflight_requests",
+)
 
 
 _TOOL_SCHEMA = {

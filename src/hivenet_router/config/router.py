@@ -316,6 +316,18 @@ class RouterConfig:
         env="HIVENET_ROUTER_ANTHROPIC_BASE_URL",
         help="Where the Anthropic provider adapter sends requests (for proxies and tests)",
     )
+    stages: tuple[str, ...] = option(
+        ("admission",),
+        parse=v.comma_list,
+        env="HIVENET_ROUTER_STAGES",
+        help="Request stages between the edge and dispatch, in order, by name (admission)",
+    )
+    observers: tuple[str, ...] = option(
+        ("metrics",),
+        parse=v.comma_list,
+        env="HIVENET_ROUTER_OBSERVERS",
+        help="What watches requests and agents, by name (metrics)",
+    )
     log_level: str = option(
         "info",
         parse=v.text,

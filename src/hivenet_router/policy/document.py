@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from hivenet_router.policy.gates import OPERATORS, ThresholdGate
+from hivenet_router.policy.plugins import STRATEGIES
 from hivenet_router.policy.signals import SHED_SIGNALS, SIGNALS, AgentFacts
-from hivenet_router.policy.strategies import STRATEGIES
 
 MATCH_FIELDS = ("region", "engine", "organization", "machine", "gpu_model", "deployment_id")
 STEP_FIELDS = ("name", "match", "exclude_if", "strategy", "max_tries")

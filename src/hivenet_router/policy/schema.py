@@ -7,8 +7,8 @@ from typing import Any
 
 from hivenet_router.policy.document import MATCH_FIELDS, MODES, PROVIDERS
 from hivenet_router.policy.gates import OPERATORS
+from hivenet_router.policy.plugins import STRATEGIES
 from hivenet_router.policy.signals import SHED_SIGNALS, SIGNALS
-from hivenet_router.policy.strategies import STRATEGIES
 
 
 def policy_schema() -> dict[str, Any]:

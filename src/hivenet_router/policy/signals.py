@@ -20,7 +20,20 @@ class AgentFacts(Protocol):
     def reg(self) -> Registration: ...
 
     @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def eligible(self) -> bool:
+        """Connected, healthy (process and backend) and not draining."""
+        ...
+
+    @property
     def active(self) -> int: ...
+
+    @property
+    def last_assigned(self) -> int:
+        """Order in which agents were last chosen (lower: longer ago)."""
+        ...
 
     @property
     def engine(self) -> EngineSnapshot | None: ...

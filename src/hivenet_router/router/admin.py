@@ -18,10 +18,10 @@ from hivenet_router.auth.registry import DynamicKey, DynamicRegistry, RegistryEr
 from hivenet_router.clock import Clock
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
-from hivenet_router.router.admission import DailyTokens
 from hivenet_router.router.dispatch import Dispatcher
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.requests import read_body
+from hivenet_router.state.local import DailyCounter
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -95,7 +95,7 @@ class AdminApi:
         clock: Clock,
         remove_agent: Callable[[AgentRecord], None],
         reload: Callable[[], Awaitable[dict[str, bool]]],
-        daily: DailyTokens,
+        daily: DailyCounter,
         auth: AuthState,
         body_timeout: float = 30.0,
     ) -> None:
@@ -207,7 +207,7 @@ class AdminApi:
         if record is None:
             return _json({"error": "no such agent"}, 404)
         record.draining = False
-        self.registry.on_join(record.model)
+        self.registry.changed(record.model)
         return _json({"peer_id": record.peer_id, "draining": False})
 
     async def remove(self, request: web.Request) -> web.Response:

@@ -11,13 +11,13 @@ whose message names the field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgspec
 
 from hivenet_router.domain.agent import ROUTE_CAPABILITY
 from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.domain.request import RequestFacts
 
 ModelId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # Parts of a message whose text the model reads, and how deep tool results nest.
@@ -72,18 +72,6 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "/v1/rerank": msgspec.json.Decoder(_Rerank),
 }
 _ANY = msgspec.json.Decoder()
-
-
-@dataclass(frozen=True, slots=True)
-class RequestFacts:
-    route: str
-    model: str
-    capability: str
-    stream: bool
-    max_output_tokens: int | None  # None: undeclared (absent, null or negative)
-    text_bytes: int = 0  # prompt text, system prompt and raw tool JSON, for the estimate
-    messages: int = 0
-    images: int = 0
 
 
 _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})

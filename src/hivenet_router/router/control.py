@@ -28,9 +28,9 @@ from hivenet_router.domain.agent import (
     Renewal,
     RoutingSignal,
 )
+from hivenet_router.observability.events import AgentEvent, Observers
 from hivenet_router.router.agent_auth import Sessions
 from hivenet_router.router.history import HistoryKeeper
-from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.transport import frames, trust
 from hivenet_router.transport.link import ROUTER_PROTOCOL, Link, Stream
@@ -63,7 +63,7 @@ class ControlPlane:
         self,
         *,
         registry: Registry,
-        metrics: RouterMetrics,
+        observers: Observers,
         clock: Clock,
         sessions: Sessions,
         router_peer_id: str,
@@ -71,11 +71,17 @@ class ControlPlane:
     ) -> None:
         self.history = history
         self.registry = registry
-        self.metrics = metrics
+        self.observers = observers
         self.clock = clock
         self.sessions = sessions
         self.router_peer_id = router_peer_id
         self.links: set[Link] = set()
+        self._calls: dict[str, Callable[[Binding, bytes], Reply]] = {
+            "/register": self._register,
+            "/renew": self._renew,
+            "/heartbeat": self._heartbeat,
+            "/routing-signals": self._signal,
+        }
 
     def link_app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_CONTROL_BODY)
@@ -106,51 +112,41 @@ class ControlPlane:
                 log.warning("agent %s disconnected: %s", record.peer_id, link.close_reason)
                 record.disconnected_at = self.clock.monotonic()
                 record.disconnects += 1
-                self.metrics.disconnections.labels(record.peer_id).inc()
-                # Out of the pool at once (eligible needs a live link); say so at once too.
-                self.metrics.agent_healthy.labels(record.peer_id, record.model).set(0)
+                self.observers.on_agent(AgentEvent("disconnected", record.peer_id, record.model))
         return ws
 
     def _management(self, binding: Binding) -> Callable[[Stream], Awaitable[None]]:
-        calls: dict[str, Callable[[Binding, bytes], Reply]] = {
-            "/register": self._register,
-            "/renew": self._renew,
-            "/heartbeat": self._heartbeat,
-            "/routing-signals": self._signal,
-        }
-
         async def handle(stream: Stream) -> None:
             head = stream.request_head
             assert head is not None
             body = await stream.read_all(MAX_CONTROL_BODY)
-            call = calls.get(head.path)
-            status: int
-            reply: dict[str, object]
-            if call is None:
-                status, reply = 404, {"error": f"no such call {head.path}"}
-            elif head.path != "/renew" and not self.sessions.live(binding.grant):
-                log.warning(
-                    "agent %s: %s refused, session expired", binding.grant.peer_id, head.path
-                )
-                status, reply = 401, {"error": "session expired"}
-            else:
-                try:
-                    status, reply = call(binding, body)
-                    record = binding.record
-                    if head.path == "/register" and status == 200 and binding.fresh and record:
-                        await self.history.restore(record)
-                except msgspec.ValidationError as exc:
-                    log.warning(
-                        "agent %s sent an invalid %s: %s", binding.grant.peer_id, head.path, exc
-                    )
-                    status, reply = 400, {"error": f"invalid {head.path}: {exc}"}
-                except msgspec.DecodeError:
-                    status, reply = 400, {"error": f"malformed {head.path}"}
+            status, reply = await self.call(binding, head.path, body)
             await stream.send_head(
                 status, [("content-type", "application/json")], orjson.dumps(reply), end=True
             )
 
         return handle
+
+    async def call(self, binding: Binding, path: str, body: bytes) -> Reply:
+        """One management call on a connection: register, renew, heartbeat or routing
+        signals. Every call but renewal needs the connection's session to be live."""
+        call = self._calls.get(path)
+        if call is None:
+            return 404, {"error": f"no such call {path}"}
+        if path != "/renew" and not self.sessions.live(binding.grant):
+            log.warning("agent %s: %s refused, session expired", binding.grant.peer_id, path)
+            return 401, {"error": "session expired"}
+        try:
+            status, reply = call(binding, body)
+        except msgspec.ValidationError as exc:
+            log.warning("agent %s sent an invalid %s: %s", binding.grant.peer_id, path, exc)
+            return 400, {"error": f"invalid {path}: {exc}"}
+        except msgspec.DecodeError:
+            return 400, {"error": f"malformed {path}"}
+        record = binding.record
+        if path == "/register" and status == 200 and binding.fresh and record:
+            await self.history.restore(record)
+        return status, reply
 
     def _proven(self, signature: str, grant: trust.SessionGrant) -> bool:
         return trust.verify_proof(signature, grant.challenge, grant.peer_id, self.router_peer_id)
@@ -171,11 +167,10 @@ class ControlPlane:
         record = AgentRecord(
             reg=reg,
             link=binding.link,
-            session_digest=grant.digest,
             last_heartbeat=self.clock.monotonic(),
             registered_at=self.clock.wall(),
             backend_healthy=reg.backend_healthy,
-            meters=self.metrics.agent_meters(reg.peer_id, reg.model),
+            last_seen_wall=self.clock.wall(),
         )
         binding.record = record
         old = self.registry.upsert(record)
@@ -211,8 +206,6 @@ class ControlPlane:
             log.warning("renewal of %s refused: bad signature", grant.peer_id)
             return 403, {"error": "signature does not prove the peer ID"}
         binding.grant = grant
-        if binding.record is not None:
-            binding.record.session_digest = grant.digest
         log.info("agent %s renewed its session", grant.peer_id)
         return 200, {"ok": True}
 
@@ -233,15 +226,12 @@ class ControlPlane:
         record.process_healthy = True
         if record.backend_healthy and not beat.backend_healthy:
             log.warning("agent %s reports its backend unhealthy", record.peer_id)
-            self.metrics.backend_failure.labels(record.model).inc()
+            self.observers.on_agent(AgentEvent("backend_down", record.peer_id, record.model))
         record.backend_healthy = beat.backend_healthy
         self._snapshots(record, beat.engine, beat.hardware)
-        self.metrics.agent_healthy.labels(record.peer_id, record.model).set(
-            1 if record.eligible else 0
-        )
-        self.metrics.agent_last_seen.labels(record.peer_id).set(self.clock.wall())
+        record.last_seen_wall = self.clock.wall()
         if record.eligible:
-            self.registry.on_join(record.model)
+            self.registry.changed(record.model)
         return 200, {"ok": True}
 
     def _signal(self, binding: Binding, body: bytes) -> Reply:
@@ -253,29 +243,16 @@ class ControlPlane:
         self._snapshots(record, signal.engine, signal.hardware)
         return 200, {"ok": True}
 
+    @staticmethod
     def _snapshots(
-        self,
         record: AgentRecord,
         engine: EngineSnapshot | None,
         hardware: HardwareSnapshot | None,
     ) -> None:
         if engine is not None:
             record.engine = engine
-            for name, gauge in self.metrics.engine.items():
-                value = getattr(engine, name)
-                if value is not None:
-                    gauge.labels(record.peer_id, record.model).set(value)
         if hardware is not None:
             record.hardware = hardware
-            gauges = self.metrics.hardware
-            for name, value in (
-                ("cpu_usage_percent", hardware.cpu_usage_percent),
-                ("memory_used_percent", hardware.memory_used_percent),
-                ("gpu_temperature_celsius", hardware.hottest()),
-                ("gpu_utilization_percent", hardware.busiest()),
-            ):
-                if value is not None:
-                    gauges[name].labels(record.peer_id, record.model).set(value)
 
 
 def _refuse(status: int, message: str) -> web.Response:

@@ -1,31 +1,34 @@
-"""From an admitted request to an agent's answer: global queue, forwarding slots, agent
-selection with atomic slot acquisition, per-model capacity queues, and retries.
+"""The pipeline's terminal: from an admitted request to an answer's head. Global queue,
+forwarding slots, agent selection with atomic slot acquisition, per-model capacity queues,
+retries over the policy's steps, and provider fallback.
 
-`Dispatcher.exchange` is the single owner of everything a request holds on the way: its place
-in the global queue, its forwarding slot, its agent slot and its stream. Leaving the context,
-by any path, releases each exactly once.
+Everything taken on the way (a place in the global queue, a forwarding slot, an agent slot,
+the stream) is given back either when dispatch fails, or when the answer it returns is
+closed, so a stream holds its slots until its last byte. The transport's StreamReset stops
+here: above this layer a broken answer is an AnswerBroken.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from hivenet_router.clock import Clock
+from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
+from hivenet_router.domain.request import Job, Usage
+from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
+from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Step
+from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.store import PolicyStore
-from hivenet_router.policy.strategies import STRATEGIES
-from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.providers import Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue
-from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, StreamReset
+from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream, StreamReset
 
 log = logging.getLogger("hivenet.router")
 
@@ -33,81 +36,43 @@ log = logging.getLogger("hivenet.router")
 # are the biggest legitimate answers (2,048 inputs of 3,072 floats are about 60 MB).
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One request as dispatch sees it: where to go and the original bytes to carry."""
-
-    route: str
-    model: str
-    capability: str
-    stream: bool
-    body: bytes
-    headers: list[tuple[str, str]]
-    # Gives back what admission reserved in the local pool; called when routing leaves it.
-    leave_local: Callable[[], None] = lambda: None
+_TIMEOUT_MESSAGES = {
+    "queue": "Request expired in queue",
+    "agent": "Request timed out waiting for an available agent",
+    "forward": "Request deadline exceeded while contacting agent",
+}
 
 
-@dataclass(slots=True)
-class Progress:
-    """Where a request is, so a deadline can say where it expired."""
+class AgentSource:
+    """The rest of an agent's answer. Closing it resets the stream if it is not done."""
 
-    phase: str = "queue"
+    __slots__ = ("_peer", "_stream")
 
-
-class AnswerSource(Protocol):
-    """Where the rest of a streamed answer comes from: an agent stream or a provider."""
-
-    @property
-    def finished(self) -> bool: ...
-
-    async def read(self) -> bytes | None: ...
-
-    def reset(self, error: StreamReset | None = None) -> None: ...
-
-
-@dataclass(slots=True)
-class Exchange:
-    """An answer. `body` holds a whole buffered answer; `first` a stream's first chunk.
-    `agent` is None when the answer came from provider fallback (`provider` names it)."""
-
-    agent: AgentRecord | None
-    stream: AnswerSource
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes | None
-    first: bytes | None
-    ok: bool = False
-    rtt_ms: float | None = None
-    provider: str | None = None
-
-    @property
-    def client_error(self) -> bool:
-        """The engine refused the request itself (a 4xx it would give on any agent)."""
-        return 400 <= self.status < 500
-
-
-class _Done:
-    """The source of an answer that arrived whole."""
-
-    finished = True
+    def __init__(self, stream: Stream, peer: str) -> None:
+        self._stream = stream
+        self._peer = peer
 
     async def read(self) -> bytes | None:
-        return None
+        try:
+            return await self._stream.read()
+        except StreamReset as exc:
+            log.warning("stream from %s broke: %s", self._peer, exc)
+            if isinstance(exc, LinkClosed):
+                raise AnswerBroken(
+                    ErrorCode.AGENT_DISCONNECTED, "the agent's connection was lost"
+                ) from None
+            raise AnswerBroken(
+                ErrorCode.BACKEND_ERROR, "the engine stopped answering mid-stream"
+            ) from None
 
-    def reset(self, error: StreamReset | None = None) -> None:
-        pass
-
-
-class _StepExhausted(Exception):
-    """The current policy step can do nothing more for this request."""
-
-    def __init__(self, full: bool) -> None:
-        super().__init__("step exhausted")
-        self.full = full
+    def close(self, outcome: Outcome) -> None:
+        if not self._stream.finished:
+            self._stream.reset(StreamReset("cancelled", "router abandoned the request"))
 
 
 class _Retry(Exception):
+    """This attempt failed in a way another agent might not."""
+
     def __init__(self, error: ApiError, stale: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
@@ -124,10 +89,13 @@ class DispatchLimits:
 
 
 class Dispatcher:
+    """The terminal of the request pipeline."""
+
+    name = "dispatch"
+
     def __init__(
         self,
         registry: Registry,
-        metrics: RouterMetrics,
         clock: Clock,
         limits: DispatchLimits,
         policies: PolicyStore,
@@ -136,14 +104,24 @@ class Dispatcher:
         self.policies = policies
         self.providers = providers or Providers({})
         self.registry = registry
-        self.metrics = metrics
         self.clock = clock
         self.limits = limits
         self.pending = PendingQueue(limits.queue_size, limits.max_concurrent)
         self._queues: dict[str, CapacityQueue] = {}
-        self._routed_by_model: dict[str, Any] = {}
-        registry.on_join = self._wake_all
-        registry.on_slot = self._wake_one
+        registry.watch(self._wake_all)
+
+    def claims(self, model: str) -> bool:
+        """Does a per-model policy name this model (so provider fallback may serve it)?"""
+        return model in self.policies.current.by_model
+
+    def queued(self, model: str) -> int:
+        queue = self._queues.get(model)
+        return len(queue) if queue else 0
+
+    def waiting(self) -> Iterator[tuple[str, int]]:
+        """(model, requests waiting for an agent slot), for gauges read at scrape time."""
+        for model, queue in list(self._queues.items()):
+            yield model, len(queue)
 
     def _queue(self, model: str) -> CapacityQueue:
         queue = self._queues.get(model)
@@ -156,94 +134,217 @@ class Dispatcher:
         if queue is not None:
             queue.wake_all()
 
-    def _wake_one(self, model: str) -> None:
-        queue = self._queues.get(model)
-        if queue is not None:
-            queue.wake_one()
+    # -- the terminal ---------------------------------------------------------------------
 
-    def claims(self, model: str) -> bool:
-        """Does a per-model policy name this model (so provider fallback may serve it)?"""
-        return model in self.policies.current.by_model
-
-    def queued(self, model: str) -> int:
-        queue = self._queues.get(model)
-        return len(queue) if queue else 0
-
-    # -- the owner of a request's resources -----------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def exchange(
-        self, job: Job, progress: Progress, deadline: float
-    ) -> AsyncIterator[Exchange]:
-        """Route `job` and hold its resources while the caller relays the answer.
-
-        `deadline` (event-loop time) bounds everything up to the answer's head; the caller
-        bounds the relay itself, since only it can still tell the client what happened.
-        """
-        progress.phase = "queue"
+    async def __call__(self, ticket: Ticket) -> Answer:
+        """Queue, take a forwarding slot, route (retrying over the policy's steps, then the
+        provider), and return the answer's head. Bounded by the ticket's deadline."""
+        job = ticket.job
+        assert job is not None
+        ticket.dispatched = True
+        ticket.phase = "queue"
         pending = self.pending
         forwarding = False
         try:
-            # One timer for the whole way to the answer's head.
-            async with asyncio.timeout_at(deadline):
-                if not await pending.enter(self.limits.enqueue_timeout):
-                    raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
-                try:
+            try:
+                async with asyncio.timeout_at(ticket.deadline):
+                    if not await pending.enter(self.limits.enqueue_timeout):
+                        raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
                     await pending.take_slot()
                     forwarding = True
-                finally:
-                    self.metrics.global_queue.set(pending.waiting)
-                    self.metrics.forwards.set(pending.forwarding)
-                policy = self.policies.current.for_model(job.model)
-                try:
-                    exchange = await self._route(job, progress, policy)
-                except ApiError as exc:
-                    exchange = await self._fall_back(job, policy, exc)
+                    policy = self.policies.current.for_model(job.model)
+                    try:
+                        answer = await self._route(ticket, job, policy)
+                    except ApiError as exc:
+                        answer = await self._fall_back(ticket, job, policy, exc)
+            except TimeoutError:
+                message = _TIMEOUT_MESSAGES.get(ticket.phase, "Request timeout")
+                raise ApiError(ErrorCode.REQUEST_TIMEOUT, message) from None
         except BaseException:
             if forwarding:
-                self._leave_forwarding()
+                pending.release_slot()
             raise
-        try:
-            progress.phase = "respond"
-            yield exchange
-        finally:
-            if not exchange.stream.finished:
-                exchange.stream.reset(StreamReset("cancelled", "router abandoned the request"))
-            agent = exchange.agent
-            if agent is None:
-                self.metrics.provider_fallback.labels(
-                    job.model, exchange.provider or "", "success" if exchange.ok else "error"
-                ).inc()
-            elif exchange.ok:
-                self._routed(job.model).inc()
-                agent.meters.success.inc()
-                agent.succeeded(exchange.rtt_ms)
-            elif exchange.client_error:
-                pass  # the client's mistake: neither a success nor the agent's failure
-            else:
-                agent.meters.failed.inc()
-                agent.failed()
-            if agent is not None:
-                self._release(agent)
-            self._leave_forwarding()
-
-    def _leave_forwarding(self) -> None:
-        self.pending.release_slot()
-        self.metrics.forwards.set(self.pending.forwarding)
-
-    def _routed(self, model: str) -> Any:
-        child = self._routed_by_model.get(model)
-        if child is None:
-            child = self._routed_by_model[model] = self.metrics.routed.labels(model)
-        return child
-
-    def _release(self, agent: AgentRecord) -> None:
-        self.registry.release(agent)
-        agent.meters.utilization.set(agent.load)
+        answer.on_close(lambda outcome, usage: pending.release_slot())
+        ticket.phase = "respond"
+        return answer
 
     # -- routing with retries -----------------------------------------------------------------
 
-    async def _fall_back(self, job: Job, policy: Policy, local: ApiError) -> Exchange:
+    async def _route(self, ticket: Ticket, job: Job, policy: Policy) -> Answer:
+        """Walk the policy's steps: the primary step, then each fallback step, each with
+        its own try budget and its own set of agents that already failed this request."""
+        last: ApiError | None = None
+        redialed = False
+        full = False
+        for index, step in enumerate(policy.steps):
+            failed: set[str] = set()
+            tries = 0
+            budget = step.max_tries or self.limits.max_tries
+            while tries < budget:
+                ticket.phase = "agent"
+                agent, step_full = await self._acquire(ticket, step, failed)
+                full = full or step_full
+                if agent is None:
+                    break
+                ticket.phase = "forward"
+                try:
+                    answer = await self._attempt(ticket, job, agent)
+                except _Retry as retry:
+                    agent.finished(False, None, None)
+                    self._release(agent)
+                    failed.add(agent.peer_id)
+                    last = retry.error
+                    ticket.emit(Attempt(agent.peer_id, retry.error.code, retry.stale))
+                    log.info(
+                        "attempt on agent %s failed (step %s): %s",
+                        agent.peer_id,
+                        step.name,
+                        retry.error,
+                    )
+                    if retry.stale and not redialed:
+                        # A stale connection costs no try: the agent redials on its own.
+                        redialed = True
+                        continue
+                    tries += 1
+                    continue
+                except BaseException:
+                    self._release(agent)
+                    raise
+                ticket.origin = agent.peer_id
+                ticket.emit(AnswerHead(agent.peer_id, index, step.name))
+                return answer
+        ticket.emit(Exhausted())
+        raise self._exhausted(job, policy, last, full)
+
+    def _exhausted(self, job: Job, policy: Policy, last: ApiError | None, full: bool) -> ApiError:
+        if not self.registry.for_model(job.model):
+            return ApiError(
+                ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}"
+            )
+        if last is not None:
+            # Only the code: the failure's own text names internal addresses and libraries
+            # (it is in the log).
+            return ApiError(
+                ErrorCode.NO_AGENTS_AVAILABLE,
+                f"every policy step of {policy.name} is exhausted; last failure: {last.code.value}",
+            )
+        if full:
+            return ApiError(
+                ErrorCode.NO_CAPACITY, f"All agents for model {job.model} are at maximum capacity"
+            )
+        return ApiError(
+            ErrorCode.NO_AGENTS_AVAILABLE,
+            f"No agent for model {job.model} with capability {job.capability} is connected, "
+            f"healthy and allowed by policy {policy.name}",
+        )
+
+    async def _acquire(
+        self, ticket: Ticket, step: Step, failed: set[str]
+    ) -> tuple[AgentRecord | None, bool]:
+        """Take a slot on the step's best candidate; while every candidate is full, wait in
+        the model's FIFO queue. (None, full) when the step can do nothing more: full says
+        its candidates were all busy and the queue was full or disabled."""
+        facts = ticket.facts
+        assert facts is not None
+        front = False
+        waited_from: float | None = None
+        while True:
+            agents = self.registry.for_model(facts.model)
+            if not agents:
+                raise ApiError(
+                    ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {facts.model}"
+                )
+            choice = run_step(step, facts, agents, failed)
+            # Choice and take happen in one synchronous step: no other request can take
+            # the slot in between.
+            if choice.agent is not None and choice.agent.try_acquire():
+                if waited_from is not None:
+                    ticket.emit(Queued(self.clock.monotonic() - waited_from))
+                return choice.agent, False
+            if not choice.full:
+                return None, False
+            queue = self._queue(facts.model)
+            if self.limits.queue_depth == 0 or (not front and queue.full):
+                return None, True
+            if waited_from is None:
+                waited_from = self.clock.monotonic()
+            await queue.wait(front=front)
+            front = True
+
+    def _release(self, agent: AgentRecord) -> None:
+        self.registry.release(agent)
+        queue = self._queues.get(agent.model)
+        if queue is not None:
+            queue.wake_one()
+
+    async def _attempt(self, ticket: Ticket, job: Job, agent: AgentRecord) -> Answer:
+        link = agent.link
+        if link is None or link.closed:
+            raise _Retry(
+                ApiError(ErrorCode.AGENT_DISCONNECTED, "agent connection is gone"), stale=True
+            )
+        sent = self.clock.monotonic()
+        try:
+            stream = await link.open(INFERENCE_PROTOCOL, "POST", job.route, job.headers, job.body)
+        except StreamReset as exc:
+            if exc.code == "head_too_large":
+                # The request itself cannot travel; no agent would do better.
+                raise ApiError(
+                    ErrorCode.REQUEST_TOO_LARGE, "request headers too large", status=431
+                ) from None
+            raise _Retry(ApiError(ErrorCode.AGENT_DISCONNECTED, str(exc)), stale=True) from None
+        try:
+            answer = await self._answer(stream, job, agent.peer_id)
+        except StreamReset as exc:
+            stream.reset(exc)
+            code = (
+                ErrorCode.AGENT_DISCONNECTED
+                if isinstance(exc, LinkClosed)
+                else ErrorCode.BACKEND_ERROR
+            )
+            raise _Retry(ApiError(code, f"agent stream failed: {exc}")) from None
+        except BaseException:
+            stream.reset(StreamReset("cancelled", "request cancelled"))
+            raise
+        answer.on_close(self._settle(agent, answer, (self.clock.monotonic() - sent) * 1000))
+        return answer
+
+    @staticmethod
+    async def _answer(stream: Stream, job: Job, peer: str) -> Answer:
+        """Read an agent's answer head (and whole body, unless it streams)."""
+        head = await stream.response_head()
+        source = AgentSource(stream, peer)
+        if head.status >= 400:
+            raw = await stream.read_all(MAX_RESPONSE_BYTES)
+            code = structured_code(raw)
+            if code in NON_RETRYABLE or (code is None and head.status < 500):
+                return Answer(head.status, head.headers, source, body=raw, origin=peer)
+            raise _Retry(ApiError(code or ErrorCode.BACKEND_ERROR, _message(raw), "backend"))
+        if job.stream:
+            first = await stream.read()
+            return Answer(head.status, head.headers, source, first=first, origin=peer)
+        body = await stream.read_all(MAX_RESPONSE_BYTES)
+        return Answer(head.status, head.headers, source, body=body, origin=peer)
+
+    def _settle(self, agent: AgentRecord, answer: Answer, rtt_ms: float) -> Closer:
+        """When the answer closes: the agent's statistics, then its slot back."""
+
+        def settle(outcome: Outcome, usage: Usage | None) -> None:
+            ok: bool | None
+            if outcome is Outcome.CLIENT_GONE or (
+                outcome is Outcome.OK and 400 <= answer.status < 500
+            ):
+                ok = None  # the client's doing: neither a success nor the agent's failure
+            else:
+                ok = outcome is Outcome.OK
+            agent.finished(ok, rtt_ms if ok else None, usage)
+            self._release(agent)
+
+        return settle
+
+    # -- the last resort ------------------------------------------------------------------------
+
+    async def _fall_back(self, ticket: Ticket, job: Job, policy: Policy, local: ApiError) -> Answer:
         """The last resort after every local step: the policy's provider, when it has one,
         the request needs an LLM, the provider serves this route, and its credential was
         configured. Otherwise the local error stands."""
@@ -262,196 +363,13 @@ class Dispatcher:
             provider.engine,
             provider.model,
         )
-        job.leave_local()  # the provider does not use the local pool's occupancy
-        try:
-            answer = await self.providers.forward(
-                provider.engine, provider.model, job.route, job.body, job.headers, job.stream
-            )
-        except ApiError:
-            self.metrics.provider_fallback.labels(job.model, provider.engine, "error").inc()
-            raise
-        source: AnswerSource = answer.stream or _Done()
-        return Exchange(
-            None,
-            source,
-            answer.status,
-            answer.headers,
-            answer.body,
-            answer.first,
-            provider=provider.engine,
+        ticket.leave_pool()  # the provider does not use the local pool's occupancy
+        ticket.provider, ticket.origin = True, provider.engine
+        answer = await self.providers.forward(
+            provider.engine, provider.model, job.route, job.body, job.headers, job.stream
         )
-
-    async def _route(self, job: Job, progress: Progress, policy: Policy) -> Exchange:
-        """Walk the policy's steps: the primary step, then each fallback step, each with
-        its own try budget and its own set of agents that already failed this request."""
-        last: ApiError | None = None
-        redialed = False
-        full = False
-        for index, step in enumerate(policy.steps):
-            failed: set[str] = set()
-            tries = 0
-            budget = step.max_tries or self.limits.max_tries
-            while tries < budget:
-                progress.phase = "agent"
-                try:
-                    agent = await self._acquire(job, step, failed)
-                except _StepExhausted as exhausted:
-                    full = full or exhausted.full
-                    break
-                agent.meters.utilization.set(agent.load)
-                progress.phase = "forward"
-                try:
-                    exchange = await self._attempt(agent, job)
-                except _Retry as retry:
-                    agent.meters.failed.inc()
-                    agent.failed()
-                    self._release(agent)
-                    failed.add(agent.peer_id)
-                    last = retry.error
-                    log.info(
-                        "attempt on agent %s failed (step %s): %s",
-                        agent.peer_id,
-                        step.name,
-                        retry.error,
-                    )
-                    if retry.stale and not redialed:
-                        # A stale connection costs no try: the agent redials on its own.
-                        redialed = True
-                        self.metrics.connection_resets.labels(agent.peer_id).inc()
-                        continue
-                    tries += 1
-                    continue
-                except BaseException:
-                    self._release(agent)
-                    raise
-                if index == 0:
-                    self.metrics.policy_primary.labels(job.model).inc()
-                else:
-                    self.metrics.policy_fallback.labels(job.model, step.name).inc()
-                return exchange
-        self.metrics.policy_exhausted.labels(job.model).inc()
-        if not self.registry.for_model(job.model):
-            raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}")
-        if last is not None:
-            # Only the code: the failure's own text names internal addresses and libraries
-            # (it is in the log).
-            raise ApiError(
-                ErrorCode.NO_AGENTS_AVAILABLE,
-                f"every policy step of {policy.name} is exhausted; last failure: {last.code.value}",
-            )
-        if full:
-            raise ApiError(
-                ErrorCode.NO_CAPACITY, f"All agents for model {job.model} are at maximum capacity"
-            )
-        raise ApiError(
-            ErrorCode.NO_AGENTS_AVAILABLE,
-            f"No agent for model {job.model} with capability {job.capability} is connected, "
-            f"healthy and allowed by policy {policy.name}",
-        )
-
-    def _candidates(self, job: Job, step: Step, failed: set[str]) -> list[AgentRecord] | None:
-        """The step's candidates, filtered in the documented order: exact model, health,
-        capability, static match, earlier failures in this step, declared capacity, then
-        the dynamic gates. An empty list means the step has nobody; None means everybody it
-        has is at capacity (worth waiting for)."""
-        agents = self.registry.for_model(job.model)
-        if not agents:
-            raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}")
-        pool = [
-            agent
-            for agent in agents
-            if agent.eligible
-            and agent.reg.capability == job.capability
-            and step.match.accepts(agent)
-            and agent.peer_id not in failed
-        ]
-        if not pool:
-            return []
-        free = [agent for agent in pool if agent.active < agent.capacity]
-        if not free:
-            return None
-        return [agent for agent in free if step.excluded_by(agent) is None]
-
-    async def _acquire(self, job: Job, step: Step, failed: set[str]) -> AgentRecord:
-        """Rank the step's candidates and take a slot on the best one; while every candidate
-        is full, wait in the model's FIFO queue. Raises _StepExhausted when the step has no
-        candidate, or none frees up and the queue is full or disabled."""
-        strategy = STRATEGIES[step.strategy]
-        front = False
-        waited_from: float | None = None
-        while True:
-            candidates = self._candidates(job, step, failed)
-            if candidates == []:
-                raise _StepExhausted(full=False)
-            best = strategy.pick(candidates) if candidates else None
-            # Pick and take happen in one synchronous step: no other request can take the
-            # slot in between.
-            if best is not None and best.try_acquire():
-                if waited_from is not None:
-                    self.metrics.queue_wait.labels(job.model).observe(
-                        self.clock.monotonic() - waited_from
-                    )
-                return best
-            queue = self._queue(job.model)
-            if self.limits.queue_depth == 0 or (not front and queue.full):
-                raise _StepExhausted(full=True)
-            if waited_from is None:
-                waited_from = self.clock.monotonic()
-            depth = self.metrics.queue_depth.labels(job.model)
-            depth.set(len(queue) + 1)
-            try:
-                await queue.wait(front=front)
-            finally:
-                depth.set(len(queue))
-            front = True
-
-    async def _attempt(self, agent: AgentRecord, job: Job) -> Exchange:
-        link = agent.link
-        if link is None or link.closed:
-            raise _Retry(
-                ApiError(ErrorCode.AGENT_DISCONNECTED, "agent connection is gone"), stale=True
-            )
-        sent = self.clock.monotonic()
-        try:
-            stream = await link.open(INFERENCE_PROTOCOL, "POST", job.route, job.headers, job.body)
-        except StreamReset as exc:
-            if exc.code == "head_too_large":
-                # The request itself cannot travel; no agent would do better.
-                raise ApiError(
-                    ErrorCode.REQUEST_TOO_LARGE, "request headers too large", status=431
-                ) from None
-            raise _Retry(ApiError(ErrorCode.AGENT_DISCONNECTED, str(exc)), stale=True) from None
-        try:
-            head = await stream.response_head()
-            rtt_ms = (self.clock.monotonic() - sent) * 1000
-            if head.status >= 400:
-                raw = await stream.read_all(MAX_RESPONSE_BYTES)
-                code = structured_code(raw)
-                if code in NON_RETRYABLE or (code is None and head.status < 500):
-                    return Exchange(
-                        agent, stream, head.status, head.headers, raw, None, rtt_ms=rtt_ms
-                    )
-                raise _Retry(
-                    ApiError(code or ErrorCode.BACKEND_ERROR, _message(raw), source="backend")
-                )
-            if job.stream:
-                first = await stream.read()
-                return Exchange(
-                    agent, stream, head.status, head.headers, None, first, rtt_ms=rtt_ms
-                )
-            body = await stream.read_all(MAX_RESPONSE_BYTES)
-            return Exchange(agent, stream, head.status, head.headers, body, None, rtt_ms=rtt_ms)
-        except StreamReset as exc:
-            stream.reset(exc)
-            code = (
-                ErrorCode.AGENT_DISCONNECTED
-                if isinstance(exc, LinkClosed)
-                else ErrorCode.BACKEND_ERROR
-            )
-            raise _Retry(ApiError(code, f"agent stream failed: {exc}")) from None
-        except BaseException:
-            stream.reset(StreamReset("cancelled", "request cancelled"))
-            raise
+        ticket.emit(AnswerHead(provider.engine, provider=True))
+        return answer
 
 
 def _message(raw: bytes) -> str:

@@ -1,9 +1,7 @@
-"""One function per public route. Thin: parse, hand to dispatch, relay the answer."""
+"""One function per public route. Thin: parse, run the pipeline, hand the answer to relay."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -11,15 +9,14 @@ import orjson
 from aiohttp import web
 
 from hivenet_router.auth.providers import Principal
-from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.domain.request import Job
+from hivenet_router.pipeline.stage import Next
+from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router import bodies, catalog
-from hivenet_router.router.admission import Admission, Admitted
-from hivenet_router.router.dispatch import Dispatcher, Exchange, Job, Progress
-from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.registry import Registry
+from hivenet_router.router.relay import Relay
 from hivenet_router.router.requests import read_body
-from hivenet_router.router.usage import StreamMeter, Usage, from_body, stream_input_tokens
-from hivenet_router.transport.link import StreamReset
 
 log = logging.getLogger("hivenet.api")
 
@@ -47,39 +44,31 @@ _DROP = frozenset(
     }
 )
 
-_TIMEOUT_MESSAGES = {
-    "queue": "Request expired in queue",
-    "agent": "Request timed out waiting for an available agent",
-    "forward": "Request deadline exceeded while contacting agent",
-    "respond": "Request timeout",
-}
 
-
-def _forward_headers(request: web.Request) -> list[tuple[str, str]]:
+def forward_headers(request: web.Request, request_id: str) -> list[tuple[str, str]]:
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
-    headers.append(("x-request-id", request["request_id"]))
+    headers.append(("x-request-id", request_id))
     return headers
 
 
 class Handlers:
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        pipeline: Next,
+        relay: Relay,
         registry: Registry,
-        metrics: RouterMetrics,
+        claims: Callable[[str], bool],
         request_timeout: float,
-        admission: Admission,
         body_timeout: float = 30.0,
         warming: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.warming = warming
-        self.stopping = False  # set when the shutdown grace is over and streams are cut
-        self.body_timeout = body_timeout
-        self.admission = admission
-        self.dispatcher = dispatcher
+        self.pipeline = pipeline
+        self.relay = relay
         self.registry = registry
-        self.metrics = metrics
+        self.claims = claims  # does a per-model policy name this model?
         self.request_timeout = request_timeout
+        self.body_timeout = body_timeout
+        self.warming = warming
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
@@ -104,7 +93,7 @@ class Handlers:
         }
 
     async def models(self, request: web.Request) -> web.Response:
-        principal: Principal = request["principal"]
+        principal: Principal = request["ticket"].principal
         data = [
             obj
             for model in sorted(self.registry.models())
@@ -117,7 +106,7 @@ class Handlers:
 
     async def model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        principal: Principal = request["principal"]
+        principal: Principal = request["ticket"].principal
         obj = self._model_object(model) if principal.sees(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
@@ -128,193 +117,41 @@ class Handlers:
     # -- inference ------------------------------------------------------------------------------
 
     async def inference(self, request: web.Request) -> web.StreamResponse:
+        ticket: Ticket = request["ticket"]
         route = request.path
         body = await read_body(request, self.body_timeout)
         facts = bodies.parse(route, body)
-        principal: Principal = request["principal"]
+        principal: Principal = ticket.principal
         if not principal.allows(facts.model):
             raise ApiError(
                 ErrorCode.MODEL_FORBIDDEN,
                 f"your API key does not have access to model: {facts.model}",
             )
-        if not self.registry.for_model(facts.model) and not self.dispatcher.claims(facts.model):
+        if not self.registry.for_model(facts.model) and not self.claims(facts.model):
             # Refused before admission and metrics: a made-up model name must not create
             # occupancy pools or metric series.
-            if self.warming():
-                # Just started: the agents serving it may still be reconnecting. A 503 with
-                # Retry-After is what SDKs retry; a 404 would end the client's request.
-                request["limit_headers"]["Retry-After"] = "1"
-                raise ApiError(
-                    ErrorCode.NO_AGENTS_AVAILABLE,
-                    f"router is starting and no agent for model {facts.model} has "
-                    "registered yet; retry shortly",
-                )
-            raise ApiError(
-                ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {facts.model}"
-            )
-        limits: dict[str, str] = request["limit_headers"]
-        try:
-            admitted = await self.admission.admit(principal, facts, limits)
-        except ApiError as exc:
-            self.refused(principal, facts.model, exc.code)
-            raise
-        answered = False
-        job = Job(
+            raise self._unknown(ticket, facts.model)
+        ticket.facts = facts
+        ticket.job = Job(
             route,
             facts.model,
             facts.capability,
             facts.stream,
             body,
-            _forward_headers(request),
-            (lambda: self.admission.leave(admitted)) if admitted is not None else (lambda: None),
+            forward_headers(request, ticket.request_id),
         )
-        progress = Progress()
-        deadline = asyncio.get_running_loop().time() + self.request_timeout
-        usage: Usage | None = None
-        try:
-            async with self.dispatcher.exchange(job, progress, deadline) as exchange:
-                answered = exchange.status < 400  # an error answer generated nothing
-                if exchange.body is not None:
-                    response, usage = self._buffered(exchange, job, limits)
-                    return response
-                stream_response, usage = await self._relay(
-                    request, exchange, job, deadline, limits, admitted
-                )
-                return stream_response
-        except TimeoutError:
-            raise ApiError(
-                ErrorCode.REQUEST_TIMEOUT, _TIMEOUT_MESSAGES.get(progress.phase, "Request timeout")
-            ) from None
-        except ApiError as exc:
-            self.metrics.failed.labels(job.model, exc.code.value).inc()
-            raise
-        finally:
-            if admitted is not None:
-                self.admission.settle(admitted, usage, answered)
-            self._tenant(principal, job.model, answered, usage)
+        ticket.deadline = ticket.started + self.request_timeout
+        answer = await self.pipeline(ticket)
+        return await self.relay(request, ticket, answer)
 
-    def _buffered(
-        self, exchange: Exchange, job: Job, limits: dict[str, str]
-    ) -> tuple[web.Response, Usage | None]:
-        body = exchange.body or b""
-        exchange.ok = exchange.status < 400
-        usage = from_body(body) if exchange.ok else None
-        self._account(exchange, usage)
-        content_type = _header(exchange.headers, "content-type") or _JSON
-        response = web.Response(
-            status=exchange.status, body=body, headers={"Content-Type": content_type, **limits}
-        )
-        return response, usage
-
-    async def _relay(
-        self,
-        request: web.Request,
-        exchange: Exchange,
-        job: Job,
-        deadline: float,
-        limits: dict[str, str],
-        admitted: Admitted | None,
-    ) -> tuple[web.StreamResponse, Usage | None]:
-        response = web.StreamResponse(status=exchange.status, headers=limits)
-        response.headers["Content-Type"] = (
-            _header(exchange.headers, "content-type") or "text/event-stream"
-        )
-        response.headers["Cache-Control"] = "no-cache"
-        response.headers["X-Request-ID"] = request["request_id"]
-        await response.prepare(request)
-        meter = StreamMeter()
-        chunk = exchange.first
-        try:
-            async with asyncio.timeout_at(deadline):
-                if admitted is not None and chunk is not None:
-                    exact = stream_input_tokens(chunk)
-                    if exact is not None:
-                        admitted.exact_input(exact)
-                grow = admitted.grow if admitted is not None and admitted.grows else None
-                while chunk is not None:
-                    meter.feed(chunk)
-                    if grow is not None:
-                        # about one token per SSE event: enough to keep occupancy honest
-                        grow(chunk.count(b"data:"))
-                    await response.write(chunk)
-                    chunk = await exchange.stream.read()
-            exchange.ok = True
-        except StreamReset as exc:
-            source = exchange.agent.peer_id if exchange.agent else exchange.provider
-            log.warning("stream from %s broke: %s", source, exc)
-            if exc.code == "connection_lost":
-                code, why = ErrorCode.AGENT_DISCONNECTED, "the agent's connection was lost"
-            else:
-                code, why = ErrorCode.BACKEND_ERROR, "the engine stopped answering mid-stream"
-            await self._stream_error(response, job, code, f"stream interrupted: {why}")
-        except TimeoutError:
-            await self._stream_error(
-                response,
-                job,
-                ErrorCode.REQUEST_TIMEOUT,
-                "request deadline expired during the stream",
+    def _unknown(self, ticket: Ticket, model: str) -> ApiError:
+        if self.warming():
+            # Just started: the agents serving it may still be reconnecting. A 503 with
+            # Retry-After is what SDKs retry; a 404 would end the client's request.
+            ticket.headers_out["Retry-After"] = "1"
+            return ApiError(
+                ErrorCode.NO_AGENTS_AVAILABLE,
+                f"router is starting and no agent for model {model} has registered yet; "
+                "retry shortly",
             )
-        except asyncio.CancelledError:
-            if self.stopping:
-                # Cut at the end of the shutdown grace: say so, so the client's SDK raises
-                # instead of taking a truncated answer for a whole one.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await self._stream_error(
-                            response,
-                            job,
-                            ErrorCode.AGENT_DISCONNECTED,
-                            "stream interrupted: the router is shutting down",
-                        )
-            raise
-        usage = meter.result()
-        self._account(exchange, usage)
-        await response.write_eof()
-        return response, usage
-
-    async def _stream_error(
-        self, response: web.StreamResponse, job: Job, code: ErrorCode, message: str
-    ) -> None:
-        """End a broken stream with one error event: the envelope every error has, as an
-        Anthropic `event: error` on /v1/messages and as a bare `data:` line elsewhere."""
-        self.metrics.failed.labels(job.model, code.value).inc()
-        rid = response.headers.get("X-Request-ID")
-        data = b"data: " + error_body(code, message, request_id=rid) + b"\n\n"
-        if job.route.startswith("/v1/messages"):
-            data = b"event: error\n" + data
-        with contextlib.suppress(ConnectionError):
-            await response.write(data)
-
-    def _tenant(
-        self, principal: Principal, model: str, answered: bool, usage: Usage | None
-    ) -> None:
-        labels = (principal.tenant, principal.key_id or "anonymous", model)
-        m = self.metrics
-        (m.tenant_success if answered else m.tenant_failed).labels(*labels).inc()
-        if usage is not None:
-            m.tenant_input.labels(*labels).inc(usage.input_tokens)
-            m.tenant_output.labels(*labels).inc(usage.output_tokens)
-
-    def refused(self, principal: Principal, model: str, code: ErrorCode) -> None:
-        """Count an admission refusal against the tenant."""
-        labels = (principal.tenant, principal.key_id or "anonymous", model)
-        if code is ErrorCode.RATE_LIMIT_EXCEEDED:
-            self.metrics.tenant_rate_limited.labels(*labels).inc()
-        elif code is ErrorCode.TOKEN_LIMIT_EXCEEDED:
-            self.metrics.tenant_token_limited.labels(*labels).inc()
-
-    def _account(self, exchange: Exchange, usage: Usage | None) -> None:
-        if usage is None or exchange.agent is None:
-            return
-        agent = exchange.agent
-        agent.input_tokens += usage.input_tokens
-        agent.output_tokens += usage.output_tokens
-        agent.meters.input_tokens.inc(usage.input_tokens)
-        agent.meters.output_tokens.inc(usage.output_tokens)
-
-
-def _header(headers: list[tuple[str, str]], name: str) -> str | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
+        return ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {model}")

@@ -3,12 +3,11 @@ removes it."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
 from hivenet_router.clock import Clock
-from hivenet_router.router.metrics import RouterMetrics
+from hivenet_router.observability.events import AgentEvent, Observers
 from hivenet_router.router.registry import AgentRecord, Registry
 
 log = logging.getLogger("hivenet.router")
@@ -18,7 +17,7 @@ class HealthMonitor:
     def __init__(
         self,
         registry: Registry,
-        metrics: RouterMetrics,
+        observers: Observers,
         clock: Clock,
         *,
         unhealthy_after: float,
@@ -26,7 +25,7 @@ class HealthMonitor:
         on_remove: Callable[[AgentRecord], None],
     ) -> None:
         self.registry = registry
-        self.metrics = metrics
+        self.observers = observers
         self.clock = clock
         self.unhealthy_after = unhealthy_after
         self.remove_after = remove_after
@@ -53,7 +52,9 @@ class HealthMonitor:
                     # Silent on a connection that is still open; a dropped connection was
                     # counted when it dropped, and must not be counted again here.
                     record.disconnects += 1
-                    self.metrics.disconnections.labels(record.peer_id).inc()
+                    self.observers.on_agent(
+                        AgentEvent("disconnected", record.peer_id, record.model)
+                    )
                 self.on_remove(record)
             elif silent > self.unhealthy_after and record.process_healthy:
                 log.warning(
@@ -64,10 +65,4 @@ class HealthMonitor:
                 )
                 record.process_healthy = False
                 record.health_failures += 1
-                self.metrics.agent_failure.labels(record.peer_id).inc()
-                self.metrics.agent_healthy.labels(record.peer_id, record.model).set(0)
-
-    async def run(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            self.sweep()
+                self.observers.on_agent(AgentEvent("unhealthy", record.peer_id, record.model))

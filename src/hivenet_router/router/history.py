@@ -1,33 +1,13 @@
-"""Per-agent history kept on the hot path: outcomes and smoothed round-trip time.
-
-SRTT and RTTVAR follow RFC 6298 (alpha 1/8, beta 1/4) over router-observed times from
-forwarding a request to its answer's head.
-"""
+"""Moving agent history between live records and the persistent store."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import TYPE_CHECKING
 
+from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.storage.history import HistoryStore
 
-if TYPE_CHECKING:
-    from hivenet_router.router.registry import AgentRecord, Registry
-
 log = logging.getLogger("hivenet.storage")
-
-ALPHA = 1 / 8
-BETA = 1 / 4
-
-
-def smooth_rtt(srtt: float | None, rttvar: float | None, sample: float) -> tuple[float, float]:
-    """Fold one round-trip sample (ms) into (SRTT, RTTVAR)."""
-    if srtt is None or rttvar is None:
-        return sample, sample / 2
-    rttvar = (1 - BETA) * rttvar + BETA * abs(srtt - sample)
-    srtt = (1 - ALPHA) * srtt + ALPHA * sample
-    return srtt, rttvar
 
 
 class HistoryKeeper:
@@ -61,8 +41,3 @@ class HistoryKeeper:
             await self.store.save(items)
         except Exception:
             log.exception("cannot flush agent history (%d agents)", len(items))
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            await self.flush()

@@ -1,4 +1,6 @@
-"""Build the router's object graph once and run its listeners until told to stop."""
+"""The router process: read configuration and files, open the store, start listeners,
+handle signals, and shut down within the announced grace. The object graph itself is built
+in router/wiring.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import contextlib
 import logging
 import signal
 import sqlite3
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +28,12 @@ from hivenet_router.listeners import (
     connection_budget,
     raise_open_files_limit,
 )
-from hivenet_router.policy.document import Policy, PolicyError
-from hivenet_router.policy.signals import AgentFacts
+from hivenet_router.policy.document import PolicyError
 from hivenet_router.policy.store import PolicyStore
-from hivenet_router.router.admin import AdminApi
-from hivenet_router.router.admission import Admission
-from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
-from hivenet_router.router.app import Edge, build_app
 from hivenet_router.router.auth_grpc import GrpcAuthServer
-from hivenet_router.router.control import ControlPlane
-from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
-from hivenet_router.router.handlers import Handlers
-from hivenet_router.router.health import HealthMonitor
-from hivenet_router.router.history import HistoryKeeper
-from hivenet_router.router.metrics import AdmissionCollector, LinkCollector, RouterMetrics
 from hivenet_router.router.providers import ProviderConfig, Providers
-from hivenet_router.router.registry import AgentRecord, Registry
+from hivenet_router.router.registry import AgentRecord
+from hivenet_router.router.wiring import Router, Shared, assemble, check_names
 from hivenet_router.runtime import start_site
 from hivenet_router.storage.history import SqliteHistory
 from hivenet_router.storage.history import reset as reset_store
@@ -133,6 +125,7 @@ class RouterProcess:
         policies.check = lambda candidate: auth.conflict(
             lambda name, models, quota: itpm_conflict(name, models, quota, candidate)
         )
+        check_names(config)
         return cls(config, secret, SystemClock(), policies, providers, auth)
 
     def _announce(self) -> str:
@@ -145,190 +138,28 @@ class RouterProcess:
 
     async def serve(self, stop: asyncio.Event) -> int:
         cfg = self.config
-        metrics = RouterMetrics()
-        registry = Registry(metrics)
-        dispatcher = Dispatcher(
-            registry,
-            metrics,
-            self.clock,
-            DispatchLimits(
-                queue_size=cfg.queue_size,
-                max_concurrent=cfg.max_concurrent,
-                enqueue_timeout=cfg.enqueue_timeout,
-                queue_depth=cfg.queue_depth,
-                max_tries=cfg.max_tries_per_step,
-            ),
-            self.policies,
-            self.providers,
-        )
-
-        def policy_for(model: str) -> Policy:
-            return self.policies.current.for_model(model)  # the snapshot in force now
-
-        def healthy(model: str) -> list[AgentFacts]:
-            return [agent for agent in registry.for_model(model) if agent.eligible]
-
-        admission = Admission(
-            self.clock,
-            policy_for,
-            healthy,
-            cfg.rpm_burst_seconds,
-            cfg.admit_fraction,
-            cfg.admit_park_timeout,
-        )
-        metrics.registry.register(AdmissionCollector(admission))
-        metrics.registry.register(
-            LinkCollector(
-                lambda: [
-                    (a.peer_id, a.model, a.link.active_streams)
-                    for a in registry.all()
-                    if a.link is not None
-                ]
-            )
-        )
-        admission.rejections = lambda reason, model: metrics.admission_rejections.labels(
-            reason, model
-        ).inc()
-        warm_until = self.clock.monotonic() + cfg.warmup
-        handlers = Handlers(
-            dispatcher,
-            registry,
-            metrics,
-            cfg.request_timeout,
-            admission,
-            body_timeout=cfg.http_body_timeout,
-            warming=lambda: self.clock.monotonic() < warm_until,
-        )
-        sessions = Sessions(self.clock, cfg.session_ttl)
-        authenticator = AgentAuthenticator(
-            secret=self.secret,
-            sessions=sessions,
-            clock=self.clock,
-            router_peer_id=self.peer_id,
-            announce=self._announce(),
-            heartbeat_interval=cfg.heartbeat_interval,
-            renew_margin=cfg.session_renew_margin,
-            failure_limit=cfg.auth_failure_limit,
-        )
-        store_dir = Path(cfg.disk_db_path)
-        if cfg.reset_disk_db:
-            log.warning("--reset-disk-db: deleting the history database in %s", store_dir)
-            reset_store(store_dir)
-        store = SqliteHistory(store_dir, cfg.disk_db_ttl, self.clock.wall)
-        try:
-            await store.open()
-        except (OSError, sqlite3.Error) as exc:
-            log.error("cannot open the persistent store in %s: %s", store_dir, exc)
+        store = await self._open_store()
+        if store is None:
             return 1
-        keeper = HistoryKeeper(registry, store, cfg.universal_flush_interval)
-        control = ControlPlane(
-            registry=registry,
-            metrics=metrics,
-            clock=self.clock,
-            sessions=sessions,
-            router_peer_id=self.peer_id,
-            history=keeper,
+        background = _Background()
+        router = assemble(
+            Shared(
+                cfg,
+                self.clock,
+                self.policies,
+                self.providers,
+                self.auth,
+                self.secret,
+                self.peer_id,
+                self._announce(),
+            ),
+            store,
+            remove_agent=lambda record: self._removed(router, background, record),
+            reload=lambda: self._reload(router, "admin"),
         )
-
-        background: set[asyncio.Task[None]] = set()
-
-        def spawn(coro: Coroutine[Any, Any, None]) -> None:
-            task = asyncio.create_task(coro)
-            background.add(task)
-            task.add_done_callback(background.discard)
-
-        def removed(record: AgentRecord) -> None:
-            sessions.revoke_peer(record.peer_id)
-            spawn(keeper.flush([record]))
-            if record.link is not None:
-                spawn(record.link.close("agent removed"))
-
-        async def reload(trigger: str) -> dict[str, bool]:
-            # Files are read off the event loop; each swap itself is one assignment.
-            policies = await asyncio.to_thread(self.policies.reload)
-            metrics.policy_reload.labels(trigger, "success" if policies else "error").inc()
-            auth = await asyncio.to_thread(self.auth.reload)
-            return {"policies": policies, "auth": auth}
-
-        admin = AdminApi(
-            registry=registry,
-            dispatcher=dispatcher,
-            policies=self.policies,
-            clock=self.clock,
-            remove_agent=removed,
-            reload=lambda: reload("admin"),
-            daily=admission.daily,
-            auth=self.auth,
-            body_timeout=cfg.http_body_timeout,
-        )
-
-        monitor = HealthMonitor(
-            registry,
-            metrics,
-            self.clock,
-            unhealthy_after=cfg.unhealthy_after,
-            remove_after=cfg.remove_after,
-            on_remove=removed,
-        )
-
-        async def metrics_page(request: web.Request) -> web.Response:
-            return web.Response(
-                body=generate_latest(metrics.registry),
-                headers={"Content-Type": CONTENT_TYPE_LATEST},
-            )
-
-        metrics_app = web.Application()
-        metrics_app.router.add_get("/metrics", metrics_page)
-
-        server_tls = self.tls.server_context()
-        auth_server = GrpcAuthServer(authenticator, server_tls)
-        runners: list[web.AppRunner] = []
-        edge = Edge(metrics, self.auth)
-        open_files = raise_open_files_limit()
-        client_conns = connection_budget(cfg.http_max_conns, open_files)
-        if client_conns < cfg.http_max_conns:
-            log.warning(
-                "open-files limit %d allows %d client connections, not --http-max-conns %d",
-                open_files,
-                client_conns,
-                cfg.http_max_conns,
-            )
-        try:
-            public = await start_site(
-                build_app(handlers, admin, edge, cfg.body_limit),
-                cfg.http_port.host,
-                cfg.http_port.port,
-                shutdown_timeout=1.0,
-                guard=ConnectionGuard("client API", cfg.http_max_conns_per_ip, client_conns),
-                refusal=TOO_MANY_CONNECTIONS,
-                idle_timeout=cfg.http_idle_timeout,
-            )
-            runners.append(public)
-            await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
-            runners.append(
-                await start_site(
-                    control.link_app(),
-                    cfg.p2p_listen_addr,
-                    cfg.p2p_port,
-                    ssl_context=server_tls,
-                    guard=ConnectionGuard(
-                        "agent link",
-                        cfg.p2p_max_conns_per_ip,
-                        connection_budget(cfg.http_max_conns, open_files),
-                    ),
-                    refusal=LINK_REFUSAL,
-                    idle_timeout=cfg.p2p_handshake_timeout,
-                    handshake_timeout=cfg.p2p_handshake_timeout,
-                )
-            )
-            runners.append(
-                await start_site(metrics_app, cfg.metrics_port.host, cfg.metrics_port.port)
-            )
-        except (OSError, RuntimeError) as exc:
-            log.error("cannot listen: %s", exc)
-            await auth_server.stop()
-            for runner in runners:
-                await runner.cleanup()
+        auth_server = GrpcAuthServer(router.authenticator, self.tls.server_context())
+        runners = await self._listen(router, auth_server)
+        if runners is None:
             return 1
         log.info(
             "router %s ready: http %s, agent auth %s, agent link %s, metrics %s",
@@ -339,68 +170,196 @@ class RouterProcess:
             cfg.metrics_port,
         )
         log.debug("configuration: %s", describe(cfg))
-        persistent_quota = cfg.quota_backend == "badger"
-
-        async def save_quota() -> None:
-            if persistent_quota:
-                day, totals = admission.daily.today()
-                try:
-                    await store.save_tokens(day, totals)
-                except sqlite3.Error as exc:
-                    log.error("cannot save daily token totals: %s", exc)
-
-        async def quota_flusher() -> None:
-            while True:
-                await asyncio.sleep(cfg.universal_flush_interval)
-                await save_quota()
-
-        if persistent_quota:
-            day, _ = admission.daily.today()
-            admission.daily.restore(day, await store.load_tokens(day))
-
-        async def sweeper() -> None:
-            while True:
-                await asyncio.sleep(SWEEP_INTERVAL)
-                admission.sweep()
-
-        health_task = asyncio.create_task(monitor.run(cfg.health_check_interval))
-        flush_task = asyncio.create_task(keeper.run())
-        quota_task = asyncio.create_task(quota_flusher())
-        sweep_task = asyncio.create_task(sweeper())
-
-        async def hangup() -> None:
-            await reload("sighup")
-
-        def on_hangup() -> None:
-            log.info("SIGHUP: reloading policies and auth")
-            spawn(hangup())
-
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_hangup)
+        await self._restore_quota(router, store)
+        background.start(self._chores(router, store))
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(
+            signal.SIGHUP, lambda: background.spawn(self._reload(router, "sighup"))
+        )
         await stop.wait()
+        await self._shutdown(router, store, auth_server, runners, background)
+        return 0
+
+    # -- pieces of serve ------------------------------------------------------------------------
+
+    async def _open_store(self) -> SqliteHistory | None:
+        cfg = self.config
+        store_dir = Path(cfg.disk_db_path)
+        if cfg.reset_disk_db:
+            log.warning("--reset-disk-db: deleting the history database in %s", store_dir)
+            await asyncio.to_thread(reset_store, store_dir)
+        store = SqliteHistory(store_dir, cfg.disk_db_ttl, self.clock.wall)
+        try:
+            await store.open()
+        except (OSError, sqlite3.Error) as exc:
+            log.error("cannot open the persistent store in %s: %s", store_dir, exc)
+            return None
+        return store
+
+    @staticmethod
+    def _removed(router: Router, background: _Background, record: AgentRecord) -> None:
+        router.sessions.revoke_peer(record.peer_id)
+        background.spawn(router.keeper.flush([record]))
+        if record.link is not None:
+            background.spawn(record.link.close("agent removed"))
+
+    async def _reload(self, router: Router, trigger: str) -> dict[str, bool]:
+        # Files are read off the event loop; each swap itself is one assignment.
+        if trigger == "sighup":
+            log.info("SIGHUP: reloading policies and auth")
+        policies = await asyncio.to_thread(self.policies.reload)
+        router.metrics.policy_reload.labels(trigger, "success" if policies else "error").inc()
+        auth = await asyncio.to_thread(self.auth.reload)
+        return {"policies": policies, "auth": auth}
+
+    async def _listen(
+        self, router: Router, auth_server: GrpcAuthServer
+    ) -> list[web.AppRunner] | None:
+        """Start every listener, the public port first; None (logged) if one cannot bind."""
+        cfg = self.config
+        open_files = raise_open_files_limit()
+        client_conns = connection_budget(cfg.http_max_conns, open_files)
+        if client_conns < cfg.http_max_conns:
+            log.warning(
+                "open-files limit %d allows %d client connections, not --http-max-conns %d",
+                open_files,
+                client_conns,
+                cfg.http_max_conns,
+            )
+        runners: list[web.AppRunner] = []
+        try:
+            runners.append(
+                await start_site(
+                    router.public_app,
+                    cfg.http_port.host,
+                    cfg.http_port.port,
+                    shutdown_timeout=1.0,
+                    guard=ConnectionGuard("client API", cfg.http_max_conns_per_ip, client_conns),
+                    refusal=TOO_MANY_CONNECTIONS,
+                    idle_timeout=cfg.http_idle_timeout,
+                )
+            )
+            await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
+            runners.append(
+                await start_site(
+                    router.control.link_app(),
+                    cfg.p2p_listen_addr,
+                    cfg.p2p_port,
+                    ssl_context=self.tls.server_context(),
+                    guard=ConnectionGuard("agent link", cfg.p2p_max_conns_per_ip, client_conns),
+                    refusal=LINK_REFUSAL,
+                    idle_timeout=cfg.p2p_handshake_timeout,
+                    handshake_timeout=cfg.p2p_handshake_timeout,
+                )
+            )
+            runners.append(
+                await start_site(_metrics_app(router), cfg.metrics_port.host, cfg.metrics_port.port)
+            )
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot listen: %s", exc)
+            await auth_server.stop()
+            for runner in runners:
+                await runner.cleanup()
+            return None
+        return runners
+
+    async def _restore_quota(self, router: Router, store: SqliteHistory) -> None:
+        if self.config.quota_backend == "badger":
+            day, _ = router.daily.today()
+            router.daily.restore(day, await store.load_tokens(day))
+
+    async def _save_quota(self, router: Router, store: SqliteHistory) -> None:
+        if self.config.quota_backend == "badger":
+            day, totals = router.daily.today()
+            try:
+                await store.save_tokens(day, totals)
+            except sqlite3.Error as exc:
+                log.error("cannot save daily token totals: %s", exc)
+
+    def _chores(self, router: Router, store: SqliteHistory) -> list[Coroutine[Any, Any, None]]:
+        """The periodic work: health sweeps, history flushes, quota saves, idle sweeps."""
+        cfg = self.config
+
+        async def every(seconds: float, action: Callable[[], Awaitable[None] | None]) -> None:
+            while True:
+                await asyncio.sleep(seconds)
+                pending = action()
+                if pending is not None:
+                    await pending
+
+        return [
+            every(cfg.health_check_interval, router.monitor.sweep),
+            every(cfg.universal_flush_interval, router.keeper.flush),
+            every(cfg.universal_flush_interval, lambda: self._save_quota(router, store)),
+            every(SWEEP_INTERVAL, router.admission.sweep),
+        ]
+
+    async def _shutdown(
+        self,
+        router: Router,
+        store: SqliteHistory,
+        auth_server: GrpcAuthServer,
+        runners: list[web.AppRunner],
+        background: _Background,
+    ) -> None:
+        grace = self.config.shutdown_grace
         log.info(
             "shutting down: no new requests; %d in flight get up to %gs",
-            len(edge.inflight),
-            cfg.shutdown_grace,
+            len(router.edge.inflight),
+            grace,
         )
         # The public port closes first, while agent connections still carry what is in
         # flight; only then do the agents hear that the router is going away.
+        public = runners[0]
         for site in public.sites:
             await site.stop()
-        cut = await edge.drain(cfg.shutdown_grace, lambda: setattr(handlers, "stopping", True))
+        cut = await router.edge.drain(grace, lambda: setattr(router.relay, "stopping", True))
         if cut:
             log.warning("shutdown grace over: cut %d request(s) still in flight", cut)
         await public.cleanup()
-        for task in (health_task, flush_task, quota_task, sweep_task):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await keeper.flush()
-        await save_quota()
+        await background.stop()
+        await router.keeper.flush()
+        await self._save_quota(router, store)
         await store.close()
-        for link in list(control.links):
+        for link in list(router.control.links):
             await link.close("router shutting down")
         await auth_server.stop()
         await self.providers.close()
         for runner in runners[1:]:
             await runner.cleanup()
-        return 0
+
+
+def _metrics_app(router: Router) -> web.Application:
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(router.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+class _Background:
+    """Tasks the process runs beside its listeners; all cancelled at shutdown."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task: asyncio.Task[Any] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def start(self, coros: list[Coroutine[Any, Any, None]]) -> None:
+        for coro in coros:
+            self.spawn(coro)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.transport.link import StreamReset
 
 log = logging.getLogger("hivenet.provider")
 
@@ -49,7 +49,7 @@ class ProviderConfig:
 
 
 class ProviderStream:
-    """A provider's streamed answer, read like an agent stream."""
+    """A provider's streamed answer, read like an agent's."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
@@ -61,27 +61,20 @@ class ProviderStream:
         try:
             chunk = await self._response.content.readany()
         except aiohttp.ClientError as exc:
-            self.reset()
             log.warning("provider stream failed: %r", exc)
-            raise StreamReset("provider_error", "provider stream failed") from None
+            self.finished = True
+            self._response.close()
+            raise AnswerBroken(ErrorCode.BACKEND_ERROR, "the provider's stream broke") from None
         if not chunk:
             self.finished = True
             self._response.release()
             return None
         return chunk
 
-    def reset(self, error: StreamReset | None = None) -> None:
-        self.finished = True
-        self._response.close()
-
-
-@dataclass(slots=True)
-class ProviderAnswer:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes | None
-    first: bytes | None
-    stream: ProviderStream | None
+    def close(self, outcome: Outcome) -> None:
+        if not self.finished:
+            self.finished = True
+            self._response.close()
 
 
 class Providers:
@@ -113,7 +106,7 @@ class Providers:
         body: bytes,
         client_headers: list[tuple[str, str]],
         stream: bool,
-    ) -> ProviderAnswer:
+    ) -> Answer:
         config = self._configs[name]
         try:
             request = orjson.loads(body)
@@ -155,11 +148,11 @@ class Providers:
                 source = ProviderStream(response)
                 first = await source.read()
                 handed_over = True
-                return ProviderAnswer(response.status, headers, None, first, source)
+                return Answer(response.status, headers, source, first=first, origin=name)
             data = await _read_bounded(response, MAX_BODY)
-            return ProviderAnswer(response.status, headers, data, None, None)
-        except StreamReset as exc:
-            raise ApiError(ErrorCode.BACKEND_ERROR, exc.message, source="backend") from None
+            return Answer(response.status, headers, Whole(), body=data, origin=name)
+        except AnswerBroken as exc:
+            raise ApiError(exc.code, exc.message, source="backend") from None
         except aiohttp.ClientError as exc:
             log.warning("provider %s failed mid-answer: %r", name, exc)
             raise ApiError(

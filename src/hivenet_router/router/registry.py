@@ -1,16 +1,19 @@
-"""Live agents, indexed by peer ID and by model, and their capacity slots."""
+"""Live agents, indexed by peer ID and by model, their capacity slots and their history.
+
+The registry knows nothing of who waits for agents: whoever does (dispatch) subscribes with
+`watch` and is told which model gained room (an agent joined, recovered or was undrained).
+Metrics read the records at scrape time; nothing here counts for them.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
-from hivenet_router.router.history import smooth_rtt
-from hivenet_router.router.metrics import AgentMeters, RouterMetrics
+from hivenet_router.domain.request import Usage
 from hivenet_router.storage.history import AgentHistory
 from hivenet_router.transport.link import Link
 
@@ -18,15 +21,26 @@ log = logging.getLogger("hivenet.router")
 
 _order = itertools.count()
 
+# RFC 6298 smoothing of router-observed times from forwarding a request to its answer's head.
+ALPHA = 1 / 8
+BETA = 1 / 4
+
+
+def smooth_rtt(srtt: float | None, rttvar: float | None, sample: float) -> tuple[float, float]:
+    """Fold one round-trip sample (ms) into (SRTT, RTTVAR)."""
+    if srtt is None or rttvar is None:
+        return sample, sample / 2
+    rttvar = (1 - BETA) * rttvar + BETA * abs(srtt - sample)
+    srtt = (1 - ALPHA) * srtt + ALPHA * sample
+    return srtt, rttvar
+
 
 @dataclass(eq=False)
 class AgentRecord:
     reg: Registration
     link: Link | None
-    session_digest: bytes
     last_heartbeat: float
     registered_at: float
-    meters: AgentMeters
     active: int = 0
     process_healthy: bool = True
     backend_healthy: bool = True
@@ -34,6 +48,7 @@ class AgentRecord:
     hardware: HardwareSnapshot | None = None
     last_assigned: int = field(default_factory=lambda: next(_order))
     disconnected_at: float | None = None
+    last_seen_wall: float | None = None
     draining: bool = False
     successes: int = 0
     failures: int = 0
@@ -68,31 +83,31 @@ class AgentRecord:
         self.health_failures += past.health_failures
         if self.srtt_ms is None:
             self.srtt_ms, self.rttvar_ms = past.srtt_ms, past.rttvar_ms
-        self.meters.success.inc(past.successes)
-        self.meters.failed.inc(past.failures)
-        self.meters.input_tokens.inc(past.input_tokens)
-        self.meters.output_tokens.inc(past.output_tokens)
-        self._publish()
 
-    def succeeded(self, rtt_ms: float | None) -> None:
-        self.successes += 1
-        self.consecutive_failures = 0
-        if rtt_ms is not None:
-            self.srtt_ms, self.rttvar_ms = smooth_rtt(self.srtt_ms, self.rttvar_ms, rtt_ms)
-        self._publish()
+    def carry(self, old: AgentRecord) -> None:
+        """A new connection of the same agent: keep its slots in use and its history."""
+        self.active = old.active
+        self.successes, self.failures = old.successes, old.failures
+        self.srtt_ms, self.rttvar_ms = old.srtt_ms, old.rttvar_ms
+        self.input_tokens, self.output_tokens = old.input_tokens, old.output_tokens
+        self.disconnects, self.health_failures = old.disconnects, old.health_failures
 
-    def failed(self) -> None:
-        self.failures += 1
-        self.consecutive_failures += 1
-        self._publish()
-
-    def _publish(self) -> None:
-        if self.srtt_ms is not None and self.rttvar_ms is not None:
-            self.meters.srtt.set(self.srtt_ms)
-            self.meters.rttvar.set(self.rttvar_ms)
-        total = self.successes + self.failures
-        if total:
-            self.meters.success_rate.set(self.successes / total)
+    def finished(self, ok: bool | None, rtt_ms: float | None, usage: Usage | None) -> None:
+        """The one writer of per-request statistics: `ok` True for a success, False for a
+        failure, None for neither (the client's mistake, or the client went away)."""
+        if usage is not None:
+            self.input_tokens += usage.input_tokens
+            self.output_tokens += usage.output_tokens
+        if ok is None:
+            return
+        if ok:
+            self.successes += 1
+            self.consecutive_failures = 0
+            if rtt_ms is not None:
+                self.srtt_ms, self.rttvar_ms = smooth_rtt(self.srtt_ms, self.rttvar_ms, rtt_ms)
+        else:
+            self.failures += 1
+            self.consecutive_failures += 1
 
     @property
     def peer_id(self) -> str:
@@ -134,15 +149,24 @@ class AgentRecord:
         self.active -= 1
 
 
-class Registry:
-    """Agents known to this router. `on_slot` and `on_join` wake requests waiting by model."""
+Watcher = Callable[[str], None]
 
-    def __init__(self, metrics: RouterMetrics) -> None:
+
+class Registry:
+    """Agents known to this router."""
+
+    def __init__(self) -> None:
         self._by_peer: dict[str, AgentRecord] = {}
         self._by_model: dict[str, dict[str, AgentRecord]] = {}
-        self._metrics = metrics
-        self.on_join: Callable[[str], None] = lambda model: None
-        self.on_slot: Callable[[str], None] = lambda model: None
+        self._watchers: list[Watcher] = []
+
+    def watch(self, watcher: Watcher) -> None:
+        """Call `watcher(model)` whenever a model may have gained an eligible agent."""
+        self._watchers.append(watcher)
+
+    def changed(self, model: str) -> None:
+        for watcher in self._watchers:
+            watcher(model)
 
     def get(self, peer_id: str) -> AgentRecord | None:
         return self._by_peer.get(peer_id)
@@ -162,46 +186,18 @@ class Registry:
         old = self._by_peer.get(record.peer_id)
         if old is not None:
             # The in-flight slots of the old connection still get released on the old record;
-            # carry the count so the new record does not over-admit meanwhile, and keep the
-            # agent's history.
-            record.active = old.active
-            record.successes, record.failures = old.successes, old.failures
-            record.srtt_ms, record.rttvar_ms = old.srtt_ms, old.rttvar_ms
-            record.input_tokens, record.output_tokens = old.input_tokens, old.output_tokens
-            record.disconnects, record.health_failures = old.disconnects, old.health_failures
+            # carry the count so the new record does not over-admit meanwhile.
+            record.carry(old)
             self._drop(old)
         self._by_peer[record.peer_id] = record
         self._by_model.setdefault(record.model, {})[record.peer_id] = record
-        reg = record.reg
-        self._metrics.agent_info.labels(
-            reg.peer_id,
-            reg.region,
-            reg.engine,
-            reg.model,
-            str(reg.capacity),
-            reg.organization,
-            reg.machine,
-        ).set(1)
-        self._metrics.agent_healthy.labels(reg.peer_id, reg.model).set(1)
-        self.on_join(record.model)
+        self.changed(record.model)
         return old
 
     def remove(self, peer_id: str) -> AgentRecord | None:
         record = self._by_peer.pop(peer_id, None)
         if record is not None:
             self._drop(record)
-            # Its counters go too: if the agent comes back, its history is restored from the
-            # store and the counters resume from there, without counting anything twice.
-            # (A replacement by upsert keeps them: the new record shares the same series.)
-            labels = (record.peer_id, record.model)
-            for counter in (
-                self._metrics.agent_success,
-                self._metrics.agent_failed,
-                self._metrics.input_tokens,
-                self._metrics.output_tokens,
-            ):
-                with contextlib.suppress(KeyError):
-                    counter.remove(*labels)
         return record
 
     def _drop(self, record: AgentRecord) -> None:
@@ -210,36 +206,10 @@ class Registry:
             agents.pop(record.peer_id, None)
             if not agents:
                 del self._by_model[record.model]
-        reg = record.reg
-        for metric, labels in (
-            (
-                self._metrics.agent_info,
-                (
-                    reg.peer_id,
-                    reg.region,
-                    reg.engine,
-                    reg.model,
-                    str(reg.capacity),
-                    reg.organization,
-                    reg.machine,
-                ),
-            ),
-            (self._metrics.agent_healthy, (reg.peer_id, reg.model)),
-            (self._metrics.capacity_utilization, (reg.peer_id, reg.model)),
-            (self._metrics.agent_last_seen, (reg.peer_id,)),
-            (self._metrics.srtt, (reg.peer_id, reg.model)),
-            (self._metrics.rttvar, (reg.peer_id, reg.model)),
-            (self._metrics.success_rate, (reg.peer_id, reg.model)),
-        ):
-            with contextlib.suppress(KeyError):
-                metric.remove(*labels)
-        for gauge in (*self._metrics.engine.values(), *self._metrics.hardware.values()):
-            with contextlib.suppress(KeyError):
-                gauge.remove(reg.peer_id, reg.model)
 
     def release(self, record: AgentRecord) -> None:
+        """Give back one slot taken on `record` (or on the connection it replaced)."""
         record.release()
         current = self._by_peer.get(record.peer_id)
         if current is not None and current is not record and current.active > 0:
             current.active -= 1
-        self.on_slot(record.model)

@@ -167,4 +167,6 @@ class SqliteHistory:
                 self._db = None
 
         await self._run(shut)
-        self._pool.shutdown(wait=True)
+        # The worker is idle now (its last job was awaited): let it end without joining it
+        # on the event loop.
+        self._pool.shutdown(wait=False)

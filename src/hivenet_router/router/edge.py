@@ -1,6 +1,9 @@
-"""The public HTTP app: one edge middleware and the route allowlist.
+"""The public HTTP edge: what every public request goes through, and the route allowlist.
 
-Only these routes exist; anything else is a structured 404 that never reaches an agent.
+The edge gives a request its ID, authenticates it, makes its Ticket, turns any ApiError
+into the one error envelope, and, whatever happens, tells the observers how it ended. Only
+the routes listed here exist; anything else is a structured 404 that never reaches an
+agent. (Wrapping each route's handler costs less than aiohttp middleware.)
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from aiohttp import web
 
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
+from hivenet_router.observability.events import Ended, Observers
+from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.handlers import Handlers
-from hivenet_router.router.metrics import RouterMetrics
 from hivenet_router.router.requests import check_headers, credential, request_id
 
 log = logging.getLogger("hivenet.api")
@@ -30,6 +34,7 @@ INFERENCE_ROUTES = (
     "/v1/embeddings",
     "/v1/rerank",
 )
+CLIENT_GONE = 499  # the status a request that lost its client is recorded with
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,15 +46,9 @@ def _error_response(status: int, body: bytes, rid: str) -> web.Response:
 
 
 class Edge:
-    """What every public request goes through: request ID, error envelope, duration metric.
-
-    Applied by wrapping each route's handler rather than as aiohttp middleware, which costs
-    a few percent of the router's CPU per request for nothing this needs.
-    """
-
-    def __init__(self, metrics: RouterMetrics, auth: AuthState) -> None:
-        self._metrics = metrics
+    def __init__(self, auth: AuthState, observers: Observers) -> None:
         self._auth = auth
+        self._observers = observers
         self._loop_time = asyncio.get_running_loop().time
         self.inflight: set[asyncio.Task[Any]] = set()
 
@@ -70,68 +69,86 @@ class Edge:
 
     def wrap(self, endpoint: str, handler: Handler, guard: str = "") -> Handler:
         """`guard`: "client" for /v1/*, "admin" for /admin/*, "" for public routes."""
-        loop_time = self._loop_time
-        durations: dict[int, Any] = {}
-        histogram = self._metrics.request_duration
-        auth = self._auth
         inflight = self.inflight
+        serve = self._serve
 
         async def edge(request: web.Request) -> web.StreamResponse:
             task = asyncio.current_task()
             assert task is not None
             inflight.add(task)
             try:
-                return await guarded(request)
+                return await serve(request, endpoint, handler, guard)
             finally:
                 inflight.discard(task)
 
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            rid = request_id(request.headers.get("X-Request-ID"))
-            request["request_id"] = rid
-            limits: dict[str, str] = {}
-            request["limit_headers"] = limits
-            started = loop_time()
-            try:
-                check_headers(request)
-                if guard == "client":
-                    principal = auth.client.authenticate(credential(request), time.time())
-                    if principal is None:
-                        raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
-                    request["principal"] = principal
-                elif guard == "admin" and not auth.admin.authenticate(credential(request)):
-                    raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
-                response = await handler(request)
-            except ApiError as exc:
-                response = _error_response(exc.http_status, exc.body(rid), rid)
-                response.headers.update(limits)
-                if exc.code is ErrorCode.UNAUTHORIZED:
-                    response.headers["WWW-Authenticate"] = 'Bearer realm="hivenet-router"'
-            except (asyncio.CancelledError, ConnectionError):
-                raise
-            except Exception:
-                log.exception(
-                    "unhandled error on %s %s (request %s)", request.method, request.path, rid
-                )
-                response = _error_response(
-                    500,
-                    error_body(
-                        ErrorCode.BACKEND_ERROR, "internal router error", status=500, request_id=rid
-                    ),
-                    rid,
-                )
-            if not response.prepared:
-                response.headers["X-Request-ID"] = rid
-                if request.get("close"):
-                    response.force_close()
-            series = durations.get(response.status)
-            if series is None:
-                series = durations[response.status] = histogram.labels(
-                    endpoint, str(response.status)
-                )
-            series.observe(loop_time() - started)
-            return response
-
         return edge
+
+    def _authenticate(self, request: web.Request, ticket: Ticket, guard: str) -> None:
+        auth = self._auth
+        if guard == "client":
+            principal = auth.client.authenticate(credential(request), time.time())
+            if principal is None:
+                raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
+            ticket.principal = principal
+        elif guard == "admin" and not auth.admin.authenticate(credential(request)):
+            raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
+
+    async def _serve(
+        self, request: web.Request, endpoint: str, handler: Handler, guard: str
+    ) -> web.StreamResponse:
+        rid = request_id(request.headers.get("X-Request-ID"))
+        ticket = Ticket(rid, endpoint, self._loop_time(), self._observers)
+        request["ticket"] = ticket
+        try:
+            response = await self._answer(request, ticket, handler, guard)
+        except BaseException:
+            # Only the client going away (or a cut at shutdown) leaves the edge unanswered.
+            self._end(ticket, CLIENT_GONE)
+            raise
+        if not response.prepared:
+            response.headers["X-Request-ID"] = rid
+            if request.get("close"):
+                response.force_close()
+        self._end(ticket, response.status)
+        return response
+
+    async def _answer(
+        self, request: web.Request, ticket: Ticket, handler: Handler, guard: str
+    ) -> web.StreamResponse:
+        rid = ticket.request_id
+        try:
+            check_headers(request)
+            self._authenticate(request, ticket, guard)
+            return await handler(request)
+        except ApiError as exc:
+            ticket.failure = exc.code
+            response = _error_response(exc.http_status, exc.body(rid), rid)
+            response.headers.update(ticket.headers_out)
+            if exc.code is ErrorCode.UNAUTHORIZED:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="hivenet-router"'
+            return response
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            log.exception(
+                "unhandled error on %s %s (request %s)", request.method, request.path, rid
+            )
+            ticket.failure = ErrorCode.BACKEND_ERROR
+            body = error_body(
+                ErrorCode.BACKEND_ERROR, "internal router error", status=500, request_id=rid
+            )
+            return _error_response(500, body, rid)
+
+    def _end(self, ticket: Ticket, status: int) -> None:
+        ticket.emit(
+            Ended(
+                status,
+                ticket.failure,
+                ticket.outcome,
+                ticket.usage,
+                self._loop_time() - ticket.started,
+            )
+        )
 
 
 def build_app(handlers: Handlers, admin: AdminApi, edge: Edge, body_limit: int) -> web.Application:

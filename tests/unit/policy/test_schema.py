@@ -10,13 +10,13 @@ import yaml
 from hivenet_router.policy.document import PolicyError, parse_policy
 from hivenet_router.policy.schema import policy_schema
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "docs/examples/policies").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "docs/examples/policies").glob("*.yaml"))
 
 
 def test_the_schema_is_valid_and_published() -> None:
     schema = policy_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
-    published = Path(__file__).resolve().parents[2] / "docs/policy.schema.json"
+    published = Path(__file__).resolve().parents[3] / "docs/policy.schema.json"
     assert json.loads(published.read_text()) == schema
 
 

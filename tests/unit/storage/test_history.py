@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -47,7 +48,7 @@ async def test_records_survive_a_reopen_and_reset_removes_them(tmp_path: Path) -
     assert loaded is not None and loaded.failures == 3
     await again.close()
     (tmp_path / "keep.txt").write_text("not ours")
-    reset(tmp_path)
+    await asyncio.to_thread(reset, tmp_path)
     assert not (tmp_path / DB_FILE).exists()
     assert (tmp_path / "keep.txt").exists()  # reset deletes only the router's own files
 

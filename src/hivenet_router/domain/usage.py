@@ -9,18 +9,13 @@ streams put input tokens in `message_start` and output tokens in `message_delta`
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from hivenet_router.domain.request import Usage
+
 TAIL_CHUNKS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    input_tokens: int
-    output_tokens: int
 
 
 def _int(value: Any) -> int:

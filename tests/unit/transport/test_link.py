@@ -17,7 +17,7 @@ from hivenet_router.transport.link import (
     StreamReset,
     WriteTimeout,
 )
-from tests.unit.linkpair import Handler, Pair, link_pair
+from tests.linkpair import Handler, Pair, link_pair
 
 PROTO = "/test/1.0.0"
 

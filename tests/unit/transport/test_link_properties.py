@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hivenet_router.transport import frames
 from hivenet_router.transport.link import INITIAL_WINDOW, Stream
-from tests.unit.linkpair import link_pair
+from tests.linkpair import link_pair
 
 PROTO = "/prop/1.0.0"
 

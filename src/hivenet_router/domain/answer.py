@@ -1,0 +1,168 @@
+"""An answer on its way back to the client, and how it ends.
+
+Whoever produced the answer (an agent stream, a provider, a whole body) hands over an
+`AnswerSource`. The relay reads it and closes it exactly once with the outcome; closing runs
+the hooks of every stage that held something for this request, last taken first, so a
+stream keeps what it holds until its last byte. Reading meters token usage on the way:
+stages see the usage the answer reported when it closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import Protocol
+
+from hivenet_router.domain.errors import ErrorCode
+from hivenet_router.domain.request import Usage
+from hivenet_router.domain.usage import StreamMeter, from_body
+
+log = logging.getLogger("hivenet.router")
+
+
+class Outcome(StrEnum):
+    OK = "ok"  # the whole answer reached the client (an engine's 4xx included)
+    CLIENT_GONE = "client_gone"  # the client went away first
+    BROKEN = "broken"  # the answer's source failed part-way
+    TIMEOUT = "timeout"  # the request's deadline passed part-way
+
+
+class AnswerBroken(Exception):
+    """The source failed after the answer began. Replaces the transport's own errors above
+    the dispatch layer; `code` is what the client is told."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class AnswerSource(Protocol):
+    """The rest of an answer: read until None, then closed once."""
+
+    async def read(self) -> bytes | None:
+        """The next chunk, or None at the end. Raises AnswerBroken."""
+        ...
+
+    def close(self, outcome: Outcome) -> None:
+        """Give back what the answer holds (a stream, slots). Called exactly once."""
+        ...
+
+
+class Whole:
+    """The source of an answer that arrived in one piece: nothing more to read."""
+
+    def __init__(self, on_close: Callable[[Outcome], None] | None = None) -> None:
+        self._on_close = on_close
+
+    async def read(self) -> bytes | None:
+        return None
+
+    def close(self, outcome: Outcome) -> None:
+        if self._on_close is not None:
+            self._on_close(outcome)
+
+
+Meter = Callable[[bytes], None]
+# A close hook may be a coroutine function (a shared counter's settlement): `close` awaits it.
+Closer = Callable[[Outcome, Usage | None], Awaitable[None] | None]
+
+
+class Answer:
+    """An answer's head, its first chunk (or whole body), and the source of the rest.
+
+    `close` settles it once: it works out the usage the answer reported, closes the source
+    and runs the close hooks, last registered first, each shielded from the others' errors.
+    """
+
+    __slots__ = (
+        "_chunk_hooks",
+        "_closed",
+        "_closers",
+        "_meter",
+        "body",
+        "first",
+        "headers",
+        "origin",
+        "source",
+        "status",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[str, str]],
+        source: AnswerSource,
+        *,
+        body: bytes | None = None,
+        first: bytes | None = None,
+        origin: str = "",
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.source = source
+        self.body = body  # a whole answer; None for a stream
+        self.first = first  # a stream's first chunk
+        self.origin = origin  # the agent's peer ID or the provider's name
+        self.usage: Usage | None = None
+        self._meter: StreamMeter | None = None
+        self._closers: list[Closer] = []
+        self._chunk_hooks: list[Meter] = []
+        self._closed = False
+        if body is None:
+            self._meter = StreamMeter()
+            if first is not None:
+                self._meter.feed(first)
+
+    @property
+    def streamed(self) -> bool:
+        return self.body is None
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    def on_chunk(self, hook: Meter) -> None:
+        """Call `hook` with every chunk read after the first (the first is `self.first`)."""
+        self._chunk_hooks.append(hook)
+
+    def on_close(self, hook: Closer) -> None:
+        self._closers.append(hook)
+
+    async def next_chunk(self) -> bytes | None:
+        chunk = await self.source.read()
+        if chunk is not None:
+            if self._meter is not None:
+                self._meter.feed(chunk)
+            for hook in self._chunk_hooks:
+                hook(chunk)
+        return chunk
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self, outcome: Outcome) -> None:
+        """Settle the answer once. Hooks that hold local state finish without suspending,
+        so a close that runs while its task is being cancelled still completes."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.body is not None:
+            self.usage = from_body(self.body) if self.status < 400 else None
+        elif self._meter is not None:
+            self.usage = self._meter.result()
+        try:
+            self.source.close(outcome)
+        finally:
+            for hook in reversed(self._closers):
+                try:
+                    pending = hook(outcome, self.usage)
+                    if pending is not None:
+                        await pending
+                except Exception:
+                    log.exception("a close hook of an answer failed")

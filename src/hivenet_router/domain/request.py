@@ -1,0 +1,41 @@
+"""One request as the router sees it: the facts read from its body, the usage its answer
+reports, and the job dispatch carries to an agent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What routing and admission read from a body (router/bodies.py decodes it)."""
+
+    route: str
+    model: str
+    capability: str
+    stream: bool
+    max_output_tokens: int | None  # None: undeclared (absent, null or negative)
+    text_bytes: int = 0  # prompt text, system prompt and raw tool JSON, for the estimate
+    messages: int = 0
+    images: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens an answer reported (OpenAI and Anthropic names normalised)."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What travels to the agent: the route and the original bytes, with the headers to
+    forward."""
+
+    route: str
+    model: str
+    capability: str
+    stream: bool
+    body: bytes
+    headers: list[tuple[str, str]]

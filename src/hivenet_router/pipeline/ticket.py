@@ -1,0 +1,79 @@
+"""A Ticket: one request's record from the edge to its last byte.
+
+The edge makes it; stages and dispatch read and fill it; observers receive it with every
+event. It is the per-request scratch object plug-ins and stages share, so that none of them
+needs to know the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hivenet_router.domain.answer import Outcome
+from hivenet_router.domain.errors import ErrorCode
+from hivenet_router.domain.request import Job, RequestFacts, Usage
+
+if TYPE_CHECKING:
+    from hivenet_router.observability.events import Event, Observers
+
+
+def _nothing() -> None:
+    return None
+
+
+class Ticket:
+    __slots__ = (
+        "admitted",
+        "deadline",
+        "dispatched",
+        "endpoint",
+        "facts",
+        "failure",
+        "headers_out",
+        "job",
+        "leave_pool",
+        "observers",
+        "origin",
+        "outcome",
+        "phase",
+        "principal",
+        "provider",
+        "request_id",
+        "started",
+        "usage",
+    )
+
+    def __init__(
+        self, request_id: str, endpoint: str, started: float, observers: Observers
+    ) -> None:
+        self.request_id = request_id
+        self.endpoint = endpoint  # the route, as metrics label it
+        self.started = started  # event-loop time at arrival
+        self.observers = observers
+        self.principal: Any = None  # who is calling (auth.providers.Principal)
+        self.facts: RequestFacts | None = None
+        self.job: Job | None = None
+        self.deadline = 0.0  # event-loop time by which the whole request must be done
+        self.phase = "queue"  # where the request is, so a deadline can say where it expired
+        self.admitted = False  # admission let it through: it counts for its tenant
+        self.dispatched = False  # it reached dispatch: its failures count for its model
+        self.origin = ""  # who answered: an agent's peer ID, or a provider's name
+        self.provider = False  # the answer came from provider fallback
+        # How it ended, for the last event: the error that ended it (also mid-stream),
+        # how the answer was closed, and the usage the answer reported.
+        self.failure: ErrorCode | None = None
+        self.outcome: Outcome | None = None
+        self.usage: Usage | None = None
+        # Response headers the client gets whatever happens (rate-limit figures).
+        self.headers_out: dict[str, str] = {}
+        # Called when routing leaves the local pool (provider fallback): stages that hold
+        # local capacity give it back early.
+        self.leave_pool: Callable[[], None] = _nothing
+
+    @property
+    def model(self) -> str:
+        return self.facts.model if self.facts is not None else ""
+
+    def emit(self, event: Event) -> None:
+        self.observers.on_event(self, event)

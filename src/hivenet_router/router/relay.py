@@ -1,0 +1,107 @@
+"""Write an Answer to the client, then close it with how it ended.
+
+A whole answer goes out in one response. A stream is relayed chunk by chunk within the
+request's deadline; if it breaks part-way (the source fails, the deadline passes, the
+router is shutting down) it ends with one error event in the envelope every error has, so
+the client's SDK raises instead of taking a truncated answer for a whole one. Whatever
+happens, the answer is closed exactly once with its outcome, which gives back everything
+the request held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import web
+
+from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
+from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.pipeline.ticket import Ticket
+
+_JSON = "application/json"
+
+
+class Relay:
+    def __init__(self) -> None:
+        self.stopping = False  # set when the shutdown grace is over and streams are cut
+
+    async def __call__(
+        self, request: web.Request, ticket: Ticket, answer: Answer
+    ) -> web.StreamResponse:
+        ticket.origin = ticket.origin or answer.origin
+        if not answer.streamed:
+            return await self._whole(ticket, answer)
+        return await self._stream(request, ticket, answer)
+
+    async def _whole(self, ticket: Ticket, answer: Answer) -> web.Response:
+        response = web.Response(
+            status=answer.status,
+            body=answer.body,
+            headers={"Content-Type": answer.header("content-type") or _JSON, **ticket.headers_out},
+        )
+        await self._close(ticket, answer, Outcome.OK)
+        return response
+
+    async def _stream(
+        self, request: web.Request, ticket: Ticket, answer: Answer
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=answer.status, headers=ticket.headers_out)
+        response.headers["Content-Type"] = answer.header("content-type") or "text/event-stream"
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Request-ID"] = ticket.request_id
+        outcome = Outcome.CLIENT_GONE
+        try:
+            await response.prepare(request)
+            async with asyncio.timeout_at(ticket.deadline):
+                chunk = answer.first
+                while chunk is not None:
+                    await response.write(chunk)
+                    chunk = await answer.next_chunk()
+            outcome = Outcome.OK
+        except AnswerBroken as exc:
+            outcome = Outcome.BROKEN
+            await self._end_with_error(response, ticket, exc.code, f"stream interrupted: {exc}")
+        except TimeoutError:
+            outcome = Outcome.TIMEOUT
+            await self._end_with_error(
+                response,
+                ticket,
+                ErrorCode.REQUEST_TIMEOUT,
+                "request deadline expired during the stream",
+            )
+        except asyncio.CancelledError:
+            if self.stopping:
+                outcome = Outcome.BROKEN
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await self._end_with_error(
+                            response,
+                            ticket,
+                            ErrorCode.AGENT_DISCONNECTED,
+                            "stream interrupted: the router is shutting down",
+                        )
+            raise
+        finally:
+            await self._close(ticket, answer, outcome)
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    @staticmethod
+    async def _close(ticket: Ticket, answer: Answer, outcome: Outcome) -> None:
+        await answer.close(outcome)
+        ticket.outcome, ticket.usage = outcome, answer.usage
+
+    @staticmethod
+    async def _end_with_error(
+        response: web.StreamResponse, ticket: Ticket, code: ErrorCode, message: str
+    ) -> None:
+        """One error event: the envelope every error has, as an Anthropic `event: error` on
+        /v1/messages and as a bare `data:` line elsewhere."""
+        ticket.failure = code
+        data = b"data: " + error_body(code, message, request_id=ticket.request_id) + b"\n\n"
+        if ticket.endpoint.startswith("/v1/messages"):
+            data = b"event: error\n" + data
+        with contextlib.suppress(ConnectionError):
+            await response.write(data)

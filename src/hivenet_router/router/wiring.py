@@ -1,0 +1,239 @@
+"""The router's object graph, built once at start.
+
+This is the one place that knows every part: it builds the state ports, the observers, the
+stage list and the terminal, and picks stages and observers by name from configuration
+(`HIVENET_ROUTER_STAGES`, `HIVENET_ROUTER_OBSERVERS`). A later layer lands as a new module
+and one entry in a table below; nothing on the request path changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from hivenet_router.auth.providers import AuthState
+from hivenet_router.clock import Clock
+from hivenet_router.config.options import ConfigError
+from hivenet_router.config.router import RouterConfig
+from hivenet_router.observability.events import Observers, RequestObserver
+from hivenet_router.observability.metrics import AgentCollector, MetricsObserver, StateCollector
+from hivenet_router.pipeline.stage import Next, Stage, build
+from hivenet_router.policy.document import Policy
+from hivenet_router.policy.signals import AgentFacts
+from hivenet_router.policy.store import PolicyStore
+from hivenet_router.router.admin import AdminApi
+from hivenet_router.router.admission import Admission, Ports
+from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
+from hivenet_router.router.control import ControlPlane
+from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
+from hivenet_router.router.edge import Edge, build_app
+from hivenet_router.router.handlers import Handlers
+from hivenet_router.router.health import HealthMonitor
+from hivenet_router.router.history import HistoryKeeper
+from hivenet_router.router.providers import Providers
+from hivenet_router.router.registry import AgentRecord, Registry
+from hivenet_router.router.relay import Relay
+from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
+from hivenet_router.storage.history import HistoryStore
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What the process made before the graph: configuration, clock, files already read."""
+
+    config: RouterConfig
+    clock: Clock
+    policies: PolicyStore
+    providers: Providers
+    auth: AuthState
+    secret: bytes
+    peer_id: str
+    announce: str
+
+
+@dataclass(slots=True)
+class Router:
+    """Every long-lived part of a running router."""
+
+    registry: Registry
+    metrics: MetricsObserver
+    observers: Observers
+    admission: Admission
+    daily: DailyCounter
+    dispatcher: Dispatcher
+    relay: Relay
+    edge: Edge
+    public_app: web.Application
+    sessions: Sessions
+    authenticator: AgentAuthenticator
+    control: ControlPlane
+    keeper: HistoryKeeper
+    monitor: HealthMonitor
+    admin: AdminApi
+
+
+# Stages and observers by the names configuration uses for them.
+STAGES: dict[str, Callable[[Router], Stage]] = {
+    "admission": lambda router: router.admission,
+}
+OBSERVERS: dict[str, Callable[[Router], RequestObserver]] = {
+    "metrics": lambda router: router.metrics,
+}
+
+
+def check_names(config: RouterConfig) -> None:
+    """Refuse, at start, a stage or observer this router does not have."""
+    for kind, names, table in (
+        ("HIVENET_ROUTER_STAGES", config.stages, STAGES),
+        ("HIVENET_ROUTER_OBSERVERS", config.observers, OBSERVERS),
+    ):
+        unknown = [name for name in names if name not in table]
+        if unknown:
+            raise ConfigError(f"{kind}: unknown {', '.join(unknown)} (known: {', '.join(table)})")
+
+
+def local_ports(config: RouterConfig, clock: Clock) -> tuple[Ports, DailyCounter]:
+    """The in-process state ports (one router; shared ones plug in here)."""
+    daily = DailyCounter(clock)
+    ports = Ports(
+        rates=RateCounter(clock, config.rpm_burst_seconds),
+        daily=daily,
+        input_rates=RateCounter(clock),
+        output_rates=RateCounter(clock),
+        occupancy=LocalPool(clock, alone_fits=True),
+        shares=LocalPool(clock, alone_fits=False),
+    )
+    return ports, daily
+
+
+def dispatch_limits(config: RouterConfig) -> DispatchLimits:
+    return DispatchLimits(
+        queue_size=config.queue_size,
+        max_concurrent=config.max_concurrent,
+        enqueue_timeout=config.enqueue_timeout,
+        queue_depth=config.queue_depth,
+        max_tries=config.max_tries_per_step,
+    )
+
+
+def assemble(
+    shared: Shared,
+    store: HistoryStore,
+    remove_agent: Callable[[AgentRecord], None],
+    reload: Callable[[], object],
+) -> Router:
+    """Build the graph. `remove_agent` and `reload` are the process's own actions (they
+    touch tasks and files), handed to the parts that trigger them."""
+    cfg, clock, policies = shared.config, shared.clock, shared.policies
+    registry = Registry()
+    metrics = MetricsObserver()
+    observers = Observers()  # filled once the named observers exist, below
+
+    def policy_for(model: str) -> Policy:
+        return policies.current.for_model(model)  # the snapshot in force now
+
+    def healthy(model: str) -> list[AgentFacts]:
+        return [agent for agent in registry.for_model(model) if agent.eligible]
+
+    ports, daily = local_ports(cfg, clock)
+    admission = Admission(
+        clock, policy_for, healthy, ports, cfg.admit_fraction, cfg.admit_park_timeout
+    )
+    dispatcher = Dispatcher(registry, clock, dispatch_limits(cfg), policies, shared.providers)
+    relay = Relay()
+    sessions = Sessions(clock, cfg.session_ttl)
+    keeper = HistoryKeeper(registry, store, cfg.universal_flush_interval)
+    router = Router(
+        registry=registry,
+        metrics=metrics,
+        observers=observers,
+        admission=admission,
+        daily=daily,
+        dispatcher=dispatcher,
+        relay=relay,
+        edge=Edge(shared.auth, observers),
+        public_app=web.Application(),
+        sessions=sessions,
+        authenticator=AgentAuthenticator(
+            secret=shared.secret,
+            sessions=sessions,
+            clock=clock,
+            router_peer_id=shared.peer_id,
+            announce=shared.announce,
+            heartbeat_interval=cfg.heartbeat_interval,
+            renew_margin=cfg.session_renew_margin,
+            failure_limit=cfg.auth_failure_limit,
+        ),
+        control=ControlPlane(
+            registry=registry,
+            observers=observers,
+            clock=clock,
+            sessions=sessions,
+            router_peer_id=shared.peer_id,
+            history=keeper,
+        ),
+        keeper=keeper,
+        monitor=HealthMonitor(
+            registry,
+            observers,
+            clock,
+            unhealthy_after=cfg.unhealthy_after,
+            remove_after=cfg.remove_after,
+            on_remove=remove_agent,
+        ),
+        admin=AdminApi(
+            registry=registry,
+            dispatcher=dispatcher,
+            policies=policies,
+            clock=clock,
+            remove_agent=remove_agent,
+            reload=reload,  # type: ignore[arg-type]
+            daily=daily,
+            auth=shared.auth,
+            body_timeout=cfg.http_body_timeout,
+        ),
+    )
+    observers.observers = tuple(OBSERVERS[name](router) for name in cfg.observers)
+    _collect(router)
+    router.public_app = _public_app(shared, router)
+    return router
+
+
+def _public_app(shared: Shared, router: Router) -> web.Application:
+    cfg, clock = shared.config, shared.clock
+    warm_until = clock.monotonic() + cfg.warmup
+    pipeline: Next = build([STAGES[name](router) for name in cfg.stages], router.dispatcher)
+    handlers = Handlers(
+        pipeline,
+        router.relay,
+        router.registry,
+        router.dispatcher.claims,
+        cfg.request_timeout,
+        body_timeout=cfg.http_body_timeout,
+        warming=lambda: clock.monotonic() < warm_until,
+    )
+    return build_app(handlers, router.admin, router.edge, cfg.body_limit)
+
+
+def _collect(router: Router) -> None:
+    """State the metrics read at scrape time."""
+    registry, admission, pending = router.registry, router.admission, router.dispatcher.pending
+    occupancy = admission.ports.occupancy
+    router.metrics.add(
+        AgentCollector(
+            lambda: [
+                (agent, agent.link.active_streams if agent.link is not None else 0)
+                for agent in registry.all()
+            ]
+        )
+    )
+    router.metrics.add(
+        StateCollector(
+            occupancy=occupancy.levels if isinstance(occupancy, LocalPool) else lambda: (),
+            limits=lambda: list(admission.limits.items()),
+            waiting=router.dispatcher.waiting,
+            pending=lambda: (pending.waiting, pending.forwarding),
+        )
+    )

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import pytest
+
+from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
+from hivenet_router.domain.errors import ErrorCode
+from hivenet_router.domain.request import Usage
+
+
+class Chunks:
+    def __init__(self, *chunks: bytes, broken: bool = False) -> None:
+        self.chunks = list(chunks)
+        self.broken = broken
+        self.closed: list[Outcome] = []
+
+    async def read(self) -> bytes | None:
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.broken:
+            raise AnswerBroken(ErrorCode.BACKEND_ERROR, "gone")
+        return None
+
+    def close(self, outcome: Outcome) -> None:
+        self.closed.append(outcome)
+
+
+async def test_a_whole_answer_reports_its_usage_once_closed() -> None:
+    answer = Answer(
+        200,
+        [("Content-Type", "application/json")],
+        Whole(),
+        body=b'{"usage": {"prompt_tokens": 4, "completion_tokens": 2}}',
+    )
+    seen: list[tuple[Outcome, Usage | None]] = []
+    answer.on_close(lambda outcome, usage: seen.append((outcome, usage)))
+    assert not answer.streamed and answer.header("content-type") == "application/json"
+    await answer.close(Outcome.OK)
+    await answer.close(Outcome.BROKEN)  # exactly once
+    assert seen == [(Outcome.OK, Usage(4, 2))] and answer.closed
+
+
+async def test_an_error_answer_has_no_usage() -> None:
+    answer = Answer(400, [], Whole(), body=b'{"usage": {"prompt_tokens": 4}}')
+    await answer.close(Outcome.OK)
+    assert answer.usage is None
+
+
+async def test_a_stream_is_metered_as_it_is_read_and_hooks_run_last_first() -> None:
+    source = Chunks(
+        b'data: {"x": 1}\n\n',
+        b'data: {"usage": {"prompt_tokens": 5, "completion_tokens": 7}}\n\ndata: [DONE]\n\n',
+    )
+    answer = Answer(200, [], source, first=b'data: {"x": 0}\n\n')
+    chunks: list[bytes] = []
+    answer.on_chunk(chunks.append)
+    order: list[str] = []
+
+    async def slow(outcome: Outcome, usage: Usage | None) -> None:
+        order.append("first registered")
+
+    answer.on_close(slow)
+    answer.on_close(lambda outcome, usage: order.append("last registered"))
+    while await answer.next_chunk() is not None:
+        pass
+    assert len(chunks) == 2
+    await answer.close(Outcome.OK)
+    assert source.closed == [Outcome.OK]
+    assert answer.usage == Usage(5, 7)
+    assert order == ["last registered", "first registered"]
+
+
+async def test_a_failing_hook_does_not_stop_the_others() -> None:
+    answer = Answer(200, [], Chunks(), first=b"data: {}\n\n")
+    ran: list[str] = []
+
+    def broken(outcome: Outcome, usage: Usage | None) -> None:
+        raise RuntimeError("observer bug")
+
+    answer.on_close(lambda outcome, usage: ran.append("release"))
+    answer.on_close(broken)
+    await answer.close(Outcome.CLIENT_GONE)
+    assert ran == ["release"]
+
+
+async def test_a_broken_source_raises_answer_broken() -> None:
+    answer = Answer(200, [], Chunks(b"data: 1\n\n", broken=True), first=b"data: 0\n\n")
+    assert await answer.next_chunk() == b"data: 1\n\n"
+    with pytest.raises(AnswerBroken) as info:
+        await answer.next_chunk()
+    assert info.value.code is ErrorCode.BACKEND_ERROR

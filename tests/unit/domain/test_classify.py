@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from hivenet_router.domain.classify import classify, structured_code
+from hivenet_router.domain.errors import ErrorCode, error_body
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "client_status"),
+    [
+        (
+            400,
+            b'{"error": {"message": "bad temp", "type": "invalid_request_error"}}',
+            ErrorCode.INVALID_PARAMETER,
+            400,
+        ),
+        (
+            400,
+            b'{"message": "Prompt is too long", "type": "context_length_exceeded"}',
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            400,
+        ),
+        (
+            400,
+            b'{"error": {"message": "maximum context length is 10 tokens", "type": "x"}}',
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            400,
+        ),
+        (422, b"plain text", ErrorCode.INVALID_PARAMETER, 400),
+        (429, b"slow down", ErrorCode.BACKEND_UNAVAILABLE, 503),
+        (503, b"{}", ErrorCode.BACKEND_UNAVAILABLE, 503),
+        (500, b"boom", ErrorCode.BACKEND_ERROR, 502),
+        (
+            404,
+            b'{"error": {"message": "The model does not exist."}}',
+            ErrorCode.MODEL_NOT_FOUND,
+            404,
+        ),
+    ],
+)
+def test_classify(status: int, body: bytes, code: ErrorCode, client_status: int) -> None:
+    got, got_status, envelope = classify(status, body)
+    assert (got, got_status) == (code, client_status)
+    error = orjson.loads(envelope)["error"]
+    assert error["code"] == code.value and error["source"] == "backend"
+    assert structured_code(envelope) is code
+
+
+def test_classify_truncates_long_messages() -> None:
+    _, _, envelope = classify(500, b"x" * 5000)
+    assert len(orjson.loads(envelope)["error"]["message"]) == 512
+
+
+def test_structured_code_ignores_foreign_errors() -> None:
+    assert structured_code(b'{"error": {"code": 400, "message": "x"}}') is None
+    assert structured_code(b"not json") is None
+    assert structured_code(error_body(ErrorCode.QUEUE_FULL, "x")) is ErrorCode.QUEUE_FULL

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from hivenet_router.domain.usage import StreamMeter, from_body, stream_input_tokens
+
+
+def test_usage_from_body() -> None:
+    body = b'{"usage": {"prompt_tokens": 3, "completion_tokens": 5}}'
+    usage = from_body(body)
+    assert usage is not None and (usage.input_tokens, usage.output_tokens) == (3, 5)
+    assert from_body(b'{"choices": []}') is None
+    anthropic = from_body(b'{"usage": {"input_tokens": 4, "output_tokens": 2}}')
+    assert anthropic is not None and anthropic.output_tokens == 2
+
+
+def test_stream_meter_openai_and_anthropic() -> None:
+    meter = StreamMeter()
+    meter.feed(b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n')
+    for _ in range(10):
+        meter.feed(b'data: {"choices": [{"delta": {"content": "b"}}]}\n\n')
+    meter.feed(
+        b'data: {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 11}}'
+        b"\n\ndata: [DONE]\n\n"
+    )
+    usage = meter.result()
+    assert usage is not None and (usage.input_tokens, usage.output_tokens) == (9, 11)
+
+    meter = StreamMeter()
+    meter.feed(
+        b'event: message_start\ndata: {"type": "message_start", "message": '
+        b'{"usage": {"input_tokens": 7, "output_tokens": 1}}}\n\n'
+    )
+    meter.feed(
+        b'event: message_delta\ndata: {"type": "message_delta", "usage": {"output_tokens": 20}}\n\n'
+    )
+    usage = meter.result()
+    assert usage is not None and (usage.input_tokens, usage.output_tokens) == (7, 20)
+    assert StreamMeter().result() is None
+
+
+def test_stream_input_tokens_from_message_start() -> None:
+    first = (
+        b'event: message_start\ndata: {"type": "message_start", "message": '
+        b'{"usage": {"input_tokens": 80, "output_tokens": 1}}}\n\n'
+    )
+    assert stream_input_tokens(first) == 80
+    assert stream_input_tokens(b'data: {"choices": []}\n\n') is None

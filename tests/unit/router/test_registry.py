@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hivenet_router.domain.agent import Registration
+from hivenet_router.domain.request import Usage
+from hivenet_router.router.registry import AgentRecord, Registry, smooth_rtt
+from hivenet_router.storage.history import AgentHistory
+
+
+def record(peer: str = "a", model: str = "m", capacity: int = 2) -> AgentRecord:
+    reg = Registration(
+        peer_id=peer, model=model, capability="llm", engine="vllm", capacity=capacity
+    )
+    return AgentRecord(reg=reg, link=None, last_heartbeat=0.0, registered_at=0.0)
+
+
+def test_rtt_smoothing_follows_rfc_6298() -> None:
+    srtt, rttvar = smooth_rtt(None, None, 100.0)
+    assert (srtt, rttvar) == (100.0, 50.0)
+    srtt, rttvar = smooth_rtt(srtt, rttvar, 200.0)
+    assert rttvar == pytest.approx(0.75 * 50 + 0.25 * 100)
+    assert srtt == pytest.approx(0.875 * 100 + 0.125 * 200)
+
+
+def test_one_writer_of_per_request_statistics() -> None:
+    agent = record()
+    agent.finished(True, 100.0, Usage(10, 5))
+    agent.finished(False, None, None)
+    agent.finished(False, None, None)
+    assert (agent.successes, agent.failures, agent.consecutive_failures) == (1, 2, 2)
+    agent.finished(None, None, Usage(3, 0))  # the client's doing: tokens count, nothing else
+    assert (agent.successes, agent.failures, agent.input_tokens) == (1, 2, 13)
+    agent.finished(True, 200.0, None)
+    assert agent.consecutive_failures == 0 and agent.srtt_ms == pytest.approx(112.5)
+
+
+def test_slots_are_taken_atomically_and_released_once() -> None:
+    agent = record(capacity=1)
+    assert agent.try_acquire()
+    assert not agent.try_acquire()
+    agent.release()
+    with pytest.raises(RuntimeError):
+        agent.release()
+
+
+def test_a_reconnect_carries_slots_and_history_and_watchers_hear_of_it() -> None:
+    registry = Registry()
+    heard: list[str] = []
+    registry.watch(heard.append)
+    old = record()
+    registry.upsert(old)
+    assert old.try_acquire()
+    old.finished(True, 10.0, Usage(1, 1))
+    new = record()
+    assert registry.upsert(new) is old
+    assert (new.active, new.successes, new.input_tokens) == (1, 1, 1)
+    registry.release(old)  # the old connection's request ends: the new record frees it too
+    assert (old.active, new.active) == (0, 0)
+    assert heard == ["m", "m"]
+    assert registry.for_model("m") == [new] and registry.remove("a") is new
+    assert registry.models() == {}
+
+
+def test_history_restores_as_baselines() -> None:
+    agent = record()
+    agent.finished(True, 50.0, Usage(2, 2))
+    agent.restore(AgentHistory("a", successes=5, failures=1, input_tokens=100, srtt_ms=80.0))
+    history = agent.history()
+    assert (history.successes, history.failures, history.input_tokens) == (6, 1, 102)
+    assert history.srtt_ms == 50.0  # a live sample wins over the stored one
+
+
+@given(st.lists(st.floats(min_value=0.01, max_value=10_000), min_size=1, max_size=50))
+def test_srtt_stays_within_the_samples(samples: list[float]) -> None:
+    srtt: float | None = None
+    rttvar: float | None = None
+    for sample in samples:
+        srtt, rttvar = smooth_rtt(srtt, rttvar, sample)
+        assert rttvar >= 0
+    assert srtt is not None
+    assert min(samples) - 1e-6 <= srtt <= max(samples) + 1e-6
+
+
+@given(st.floats(min_value=0.1, max_value=1000))
+def test_steady_samples_converge(sample: float) -> None:
+    srtt, rttvar = smooth_rtt(None, None, sample)
+    for _ in range(200):
+        srtt, rttvar = smooth_rtt(srtt, rttvar, sample)
+    assert srtt == pytest.approx(sample)
+    assert rttvar < sample * 1e-6

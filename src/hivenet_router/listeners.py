@@ -124,6 +124,7 @@ class GuardedHandler(RequestHandler):
         send a reset that can overtake the answer, so a refused connection lingers briefly,
         discarding what it reads; only a few linger at once, the rest are reset at once."""
         guard = self._guard
+        self._force_close = True  # aiohttp then ignores whatever the client sends
         if not self._refusal or guard.lingering >= MAX_LINGERING:
             transport.abort()  # type: ignore[attr-defined]
             return
@@ -143,10 +144,6 @@ class GuardedHandler(RequestHandler):
         self._guard.leave(self._source)
         self._source = None
         super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._source is not None:
-            super().data_received(data)
 
     def eof_received(self) -> None:
         if self._source is None and self.transport is not None:

@@ -1,20 +1,37 @@
-"""What the agent watches on its own host: backend health, engine metrics, hardware."""
+"""What the agent watches on its own host: backend health, engine metrics, hardware.
+
+An idle agent should cost next to nothing. Metrics are read with the agent's own lean HTTP
+client and only the families the router uses are parsed; while nothing is in flight on this
+agent and the engine last reported nothing running or waiting, the metrics page is read ten
+times less often (the figures cannot have moved much without work).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
-import aiohttp
+import orjson
 
 from hivenet_router.agent.engines import EngineAdapter
 from hivenet_router.agent.hardware import HardwareSampler
 from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot
+from hivenet_router.http1.client import EngineClient, EngineError
 
 log = logging.getLogger("hivenet.agent")
 
 FAILURES_BEFORE_UNHEALTHY = 3
-PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5)
+PROBE_TIMEOUT = 5.0
+PAGE_LIMIT = 8 * 1024 * 1024
+IDLE_SLOWDOWN = 10  # while idle, metrics are read every this many intervals
+
+
+def _split(url: str) -> tuple[str, str]:
+    """A URL's origin and its path (with the query)."""
+    scheme, _, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host}", slash + path
 
 
 class BackendMonitor:
@@ -23,17 +40,19 @@ class BackendMonitor:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        engine: EngineClient,
         adapter: EngineAdapter,
-        backend_url: str,
-        health_url: str,
+        health_url: str = "",
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
-        self._session = session
+        self._engine = engine
         self._adapter = adapter
-        self._health_url = health_url or backend_url + adapter.health_path()
-        metrics = adapter.metrics_path()
-        self._metrics_url = backend_url + metrics if metrics else None
-        self._backend_url = backend_url
+        self._health_client, self._health_path = engine, adapter.health_path()
+        if health_url:
+            origin, self._health_path = _split(health_url)
+            self._health_client = EngineClient(origin, max_idle=1)
+        self._metrics_path = adapter.metrics_path()
+        self._busy = busy
         self.healthy = True
         self._failures = 0
         self._scrape_failing = False
@@ -41,13 +60,25 @@ class BackendMonitor:
         self.hardware: HardwareSnapshot | None = None
         self.changed = asyncio.Event()
 
+    @property
+    def health_target(self) -> str:
+        origin = self._health_client.origin
+        return f"{origin.host_header}{self._health_path}"
+
+    async def _get(self, client: EngineClient, path: str) -> tuple[int, bytes]:
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            answer = await client.request("GET", path, [("accept", "*/*")])
+            try:
+                return answer.status, await answer.read(PAGE_LIMIT)
+            finally:
+                answer.release()
+
     async def probe(self) -> bool:
         try:
-            async with self._session.get(self._health_url, timeout=PROBE_TIMEOUT) as resp:
-                await resp.read()
-                return resp.status < 400
-        except (aiohttp.ClientError, TimeoutError):
+            status, _ = await self._get(self._health_client, self._health_path)
+        except (EngineError, TimeoutError):
             return False
+        return status < 400
 
     async def wait_ready(self, interval: float, deadline: float) -> None:
         """Poll until the backend answers its health check. `deadline` 0 waits forever."""
@@ -56,35 +87,23 @@ class BackendMonitor:
         logged = False
         while not await self.probe():
             if not logged:
-                log.info("waiting for the backend at %s", self._health_url)
+                log.info("waiting for the backend at %s", self.health_target)
                 logged = True
             if give_up is not None and loop.time() > give_up:
-                raise TimeoutError(f"backend at {self._health_url} not ready in time")
+                raise TimeoutError(f"backend at {self.health_target} not ready in time")
             await asyncio.sleep(interval)
-        log.info("backend at %s is ready", self._health_url)
+        log.info("backend at %s is ready", self.health_target)
 
     async def discover_model(self, interval: float) -> str:
-        url = self._backend_url + "/v1/models"
         while True:
             try:
-                async with self._session.get(url, timeout=PROBE_TIMEOUT) as resp:
-                    if resp.status == 200:
-                        body = await resp.json(content_type=None)
-                        data = body.get("data") if isinstance(body, dict) else None
-                        if isinstance(data, list) and data and isinstance(data[0], dict):
-                            model = data[0].get("id")
-                            if isinstance(model, str) and model:
-                                if len(data) > 1:
-                                    log.warning(
-                                        "backend serves %d models; registering %s "
-                                        "(use --model to choose)",
-                                        len(data),
-                                        model,
-                                    )
-                                return model
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                status, raw = await self._get(self._engine, "/v1/models")
+                model = _first_model(raw) if status == 200 else None
+                if model is not None:
+                    return model
+            except (EngineError, TimeoutError, ValueError) as exc:
                 log.debug("model discovery failed: %s", exc)
-            log.info("no model discovered at %s yet; retrying", url)
+            log.info("no model discovered at %s/v1/models yet; retrying", self._engine.origin.host)
             await asyncio.sleep(interval)
 
     async def check_health_forever(self, interval: float) -> None:
@@ -106,31 +125,68 @@ class BackendMonitor:
                     self.changed.set()
             await asyncio.sleep(interval)
 
+    def _idle(self) -> bool:
+        snapshot = self.engine
+        return (
+            not self._busy()
+            and snapshot is not None
+            and not snapshot.running_requests
+            and not snapshot.waiting_requests
+        )
+
     async def sample_engine_forever(self, interval: float) -> None:
-        if self._metrics_url is None:
+        path = self._metrics_path
+        if path is None:
             return
+        skipped = 0
         while True:
-            try:
-                async with self._session.get(self._metrics_url, timeout=PROBE_TIMEOUT) as resp:
-                    if resp.status != 200:
-                        raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
-                    text = await resp.text()
-                self.engine = self._adapter.parse_metrics(text)
-                if self._scrape_failing:
-                    log.info("engine metrics scrape recovered")
-                    self._scrape_failing = False
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                if not self._scrape_failing:
-                    log.warning(
-                        "engine metrics scrape started failing (%s); routing signals "
-                        "carry the last good snapshot",
-                        exc,
-                    )
-                    self._scrape_failing = True
+            if self._idle() and skipped < IDLE_SLOWDOWN - 1:
+                skipped += 1
+            else:
+                skipped = 0
+                await self._scrape(path)
             await asyncio.sleep(interval)
+
+    async def _scrape(self, path: str) -> None:
+        try:
+            status, raw = await self._get(self._engine, path)
+            if status != 200:
+                raise EngineError(f"HTTP {status}")
+            self.engine = self._adapter.parse_metrics(raw.decode("utf-8", "replace"))
+            if self._scrape_failing:
+                log.info("engine metrics scrape recovered")
+                self._scrape_failing = False
+        except (EngineError, TimeoutError, ValueError) as exc:
+            if not self._scrape_failing:
+                log.warning(
+                    "engine metrics scrape started failing (%s); routing signals "
+                    "carry the last good snapshot",
+                    exc,
+                )
+                self._scrape_failing = True
 
     async def sample_hardware_forever(self, sampler: HardwareSampler, interval: float) -> None:
         while True:
-            # NVML calls block; keep them off the event loop.
+            # NVML calls and psutil's reads of /proc block: keep them off the event loop.
             self.hardware = await asyncio.to_thread(sampler.sample)
             await asyncio.sleep(interval)
+
+    async def close(self) -> None:
+        if self._health_client is not self._engine:
+            await self._health_client.close()
+
+
+def _first_model(raw: bytes) -> str | None:
+    body = orjson.loads(raw)
+    data = body.get("data") if isinstance(body, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        model = data[0].get("id")
+        if isinstance(model, str) and model:
+            if len(data) > 1:
+                log.warning(
+                    "backend serves %d models; registering %s (use --model to choose)",
+                    len(data),
+                    model,
+                )
+            return model
+    return None

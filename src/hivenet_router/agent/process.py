@@ -27,6 +27,7 @@ from hivenet_router.agent.session import (
 from hivenet_router.config.agent import AgentConfig
 from hivenet_router.config.options import ConfigError
 from hivenet_router.domain.agent import Heartbeat, Registration, Renewal, RoutingSignal
+from hivenet_router.http1.client import EngineClient
 from hivenet_router.transport import frames, trust
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
 from hivenet_router.transport.link import (
@@ -76,14 +77,12 @@ class AgentProcess:
 
     async def serve(self, stop: asyncio.Event) -> int:
         cfg = self.config
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as backend:
-            monitor = BackendMonitor(
-                backend, adapter_for(cfg.engine), cfg.backend_url, cfg.health_url
-            )
-            proxy = BackendProxy(
-                backend, cfg.backend_url, cfg.http_timeout, cfg.stream_write_timeout
-            )
+        backend = EngineClient(cfg.backend_url)
+        proxy = BackendProxy(backend, cfg.http_timeout, cfg.stream_write_timeout)
+        monitor = BackendMonitor(
+            backend, adapter_for(cfg.engine), cfg.health_url, busy=lambda: proxy.active > 0
+        )
+        try:
             main = asyncio.create_task(self._main(monitor, proxy))
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -94,6 +93,9 @@ class AgentProcess:
             if main.done() and not main.cancelled() and main.exception() is not None:
                 log.error("agent stopped: %s", main.exception())
                 return 1
+        finally:
+            await monitor.close()
+            await backend.close()
         log.info("agent stopped")
         return 0
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-
-import aiohttp
 
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
 from hivenet_router.transport.link import Stream, StreamReset
 
 log = logging.getLogger("hivenet.agent")
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024
 # Headers that describe one hop, not the request; never forwarded.
 _HOP = frozenset(
@@ -39,16 +40,9 @@ _CLIENT_MESSAGES = {
 
 
 class BackendProxy:
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        backend_url: str,
-        http_timeout: float,
-        write_timeout: float,
-    ) -> None:
-        self._session = session
-        self._base = backend_url
-        self._timeout = aiohttp.ClientTimeout(total=http_timeout or None)
+    def __init__(self, engine: EngineClient, http_timeout: float, write_timeout: float) -> None:
+        self._engine = engine
+        self._timeout = http_timeout or None
         self._write_timeout = write_timeout or None
         self.active = 0
 
@@ -66,37 +60,43 @@ class BackendProxy:
     async def _forward(
         self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes
     ) -> None:
+        answer: EngineResponse | None = None
         try:
-            async with self._session.request(
-                method, self._base + path, data=body, headers=headers, timeout=self._timeout
-            ) as resp:
-                if resp.status >= 400:
-                    raw = await resp.content.read(MAX_ERROR_BYTES)
-                    _code, status, envelope = classify(resp.status, raw)
-                    await stream.send_head(status, _JSON, envelope, end=True)
-                    return
-                out_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _HOP]
-                if not resp.content_type.startswith("text/event-stream"):
-                    # A whole answer travels with its head in as few frames as it fits.
-                    body = await resp.read()
-                    await stream.send_head(resp.status, out_headers, body, end=True)
-                    return
-                # A stream: the head leaves with the first chunk (the router waits for both).
-                first = await resp.content.readany()
-                await stream.send_head(resp.status, out_headers, first, end=not first)
-                if not first:
-                    return
-                async for chunk in resp.content.iter_any():
-                    await stream.write(chunk, timeout=self._write_timeout)
-                await stream.end()
+            async with asyncio.timeout(self._timeout):
+                answer = await self._engine.request(method, path, headers, body)
+                await self._relay(stream, answer)
         except StreamReset:
             raise
-        except aiohttp.ClientConnectorError as exc:
+        except Unreachable as exc:
             await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "unreachable", exc)
         except TimeoutError as exc:
             await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "timeout", exc)
-        except aiohttp.ClientError as exc:
+        except EngineError as exc:
             await self._fail(stream, ErrorCode.BACKEND_ERROR, "failed", exc)
+        finally:
+            if answer is not None:
+                answer.release()  # after a whole read it is back in the pool already
+
+    async def _relay(self, stream: Stream, answer: EngineResponse) -> None:
+        if answer.status >= 400:
+            raw = await answer.read(MAX_ERROR_BYTES, truncate=True)
+            _code, status, envelope = classify(answer.status, raw)
+            await stream.send_head(status, _JSON, envelope, end=True)
+            return
+        out_headers = [(k, v) for k, v in answer.headers if k.lower() not in _HOP]
+        if answer.content_type != "text/event-stream":
+            # A whole answer travels with its head in as few frames as it fits.
+            whole = await answer.read(MAX_ANSWER_BYTES)
+            await stream.send_head(answer.status, out_headers, whole, end=True)
+            return
+        # A stream: the head leaves with the first chunk (the router waits for both).
+        first = await answer.next_chunk()
+        await stream.send_head(answer.status, out_headers, first or b"", end=first is None)
+        if first is None:
+            return
+        while (chunk := await answer.next_chunk()) is not None:
+            await stream.write(chunk, timeout=self._write_timeout)
+        await stream.end()
 
     @staticmethod
     async def _fail(stream: Stream, code: ErrorCode, what: str, exc: BaseException) -> None:
@@ -106,7 +106,7 @@ class BackendProxy:
         message = _CLIENT_MESSAGES[what]
         if stream.error is not None:
             return
-        try:
+        with contextlib.suppress(StreamReset):
             # Before the head went out the router can still retry elsewhere; after, the
             # only honest signal is to reset the stream.
             if stream.head_sent:
@@ -114,7 +114,3 @@ class BackendProxy:
                 return
             status = 503 if code is ErrorCode.BACKEND_UNAVAILABLE else 502
             await stream.send_head(status, _JSON, error_body(code, message, "backend"), end=True)
-        except StreamReset:
-            pass
-        except asyncio.CancelledError:
-            raise

@@ -139,11 +139,12 @@ class RouterConfig:
         help="Time to receive a whole request body once its head arrived; then 408",
     )
     http_max_conns_per_ip: int = option(
-        256,
+        1024,
         parse=v.positive_int,
         flag="--http-max-conns-per-ip",
         env="HIVENET_ROUTER_HTTP_MAX_CONNS_PER_IP",
-        help="Most open client connections from one IPv4 address or IPv6 /56",
+        help="Most open client connections from one IPv4 address or IPv6 /56 (behind a load "
+        "balancer every client shares its address: raise it there)",
     )
     http_max_conns: int = option(
         8192,

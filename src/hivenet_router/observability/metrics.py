@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -28,6 +28,7 @@ from hivenet_router.observability.events import (
     Queued,
     Refused,
 )
+from hivenet_router.observability.series import CounterSeries, HistogramSeries, SeriesCollector
 from hivenet_router.pipeline.ticket import Ticket
 
 _AGENT_INFO = ("peer_id", "region", "engine", "model", "capacity", "organization", "machine")
@@ -49,114 +50,92 @@ class MetricsObserver:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self._routing_metrics()
-        self._tenant_metrics()
-
-    def _counter(self, name: str, text: str, labels: tuple[str, ...]) -> Counter:
-        return Counter(name, text, labels, registry=self.registry)
-
-    def _routing_metrics(self) -> None:
-        counter, r = self._counter, self.registry
-        self.routed = counter(
-            "hivenet_routing_requests_routed_total", "Requests answered by an agent", ("model",)
+        c, h = CounterSeries, HistogramSeries
+        self.routed = c(
+            "hivenet_routing_requests_routed", "Requests answered by an agent", ("model",)
         )
-        self.failed = counter(
-            "hivenet_routing_requests_failed_total",
+        self.failed = c(
+            "hivenet_routing_requests_failed",
             "Requests that ended in a router error",
             ("model", "code"),
         )
-        self.disconnections = counter(
-            "hivenet_agent_disconnections_total", "Agent connections lost or removed", ("peer_id",)
+        self.disconnections = c(
+            "hivenet_agent_disconnections", "Agent connections lost or removed", ("peer_id",)
         )
-        self.agent_failure = counter(
-            "hivenet_agent_failure_total",
-            "Agents marked unhealthy after missed heartbeats",
-            ("peer_id",),
+        self.agent_failure = c(
+            "hivenet_agent_failure", "Agents marked unhealthy after missed heartbeats", ("peer_id",)
         )
-        self.backend_failure = counter(
-            "hivenet_model_backend_failure_total",
+        self.backend_failure = c(
+            "hivenet_model_backend_failure",
             "Agents that reported their backend unhealthy",
             ("model",),
         )
-        self.connection_resets = counter(
-            "hivenet_agent_connection_resets_total",
+        self.connection_resets = c(
+            "hivenet_agent_connection_resets",
             "Forwards retried because a connection was stale",
             ("peer_id",),
         )
-        self.queue_wait = Histogram(
-            "hivenet_queue_wait_seconds",
-            "Time spent waiting for agent capacity",
-            ("model",),
-            registry=r,
+        self.queue_wait = h(
+            "hivenet_queue_wait_seconds", "Time spent waiting for agent capacity", ("model",)
         )
-        self.policy_primary = counter(
-            "hivenet_policy_primary_routed_total",
+        self.policy_primary = c(
+            "hivenet_policy_primary_routed",
             "Requests routed by the primary policy step",
             ("model",),
         )
-        self.policy_fallback = counter(
-            "hivenet_policy_fallback_routed_total",
+        self.policy_fallback = c(
+            "hivenet_policy_fallback_routed",
             "Requests routed by a fallback step",
             ("model", "step"),
         )
-        self.policy_exhausted = counter(
-            "hivenet_policy_exhausted_total",
+        self.policy_exhausted = c(
+            "hivenet_policy_exhausted",
             "Requests for which every policy step was exhausted",
             ("model",),
         )
-        self.admission_rejections = counter(
-            "hivenet_admission_rejections_total",
+        self.admission_rejections = c(
+            "hivenet_admission_rejections",
             "Requests refused before routing, by gate",
             ("reason", "model"),
         )
-        self.request_duration = Histogram(
+        self.request_duration = h(
             "hivenet_request_duration_seconds",
             "Duration of public API requests",
             ("endpoint", "status"),
-            registry=r,
         )
-
-    def _tenant_metrics(self) -> None:
-        counter = self._counter
-        self.tenant_success = counter(
-            "hivenet_tenant_requests_success_total", "Successful requests per tenant", _TENANT
+        self.tenant_success = c(
+            "hivenet_tenant_requests_success", "Successful requests per tenant", _TENANT
         )
-        self.tenant_failed = counter(
-            "hivenet_tenant_requests_failed_total", "Failed requests per tenant", _TENANT
+        self.tenant_failed = c(
+            "hivenet_tenant_requests_failed", "Failed requests per tenant", _TENANT
         )
-        self.tenant_input = counter(
-            "hivenet_tenant_input_tokens_total", "Prompt tokens per tenant", _TENANT
+        self.tenant_input = c("hivenet_tenant_input_tokens", "Prompt tokens per tenant", _TENANT)
+        self.tenant_output = c(
+            "hivenet_tenant_output_tokens", "Completion tokens per tenant", _TENANT
         )
-        self.tenant_output = counter(
-            "hivenet_tenant_output_tokens_total", "Completion tokens per tenant", _TENANT
+        self.tenant_rate_limited = c(
+            "hivenet_tenant_rate_limited", "Requests refused by request or token rates", _TENANT
         )
-        self.tenant_rate_limited = counter(
-            "hivenet_tenant_rate_limited_total",
-            "Requests refused by request or token rates",
-            _TENANT,
+        self.tenant_token_limited = c(
+            "hivenet_tenant_token_limited", "Requests refused by the daily token budget", _TENANT
         )
-        self.tenant_token_limited = counter(
-            "hivenet_tenant_token_limited_total",
-            "Requests refused by the daily token budget",
-            _TENANT,
-        )
-        self.provider_fallback = counter(
-            "hivenet_policy_provider_fallback_total",
+        self.provider_fallback = c(
+            "hivenet_policy_provider_fallback",
             "Requests sent to a provider after every local step was exhausted",
             ("model", "provider", "result"),
         )
-        self.policy_reload = counter(
-            "hivenet_policy_reload_total", "Policy reloads", ("trigger", "result")
+        self.policy_reload = c("hivenet_policy_reload", "Policy reloads", ("trigger", "result"))
+        self.registry.register(
+            SeriesCollector(v for v in vars(self).values() if isinstance(v, c | h))
         )
-
-    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
-        """A labelled series, looked up once: the request path pays a dict lookup."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        self._on: dict[type, Callable[[Ticket, Any], None]] = {
+            Ended: self._ended,
+            Refused: self._refused,
+            AnswerHead: self._head,
+            Queued: lambda t, e: self.queue_wait.observe((t.model,), e.seconds),
+            Attempt: self._attempt,
+            Exhausted: lambda t, e: self.policy_exhausted.inc((t.model,)),
+        }
 
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)
@@ -164,68 +143,64 @@ class MetricsObserver:
     # -- events ---------------------------------------------------------------------------
 
     def on_event(self, ticket: Ticket, event: Event) -> None:
-        if isinstance(event, Ended):
-            self._ended(ticket, event)
-        elif isinstance(event, Refused):
-            self._refused(ticket, event)
-        elif isinstance(event, AnswerHead):
-            if event.provider:
-                return
-            if event.step == 0:
-                self._child(self.policy_primary, ticket.model).inc()
-            else:
-                self._child(self.policy_fallback, ticket.model, event.step_name).inc()
-        elif isinstance(event, Queued):
-            self._child(self.queue_wait, ticket.model).observe(event.seconds)
-        elif isinstance(event, Attempt):
-            if event.stale:
-                self._child(self.connection_resets, event.agent).inc()
-        elif isinstance(event, Exhausted):
-            self._child(self.policy_exhausted, ticket.model).inc()
+        handler = self._on.get(type(event))
+        if handler is not None:
+            handler(ticket, event)
 
-    def _tenant(self, ticket: Ticket) -> tuple[str, str, str]:
+    def _attempt(self, ticket: Ticket, event: Attempt) -> None:
+        if event.stale:
+            self.connection_resets.inc((event.agent,))
+
+    def _head(self, ticket: Ticket, event: AnswerHead) -> None:
+        if event.provider:
+            return
+        if event.step == 0:
+            self.policy_primary.inc((ticket.model,))
+        else:
+            self.policy_fallback.inc((ticket.model, event.step_name))
+
+    @staticmethod
+    def _tenant(ticket: Ticket) -> tuple[str, str, str]:
         principal = ticket.principal
         return (principal.tenant, principal.key_id or "anonymous", ticket.model)
 
     def _refused(self, ticket: Ticket, event: Refused) -> None:
         if event.reason != "daily":
-            self._child(self.admission_rejections, event.reason, ticket.model).inc()
+            self.admission_rejections.inc((event.reason, ticket.model))
         if event.code is ErrorCode.RATE_LIMIT_EXCEEDED:
-            self._child(self.tenant_rate_limited, *self._tenant(ticket)).inc()
+            self.tenant_rate_limited.inc(self._tenant(ticket))
         elif event.code is ErrorCode.TOKEN_LIMIT_EXCEEDED:
-            self._child(self.tenant_token_limited, *self._tenant(ticket)).inc()
+            self.tenant_token_limited.inc(self._tenant(ticket))
 
     def _ended(self, ticket: Ticket, event: Ended) -> None:
-        self._child(self.request_duration, ticket.endpoint, str(event.status)).observe(
-            event.seconds
-        )
+        self.request_duration.observe((ticket.endpoint, str(event.status)), event.seconds)
         if not ticket.dispatched:
             return
         model = ticket.model
         code = event.code
         answered = code is None and event.status < 400 and event.outcome is Outcome.OK
         if code is not None:
-            self._child(self.failed, model, code.value).inc()
+            self.failed.inc((model, code.value))
         if ticket.provider:
             result = "success" if answered else "error"
-            self._child(self.provider_fallback, model, ticket.origin, result).inc()
+            self.provider_fallback.inc((model, ticket.origin, result))
         elif answered:
-            self._child(self.routed, model).inc()
+            self.routed.inc((model,))
         if ticket.admitted and ticket.principal is not None:
             labels = self._tenant(ticket)
-            self._child(self.tenant_success if answered else self.tenant_failed, *labels).inc()
+            (self.tenant_success if answered else self.tenant_failed).inc(labels)
             usage = event.usage
             if usage is not None:
-                self._child(self.tenant_input, *labels).inc(usage.input_tokens)
-                self._child(self.tenant_output, *labels).inc(usage.output_tokens)
+                self.tenant_input.inc(labels, usage.input_tokens)
+                self.tenant_output.inc(labels, usage.output_tokens)
 
     def on_agent(self, event: AgentEvent) -> None:
         if event.kind == "disconnected":
-            self.disconnections.labels(event.peer_id).inc()
+            self.disconnections.inc((event.peer_id,))
         elif event.kind == "unhealthy":
-            self.agent_failure.labels(event.peer_id).inc()
+            self.agent_failure.inc((event.peer_id,))
         elif event.kind == "backend_down":
-            self.backend_failure.labels(event.model).inc()
+            self.backend_failure.inc((event.model,))
 
 
 # -- what is read at scrape time ---------------------------------------------------------------

@@ -11,6 +11,7 @@ router starts; a request then runs through plain nested calls.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -27,16 +28,9 @@ class Stage(Protocol):
 
 
 def build(stages: Sequence[Stage], terminal: Next) -> Next:
-    """Fold the stages around the terminal: the first stage runs first."""
+    """Fold the stages around the terminal: the first stage runs first. Each link is a
+    partial application, so a request pays no extra frame per stage."""
     run = terminal
     for stage in reversed(stages):
-        run = _link(stage, run)
+        run = functools.partial(stage.__call__, next=run)
     return run
-
-
-def _link(stage: Stage, rest: Next) -> Next:
-    async def step(ticket: Ticket) -> Answer:
-        return await stage(ticket, rest)
-
-    step.__qualname__ = f"stage[{stage.name}]"
-    return step

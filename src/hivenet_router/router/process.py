@@ -208,7 +208,7 @@ class RouterProcess:
         if trigger == "sighup":
             log.info("SIGHUP: reloading policies and auth")
         policies = await asyncio.to_thread(self.policies.reload)
-        router.metrics.policy_reload.labels(trigger, "success" if policies else "error").inc()
+        router.metrics.policy_reload.inc((trigger, "success" if policies else "error"))
         auth = await asyncio.to_thread(self.auth.reload)
         return {"policies": policies, "auth": auth}
 

@@ -21,18 +21,23 @@ from hivenet_router.domain.errors import ApiError, ErrorCode
 MAX_HEADER_BYTES = 32 * 1024
 
 
+_VERSION_4 = (0x4000 << 64) | (0x8000 << 48)  # the version nibble and the RFC 4122 variant
+_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+
+
 def request_id(supplied: str | None) -> str:
     """Keep a client's X-Request-ID only when it is a UUID; otherwise make one.
 
-    Request IDs correlate logs; they are not secrets, so a fast pseudo-random UUID will do
-    (uuid4 costs a system call per request).
+    Request IDs correlate logs; they are not secrets, so a fast pseudo-random version-4
+    UUID will do (uuid4 costs a system call per request, and uuid.UUID an object).
     """
     if supplied:
         try:
             return str(uuid.UUID(supplied))
         except ValueError:
             pass
-    return str(uuid.UUID(int=random.getrandbits(128), version=4))
+    h = "%032x" % ((random.getrandbits(128) & _CLEAR) | _VERSION_4)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def credential(request: web.Request) -> str | None:
@@ -61,6 +66,9 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
     too slow (408), undecodable or cut short (400). The connection is then closed, since
     the rest of the body cannot be trusted to be skipped."""
     try:
+        if request.content.is_eof():
+            # Already all here (the common case for a small body): no timer needed.
+            return await request.read()
         async with asyncio.timeout(timeout):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:

@@ -3,27 +3,25 @@
 A client that opens connections and never finishes a request must not be able to exhaust
 the process's file descriptors, and a flood of malformed requests must not flood the log:
 
-- `ConnectionGuard` caps open connections per source (an IPv4 address, or an IPv6 /56, the
-  same unit as the agent connection limit) and in total;
-- `GuardedSite` applies a guard to every accepted connection and bounds the TLS handshake;
-- `QuietServerLog` is the logger aiohttp's protocol reports to: malformed HTTP is counted
-  and summarised at most once a minute instead of a traceback per request;
+- `ConnectionGuard` (http1/guard.py) caps open connections per source (an IPv4 address,
+  or an IPv6 /56, the same unit as the agent connection limit) and in total; the public
+  API's own server (http1/server.py) applies it itself;
+- `GuardedSite` applies a guard to every connection an aiohttp listener (the agent link,
+  the simulator) accepts, and bounds the TLS handshake;
+- `QuietServerLog` hears of malformed HTTP, from either server: counted and summarised at
+  most once a minute instead of a traceback per request;
 - `raise_open_files_limit` lifts the soft descriptor limit to the hard one at start.
 
-Time to first request, header and idle timeouts are aiohttp's keep-alive timer (which runs
-from the moment a connection is accepted); the body timeout is applied where bodies are
-read (router/app.py).
+On aiohttp listeners, time to first request and idle timeouts are aiohttp's keep-alive
+timer (which runs from the moment a connection is accepted).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ipaddress
 import logging
 import resource
 import time
-from collections import Counter
 from typing import Any
 
 from aiohttp import web
@@ -32,69 +30,14 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.http1.guard import ConnectionGuard, address_prefix, source_of
+
+__all__ = ["ConnectionGuard", "GuardedSite", "QuietServerLog", "address_prefix"]
 
 log = logging.getLogger("hivenet.http")
 
 SUMMARY_INTERVAL = 60.0
 FD_RESERVE = 256  # descriptors kept for agent links, engines, stores and logs
-MAX_LINGERING = 64
-LINGER_SECONDS = 0.5
-
-
-def address_prefix(peer: str) -> str:
-    """IPv4 addresses count alone, IPv6 addresses by their /56."""
-    try:
-        address = ipaddress.ip_address(peer)
-    except ValueError:
-        return peer
-    if address.version == 6:
-        return str(ipaddress.ip_network(f"{address}/56", strict=False))
-    return str(address)
-
-
-class ConnectionGuard:
-    """Open connections by source prefix, with a cap per source and a total cap."""
-
-    def __init__(self, name: str, per_source: int, total: int) -> None:
-        self.name = name
-        self.per_source = per_source
-        self.total = total
-        self.open = 0
-        self.lingering = 0  # refused connections still delivering their answer
-        self._by_source: Counter[str] = Counter()
-        self._refused = 0
-        self._last_report = 0.0
-
-    def enter(self, source: str) -> bool:
-        if self.open >= self.total or self._by_source[source] >= self.per_source:
-            self._refused += 1
-            now = time.monotonic()
-            if now - self._last_report >= SUMMARY_INTERVAL:
-                log.warning(
-                    "%s: refused %d connection(s) over the limits (%d per source, %d in all); "
-                    "latest from %s",
-                    self.name,
-                    self._refused,
-                    self.per_source,
-                    self.total,
-                    source,
-                )
-                self._refused, self._last_report = 0, now
-            return False
-        self.open += 1
-        self._by_source[source] += 1
-        return True
-
-    def leave(self, source: str) -> None:
-        self.open -= 1
-        left = self._by_source[source] - 1
-        if left > 0:
-            self._by_source[source] = left
-        else:
-            del self._by_source[source]
-
-    def from_source(self, source: str) -> int:
-        return self._by_source.get(source, 0)
 
 
 class GuardedHandler(RequestHandler):
@@ -111,34 +54,19 @@ class GuardedHandler(RequestHandler):
         self._lingering = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        source = address_prefix(str(peer[0])) if peer else "unknown"
+        source = source_of(transport)
         if not self._guard.enter(source):
-            self._refuse(transport)
+            self._force_close = True  # aiohttp then ignores whatever the client sends
+            self.transport = transport  # type: ignore[assignment]
+            self._lingering = self._guard.refuse(transport, self._refusal)
             return
         self._source = source
         super().connection_made(transport)
 
-    def _refuse(self, transport: asyncio.BaseTransport) -> None:
-        """Answer and close. Closing a socket with unread request bytes makes the kernel
-        send a reset that can overtake the answer, so a refused connection lingers briefly,
-        discarding what it reads; only a few linger at once, the rest are reset at once."""
-        guard = self._guard
-        self._force_close = True  # aiohttp then ignores whatever the client sends
-        if not self._refusal or guard.lingering >= MAX_LINGERING:
-            transport.abort()  # type: ignore[attr-defined]
-            return
-        guard.lingering += 1
-        self._lingering = True
-        self.transport = transport  # type: ignore[assignment]
-        with contextlib.suppress(Exception):
-            transport.write(self._refusal)  # type: ignore[attr-defined]
-        self._loop.call_later(LINGER_SECONDS, transport.close)
-
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._lingering:
             self._lingering = False
-            self._guard.lingering -= 1
+            self._guard.lingered()
         if self._source is None:
             return
         self._guard.leave(self._source)
@@ -239,17 +167,21 @@ class QuietServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
             return True
         return False
 
+    def malformed(self, description: str) -> None:
+        """Count one malformed or broken request; say so at most once a minute."""
+        self._malformed += 1
+        if self._due("malformed"):
+            self.logger.info(
+                "%d malformed or broken request(s) in the last minute (latest: %s)",
+                self._malformed,
+                description,
+            )
+            self._malformed = 0
+
     def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
         error = exc_info if isinstance(exc_info, BaseException) else None
         if error is None or _client_fault(error):
-            self._malformed += 1
-            if self._due("malformed"):
-                self.logger.info(
-                    "%d malformed or broken request(s) in the last minute (latest: %s)",
-                    self._malformed,
-                    _describe(error),
-                )
-                self._malformed = 0
+            self.malformed(_describe(error))
             return
         self._other += 1
         if self._due("other"):

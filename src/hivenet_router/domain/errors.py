@@ -73,6 +73,7 @@ _TYPE: dict[int, str] = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     431: "invalid_request_error",
     429: "rate_limit_error",
     502: "api_error",

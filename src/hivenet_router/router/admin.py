@@ -11,11 +11,11 @@ from typing import Any
 
 import msgspec
 import orjson
-from aiohttp import web
 
 from hivenet_router.auth.providers import AuthState, DynamicKeys, StaticKeys
 from hivenet_router.auth.registry import DynamicKey, DynamicRegistry, RegistryError
 from hivenet_router.clock import Clock
+from hivenet_router.http1.server import Answer, Request, Response
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.dispatch import Dispatcher
@@ -23,11 +23,11 @@ from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.requests import read_body
 from hivenet_router.state.local import DailyCounter
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request], Awaitable[Answer]]
 
 
-def _json(value: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(value), content_type="application/json")
+def _json(value: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(value), status)
 
 
 def _agent(record: AgentRecord, now: float) -> dict[str, Any]:
@@ -134,7 +134,7 @@ class AdminApi:
             ("DELETE", "/admin/api-keys/{id}", self.key_delete),
         ]
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: Request) -> Response:
         agents = self.registry.all()
         models = self.registry.models()
         pending = self.dispatcher.pending
@@ -158,11 +158,11 @@ class AdminApi:
             }
         )
 
-    async def routing_table(self, request: web.Request) -> web.Response:
+    async def routing_table(self, request: Request) -> Response:
         now = self.clock.monotonic()
         return _json({"agents": [_agent(a, now) for a in self.registry.all()]})
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request) -> Response:
         now = self.clock.monotonic()
         return _json(
             {
@@ -171,7 +171,7 @@ class AdminApi:
             }
         )
 
-    async def model(self, request: web.Request) -> web.Response:
+    async def model(self, request: Request) -> Response:
         records = self.registry.for_model(request.match_info["model"])
         if not records:
             return _json({"error": "model not registered"}, 404)
@@ -184,16 +184,16 @@ class AdminApi:
             }
         )
 
-    def _record(self, request: web.Request) -> AgentRecord | None:
+    def _record(self, request: Request) -> AgentRecord | None:
         return self.registry.get(request.match_info["peer_id"])
 
-    async def agent(self, request: web.Request) -> web.Response:
+    async def agent(self, request: Request) -> Response:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
         return _json(_agent(record, self.clock.monotonic()))
 
-    async def drain(self, request: web.Request) -> web.Response:
+    async def drain(self, request: Request) -> Response:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
@@ -202,7 +202,7 @@ class AdminApi:
             {"peer_id": record.peer_id, "draining": True, "active_requests": record.active}
         )
 
-    async def undrain(self, request: web.Request) -> web.Response:
+    async def undrain(self, request: Request) -> Response:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
@@ -210,7 +210,7 @@ class AdminApi:
         self.registry.changed(record.model)
         return _json({"peer_id": record.peer_id, "draining": False})
 
-    async def remove(self, request: web.Request) -> web.Response:
+    async def remove(self, request: Request) -> Response:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
@@ -218,20 +218,20 @@ class AdminApi:
         self.remove_agent(record)
         return _json({"peer_id": record.peer_id, "removed": True})
 
-    async def policy(self, request: web.Request) -> web.Response:
+    async def policy(self, request: Request) -> Response:
         return _json(_policy(self.policies.current.default))
 
-    async def policy_models(self, request: web.Request) -> web.Response:
+    async def policy_models(self, request: Request) -> Response:
         current = self.policies.current
         return _json({name: list(p.models) for name, p in sorted(current.named.items())})
 
-    async def policy_model(self, request: web.Request) -> web.Response:
+    async def policy_model(self, request: Request) -> Response:
         policy = self.policies.current.named.get(request.match_info["name"])
         if policy is None:
             return _json({"error": "no such policy"}, 404)
         return _json(_policy(policy))
 
-    async def quotas(self, request: web.Request) -> web.Response:
+    async def quotas(self, request: Request) -> Response:
         """Every key's limits (static or dynamic), without hashes, and today's use."""
         client = self.auth.client
         day, totals = self.daily.today()
@@ -263,7 +263,7 @@ class AdminApi:
             }
         return _json({"mode": client.mode, "day": day, "keys": keys})
 
-    async def usage(self, request: web.Request) -> web.Response:
+    async def usage(self, request: Request) -> Response:
         """Today's daily-token totals by budget (owner, or owner and model)."""
         day, totals = self.daily.today()
         buckets = []
@@ -280,17 +280,17 @@ class AdminApi:
             raise RegistryError(501, "dynamic key registry not active")
         return client.registry
 
-    async def _body(self, request: web.Request) -> Any:
+    async def _body(self, request: Request) -> Any:
         try:
             return orjson.loads(await read_body(request, self.body_timeout))
         except orjson.JSONDecodeError as exc:
             raise RegistryError(400, f"malformed JSON: {exc}") from None
 
     @staticmethod
-    def _refused(exc: RegistryError) -> web.Response:
+    def _refused(exc: RegistryError) -> Response:
         return _json({"error": str(exc), **exc.extra}, exc.status)
 
-    async def keys_list(self, request: web.Request) -> web.Response:
+    async def keys_list(self, request: Request) -> Response:
         try:
             registry = self._registry()
         except RegistryError as exc:
@@ -304,14 +304,14 @@ class AdminApi:
             }
         )
 
-    async def keys_version(self, request: web.Request) -> web.Response:
+    async def keys_version(self, request: Request) -> Response:
         try:
             registry = self._registry()
         except RegistryError as exc:
             return self._refused(exc)
         return _json({"version": registry.version, "count": len(registry)})
 
-    async def key_get(self, request: web.Request) -> web.Response:
+    async def key_get(self, request: Request) -> Response:
         try:
             entry = self._registry().get(request.match_info["id"])
         except RegistryError as exc:
@@ -320,7 +320,7 @@ class AdminApi:
             return _json({"error": "no such key"}, 404)
         return _json(entry.public())
 
-    async def key_put(self, request: web.Request) -> web.Response:
+    async def key_put(self, request: Request) -> Response:
         try:
             registry = self._registry()
             registry.put(request.match_info["id"], await self._body(request))
@@ -328,14 +328,14 @@ class AdminApi:
             return self._refused(exc)
         return _json({"ok": True})
 
-    async def key_delete(self, request: web.Request) -> web.Response:
+    async def key_delete(self, request: Request) -> Response:
         try:
             self._registry().delete(request.match_info["id"], request.query.get("version"))
         except RegistryError as exc:
             return self._refused(exc)
         return _json({"ok": True})
 
-    async def keys_replace(self, request: web.Request) -> web.Response:
+    async def keys_replace(self, request: Request) -> Response:
         try:
             registry = self._registry()
             count = registry.replace(await self._body(request))
@@ -343,7 +343,7 @@ class AdminApi:
             return self._refused(exc)
         return _json({"ok": True, "count": count})
 
-    async def reload_all(self, request: web.Request) -> web.Response:
+    async def reload_all(self, request: Request) -> Response:
         """Reload policies and auth, as SIGHUP does; says what took effect."""
         result = await self.reload()
         return _json(result, 200 if all(result.values()) else 409)

@@ -15,7 +15,7 @@ import ssl
 import grpc
 import orjson
 
-from hivenet_router.listeners import address_prefix
+from hivenet_router.http1.guard import address_prefix
 from hivenet_router.router.agent_auth import MAX_AUTH_BODY, AgentAuthenticator
 from hivenet_router.transport.tunnel import relay
 

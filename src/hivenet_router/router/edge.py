@@ -3,26 +3,27 @@
 The edge gives a request its ID, authenticates it, makes its Ticket, turns any ApiError
 into the one error envelope, and, whatever happens, tells the observers how it ended. Only
 the routes listed here exist; anything else is a structured 404 that never reaches an
-agent. (Wrapping each route's handler costs less than aiohttp middleware.)
+agent. Routes are resolved by one dictionary lookup for fixed paths, then a short list
+of patterns; HEAD is answered as GET without the body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
+from hivenet_router.http1.server import Answer, App, Request, Response
 from hivenet_router.observability.events import Ended, Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.handlers import Handlers
-from hivenet_router.router.requests import check_headers, credential, request_id
+from hivenet_router.router.requests import credential, request_id
 
 log = logging.getLogger("hivenet.api")
 
@@ -36,13 +37,11 @@ INFERENCE_ROUTES = (
 )
 CLIENT_GONE = 499  # the status a request that lost its client is recorded with
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request], Awaitable[Answer]]
 
 
-def _error_response(status: int, body: bytes, rid: str) -> web.Response:
-    return web.Response(
-        status=status, body=body, content_type="application/json", headers={"X-Request-ID": rid}
-    )
+def _error_response(status: int, body: bytes, rid: str) -> Response:
+    return Response(body, status, headers={"X-Request-ID": rid})
 
 
 class Edge:
@@ -72,7 +71,7 @@ class Edge:
         inflight = self.inflight
         serve = self._serve
 
-        async def edge(request: web.Request) -> web.StreamResponse:
+        async def edge(request: Request) -> Answer:
             task = asyncio.current_task()
             assert task is not None
             inflight.add(task)
@@ -83,7 +82,7 @@ class Edge:
 
         return edge
 
-    def _authenticate(self, request: web.Request, ticket: Ticket, guard: str) -> None:
+    def _authenticate(self, request: Request, ticket: Ticket, guard: str) -> None:
         auth = self._auth
         if guard == "client":
             principal = auth.client.authenticate(credential(request), time.time())
@@ -93,31 +92,27 @@ class Edge:
         elif guard == "admin" and not auth.admin.authenticate(credential(request)):
             raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
 
-    async def _serve(
-        self, request: web.Request, endpoint: str, handler: Handler, guard: str
-    ) -> web.StreamResponse:
-        rid = request_id(request.headers.get("X-Request-ID"))
+    async def _serve(self, request: Request, endpoint: str, handler: Handler, guard: str) -> Answer:
+        rid = request_id(request.headers.get("x-request-id"))
         ticket = Ticket(rid, endpoint, self._loop_time(), self._observers)
-        request["ticket"] = ticket
+        request.ticket = ticket
         try:
             response = await self._answer(request, ticket, handler, guard)
         except BaseException:
             # Only the client going away (or a cut at shutdown) leaves the edge unanswered.
             self._end(ticket, CLIENT_GONE)
             raise
-        if not response.prepared:
+        if isinstance(response, Response):
             response.headers["X-Request-ID"] = rid
-            if request.get("close"):
-                response.force_close()
+            response.close = response.close or request.close
         self._end(ticket, response.status)
         return response
 
     async def _answer(
-        self, request: web.Request, ticket: Ticket, handler: Handler, guard: str
-    ) -> web.StreamResponse:
+        self, request: Request, ticket: Ticket, handler: Handler, guard: str
+    ) -> Answer:
         rid = ticket.request_id
         try:
-            check_headers(request)
             self._authenticate(request, ticket, guard)
             return await handler(request)
         except ApiError as exc:
@@ -151,31 +146,67 @@ class Edge:
         )
 
 
-def build_app(handlers: Handlers, admin: AdminApi, edge: Edge, body_limit: int) -> web.Application:
-    """The route allowlist. Anything else, any method, gets a structured 404 or 405."""
-    # aiohttp's own limits bound the request line and each header (8 KiB).
-    app = web.Application(client_max_size=body_limit)
-    known: dict[str, str] = {}
+class Routes:
+    """The route allowlist: fixed paths by dictionary, then patterns in order. A path known
+    under another method is a 405; anything else a structured 404. Both pass the edge."""
 
-    def add(method: str, path: str, handler: Handler, guard: str) -> None:
-        app.router.add_route(method, path, edge.wrap(path, handler, guard))
+    def __init__(self, edge: Edge) -> None:
+        self._edge = edge
+        self._fixed: dict[tuple[str, str], Handler] = {}
+        self._patterns: list[tuple[str, re.Pattern[str], Handler]] = []
+        self._methods: dict[str, set[str]] = {}
+        self._unrouted = edge.wrap("unmatched", self._refuse)
+
+    def add(self, method: str, path: str, handler: Handler, guard: str) -> None:
+        wrapped = self._edge.wrap(path, handler, guard)
         if "{" not in path:
-            known[path] = method
+            self._fixed[(method, path)] = wrapped
+            self._methods.setdefault(path, set()).add(method)
+            return
+        pattern = re.sub(
+            r"\{(\w+)(?::([^}]+))?\}",
+            lambda m: f"(?P<{m.group(1)}>{m.group(2) or '[^/]+'})",
+            path,
+        )
+        self._patterns.append((method, re.compile(pattern + r"\Z"), wrapped))
 
-    add("GET", "/health", handlers.health, "")
-    add("GET", "/v1/models", handlers.models, "client")
-    add("GET", "/v1/models/{model:.+}", handlers.model, "client")
+    def _find(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
+        handler = self._fixed.get((method, path))
+        if handler is not None:
+            return handler, {}
+        for wanted, pattern, candidate in self._patterns:
+            if wanted == method and (match := pattern.match(path)) is not None:
+                return candidate, match.groupdict()
+        return None
+
+    async def __call__(self, request: Request) -> Answer:
+        method = "GET" if request.method == "HEAD" else request.method
+        found = self._find(method, request.path)
+        if found is None:
+            return await self._unrouted(request)
+        handler, request.match_info = found
+        return await handler(request)
+
+    async def _refuse(self, request: Request) -> Answer:
+        path = request.path
+        allowed = self._methods.get(path) or {
+            method for method, pattern, _ in self._patterns if pattern.match(path)
+        }
+        if allowed:
+            raise ApiError(
+                ErrorCode.METHOD_NOT_ALLOWED, f"{path} accepts {', '.join(sorted(allowed))} only"
+            )
+        raise ApiError(ErrorCode.NOT_FOUND, f"no route {request.method} {path}")
+
+
+def build_app(handlers: Handlers, admin: AdminApi, edge: Edge) -> App:
+    """The public routes, each behind the edge with its guard."""
+    routes = Routes(edge)
+    routes.add("GET", "/health", handlers.health, "")
+    routes.add("GET", "/v1/models", handlers.models, "client")
+    routes.add("GET", "/v1/models/{model:.+}", handlers.model, "client")
     for route in INFERENCE_ROUTES:
-        add("POST", route, handlers.inference, "client")
+        routes.add("POST", route, handlers.inference, "client")
     for method, path, handler in admin.routes():
-        add(method, path, handler, "admin")
-
-    async def unrouted(request: web.Request) -> web.StreamResponse:
-        allowed = known.get(request.path)
-        if allowed is not None or request.path.startswith("/v1/models/"):
-            allowed = allowed or "GET"
-            raise ApiError(ErrorCode.METHOD_NOT_ALLOWED, f"{request.path} accepts {allowed} only")
-        raise ApiError(ErrorCode.NOT_FOUND, f"no route {request.method} {request.path}")
-
-    app.router.add_route("*", "/{tail:.*}", edge.wrap("unmatched", unrouted))
-    return app
+        routes.add(method, path, handler, "admin")
+    return routes

@@ -6,11 +6,11 @@ import logging
 from collections.abc import Callable
 
 import orjson
-from aiohttp import web
 
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job
+from hivenet_router.http1.server import Answer, Request, Response
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router import bodies, catalog
@@ -20,7 +20,6 @@ from hivenet_router.router.requests import read_body
 
 log = logging.getLogger("hivenet.api")
 
-_JSON = "application/json"
 # Never forwarded: hop-by-hop headers, and the client's router credentials, which agents and
 # backends have no use for (the Go router forwards Authorization; this one does not).
 _DROP = frozenset(
@@ -41,12 +40,14 @@ _DROP = frozenset(
         # a 100-continue expectation (answered here) describe nothing the agent receives.
         "content-encoding",
         "expect",
+        # Replaced by the request's own ID (the client's when it is a UUID).
+        "x-request-id",
     }
 )
 
 
-def forward_headers(request: web.Request, request_id: str) -> list[tuple[str, str]]:
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP]
+def forward_headers(request: Request, request_id: str) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in request.headers.items() if k not in _DROP]
     headers.append(("x-request-id", request_id))
     return headers
 
@@ -70,8 +71,8 @@ class Handlers:
         self.body_timeout = body_timeout
         self.warming = warming
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
+    async def health(self, request: Request) -> Answer:
+        return Response(b'{"status":"ok"}')
 
     # -- model discovery ------------------------------------------------------------------------
 
@@ -92,8 +93,8 @@ class Handlers:
             "info": first.reg.llm_info or None,
         }
 
-    async def models(self, request: web.Request) -> web.Response:
-        principal: Principal = request["ticket"].principal
+    async def models(self, request: Request) -> Answer:
+        principal: Principal = request.ticket.principal
         data = [
             obj
             for model in sorted(self.registry.models())
@@ -101,23 +102,23 @@ class Handlers:
         ]
         if catalog.wants_anthropic(request.headers):
             page = catalog.anthropic_page(data, request.query)
-            return web.Response(body=orjson.dumps(page), content_type=_JSON)
-        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=_JSON)
+            return Response(orjson.dumps(page))
+        return Response(orjson.dumps({"object": "list", "data": data}))
 
-    async def model(self, request: web.Request) -> web.Response:
+    async def model(self, request: Request) -> Answer:
         model = request.match_info["model"]
-        principal: Principal = request["ticket"].principal
+        principal: Principal = request.ticket.principal
         obj = self._model_object(model) if principal.sees(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
         if catalog.wants_anthropic(request.headers):
             obj = catalog.anthropic_model(obj)
-        return web.Response(body=orjson.dumps(obj), content_type=_JSON)
+        return Response(orjson.dumps(obj))
 
     # -- inference ------------------------------------------------------------------------------
 
-    async def inference(self, request: web.Request) -> web.StreamResponse:
-        ticket: Ticket = request["ticket"]
+    async def inference(self, request: Request) -> Answer:
+        ticket: Ticket = request.ticket
         route = request.path
         body = await read_body(request, self.body_timeout)
         facts = bodies.parse(route, body)

@@ -10,6 +10,7 @@ import logging
 import signal
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +24,15 @@ from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.errors import ErrorCode, error_body
-from hivenet_router.listeners import (
-    ConnectionGuard,
-    connection_budget,
-    raise_open_files_limit,
-)
+from hivenet_router.http1.guard import ConnectionGuard
+from hivenet_router.http1.server import HttpServer, Limits
+from hivenet_router.listeners import QuietServerLog, connection_budget, raise_open_files_limit
 from hivenet_router.policy.document import PolicyError
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.auth_grpc import GrpcAuthServer
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord
+from hivenet_router.router.requests import MAX_HEADER_BYTES
 from hivenet_router.router.wiring import Router, Shared, assemble, check_names
 from hivenet_router.runtime import start_site
 from hivenet_router.storage.history import SqliteHistory
@@ -158,8 +158,8 @@ class RouterProcess:
             reload=lambda: self._reload(router, "admin"),
         )
         auth_server = GrpcAuthServer(router.authenticator, self.tls.server_context())
-        runners = await self._listen(router, auth_server)
-        if runners is None:
+        listening = await self._listen(router, auth_server)
+        if listening is None:
             return 1
         log.info(
             "router %s ready: http %s, agent auth %s, agent link %s, metrics %s",
@@ -177,7 +177,7 @@ class RouterProcess:
             signal.SIGHUP, lambda: background.spawn(self._reload(router, "sighup"))
         )
         await stop.wait()
-        await self._shutdown(router, store, auth_server, runners, background)
+        await self._shutdown(router, store, auth_server, listening, background)
         return 0
 
     # -- pieces of serve ------------------------------------------------------------------------
@@ -212,9 +212,7 @@ class RouterProcess:
         auth = await asyncio.to_thread(self.auth.reload)
         return {"policies": policies, "auth": auth}
 
-    async def _listen(
-        self, router: Router, auth_server: GrpcAuthServer
-    ) -> list[web.AppRunner] | None:
+    async def _listen(self, router: Router, auth_server: GrpcAuthServer) -> _Listening | None:
         """Start every listener, the public port first; None (logged) if one cannot bind."""
         cfg = self.config
         open_files = raise_open_files_limit()
@@ -227,18 +225,16 @@ class RouterProcess:
                 cfg.http_max_conns,
             )
         runners: list[web.AppRunner] = []
+        public = HttpServer(
+            router.public_app,
+            Limits(body=cfg.body_limit, head=MAX_HEADER_BYTES, idle=cfg.http_idle_timeout),
+            error_page=_server_error_page,
+            guard=ConnectionGuard("client API", cfg.http_max_conns_per_ip, client_conns),
+            refusal=TOO_MANY_CONNECTIONS,
+            malformed=QuietServerLog("hivenet.http").malformed,
+        )
         try:
-            runners.append(
-                await start_site(
-                    router.public_app,
-                    cfg.http_port.host,
-                    cfg.http_port.port,
-                    shutdown_timeout=1.0,
-                    guard=ConnectionGuard("client API", cfg.http_max_conns_per_ip, client_conns),
-                    refusal=TOO_MANY_CONNECTIONS,
-                    idle_timeout=cfg.http_idle_timeout,
-                )
-            )
+            await public.listen(cfg.http_port.host, cfg.http_port.port)
             await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
             runners.append(
                 await start_site(
@@ -258,10 +254,11 @@ class RouterProcess:
         except (OSError, RuntimeError) as exc:
             log.error("cannot listen: %s", exc)
             await auth_server.stop()
+            await public.close()
             for runner in runners:
                 await runner.cleanup()
             return None
-        return runners
+        return _Listening(public, runners)
 
     async def _restore_quota(self, router: Router, store: SqliteHistory) -> None:
         if self.config.quota_backend == "badger":
@@ -299,7 +296,7 @@ class RouterProcess:
         router: Router,
         store: SqliteHistory,
         auth_server: GrpcAuthServer,
-        runners: list[web.AppRunner],
+        listening: _Listening,
         background: _Background,
     ) -> None:
         grace = self.config.shutdown_grace
@@ -310,13 +307,11 @@ class RouterProcess:
         )
         # The public port closes first, while agent connections still carry what is in
         # flight; only then do the agents hear that the router is going away.
-        public = runners[0]
-        for site in public.sites:
-            await site.stop()
+        listening.public.stop_listening()
         cut = await router.edge.drain(grace, lambda: setattr(router.relay, "stopping", True))
         if cut:
             log.warning("shutdown grace over: cut %d request(s) still in flight", cut)
-        await public.cleanup()
+        await listening.public.close()
         await background.stop()
         await router.keeper.flush()
         await self._save_quota(router, store)
@@ -325,8 +320,22 @@ class RouterProcess:
             await link.close("router shutting down")
         await auth_server.stop()
         await self.providers.close()
-        for runner in runners[1:]:
+        for runner in listening.others:
             await runner.cleanup()
+
+
+@dataclass(frozen=True, slots=True)
+class _Listening:
+    public: HttpServer  # the client API
+    others: list[web.AppRunner]  # the agent link and the metrics page
+
+
+def _server_error_page(status: int, message: str) -> bytes:
+    """The body of the answers the public server gives itself, in the usual envelope."""
+    code = ErrorCode.REQUEST_TOO_LARGE if status in (413, 431) else ErrorCode.REQUEST_INVALID
+    if status >= 500:
+        code = ErrorCode.BACKEND_ERROR
+    return error_body(code, message, status=status)
 
 
 def _metrics_app(router: Router) -> web.Application:

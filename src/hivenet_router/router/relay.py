@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from aiohttp import web
-
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.http1 import server as http
 from hivenet_router.pipeline.ticket import Ticket
 
 _JSON = "application/json"
@@ -26,33 +25,29 @@ class Relay:
     def __init__(self) -> None:
         self.stopping = False  # set when the shutdown grace is over and streams are cut
 
-    async def __call__(
-        self, request: web.Request, ticket: Ticket, answer: Answer
-    ) -> web.StreamResponse:
+    async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
-        if not answer.streamed:
-            return await self._whole(ticket, answer)
+        if answer.body is not None:
+            return await self._whole(ticket, answer, answer.body)
         return await self._stream(request, ticket, answer)
 
-    async def _whole(self, ticket: Ticket, answer: Answer) -> web.Response:
-        response = web.Response(
-            status=answer.status,
-            body=answer.body,
-            headers={"Content-Type": answer.header("content-type") or _JSON, **ticket.headers_out},
+    async def _whole(self, ticket: Ticket, answer: Answer, body: bytes) -> http.Response:
+        response = http.Response(
+            body, answer.status, answer.header("content-type") or _JSON, ticket.headers_out
         )
         await self._close(ticket, answer, Outcome.OK)
         return response
 
-    async def _stream(
-        self, request: web.Request, ticket: Ticket, answer: Answer
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(status=answer.status, headers=ticket.headers_out)
-        response.headers["Content-Type"] = answer.header("content-type") or "text/event-stream"
-        response.headers["Cache-Control"] = "no-cache"
-        response.headers["X-Request-ID"] = ticket.request_id
+    async def _stream(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
+        headers = {
+            **ticket.headers_out,
+            "Content-Type": answer.header("content-type") or "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Request-ID": ticket.request_id,
+        }
         outcome = Outcome.CLIENT_GONE
         try:
-            await response.prepare(request)
+            response = await http.stream(request, answer.status, headers)
             async with asyncio.timeout_at(ticket.deadline):
                 chunk = answer.first
                 while chunk is not None:
@@ -85,7 +80,7 @@ class Relay:
         finally:
             await self._close(ticket, answer, outcome)
         with contextlib.suppress(ConnectionError):
-            await response.write_eof()
+            await response.end()
         return response
 
     @staticmethod
@@ -95,7 +90,7 @@ class Relay:
 
     @staticmethod
     async def _end_with_error(
-        response: web.StreamResponse, ticket: Ticket, code: ErrorCode, message: str
+        response: http.Stream, ticket: Ticket, code: ErrorCode, message: str
     ) -> None:
         """One error event: the envelope every error has, as an Anthropic `event: error` on
         /v1/messages and as a bare `data:` line elsewhere."""

@@ -10,13 +10,10 @@ import asyncio
 import random
 import uuid
 
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
-
 from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.http1.server import BodyError, BodyTooLarge, Request
 
-# All request headers together; one header line is bounded by aiohttp (8 KiB). Headers
+# The request line and all headers together (the server answers 431 past it). Headers
 # travel to the agent in one frame, so they must stay well under its 64 KiB.
 MAX_HEADER_BYTES = 32 * 1024
 
@@ -40,16 +37,16 @@ def request_id(supplied: str | None) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def credential(request: web.Request) -> str | None:
+def credential(request: Request) -> str | None:
     """The presented key: `Authorization: Bearer KEY`, or `x-api-key` (what the Anthropic
     SDK sends; the Go router accepted only the former). Both may carry the same key, as
     Claude Code's key helper sends it; two different keys, in repeated headers or across
     the two, are refused rather than resolved by picking one."""
     headers = request.headers
     found: set[str] = set()
-    for value in headers.getall("Authorization", ()):
+    for value in headers.getall("authorization"):
         found.add(value[7:].strip() if value[:7].lower() == "bearer " else "\0" + value)
-    found.update(headers.getall("x-api-key", ()))
+    found.update(headers.getall("x-api-key"))
     if len(found) > 1:
         raise ApiError(
             ErrorCode.UNAUTHORIZED,
@@ -59,44 +56,26 @@ def credential(request: web.Request) -> str | None:
     return None if key is None or key.startswith("\0") else key
 
 
-async def read_body(request: web.Request, timeout: float) -> bytes:
+async def read_body(request: Request, timeout: float) -> bytes:
     """The whole request body, decoded as its Content-Encoding says, within `timeout`.
 
     Every way a body can be bad is the client's error with a stable code: too large (413),
-    too slow (408), undecodable or cut short (400). The connection is then closed, since
-    the rest of the body cannot be trusted to be skipped."""
+    too slow (408), undecodable or cut short (400), in an encoding not offered (415). The
+    connection is then closed, since the rest of the body cannot be trusted to be skipped."""
     try:
-        if request.content.is_eof():
+        if request.complete:
             # Already all here (the common case for a small body): no timer needed.
             return await request.read()
         async with asyncio.timeout(timeout):
             return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        request["close"] = True
-        raise ApiError(
-            ErrorCode.REQUEST_TOO_LARGE,
-            f"request body exceeds the limit of {request.client_max_size} bytes",
-        ) from None
+    except BodyTooLarge as exc:
+        request.close = True
+        raise ApiError(ErrorCode.REQUEST_TOO_LARGE, str(exc)) from None
     except TimeoutError:
-        request["close"] = True
+        request.close = True
         raise ApiError(
             ErrorCode.REQUEST_TIMEOUT, f"request body not received within {timeout:g}s", status=408
         ) from None
-    except (RequestPayloadError, HttpProcessingError) as exc:
-        request["close"] = True
-        reason = "its Content-Encoding" if "encoding" in str(exc).lower() else "the transfer"
-        raise ApiError(
-            ErrorCode.REQUEST_INVALID, f"request body could not be read: {reason} is broken"
-        ) from None
-
-
-def check_headers(request: web.Request) -> None:
-    size = 0
-    for name, value in request.raw_headers:
-        size += len(name) + len(value)
-    if size > MAX_HEADER_BYTES:
-        raise ApiError(
-            ErrorCode.REQUEST_TOO_LARGE,
-            f"request headers exceed {MAX_HEADER_BYTES} bytes",
-            status=431,
-        )
+    except BodyError as exc:
+        request.close = True
+        raise ApiError(ErrorCode.REQUEST_INVALID, str(exc), status=exc.status) from None

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.clock import Clock
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
+from hivenet_router.http1.server import Answer, App, Request
 from hivenet_router.observability.events import Observers, RequestObserver
 from hivenet_router.observability.metrics import AgentCollector, MetricsObserver, StateCollector
 from hivenet_router.pipeline.stage import Next, Stage, build
@@ -65,7 +64,7 @@ class Router:
     dispatcher: Dispatcher
     relay: Relay
     edge: Edge
-    public_app: web.Application
+    public_app: App
     sessions: Sessions
     authenticator: AgentAuthenticator
     control: ControlPlane
@@ -154,7 +153,7 @@ def assemble(
         dispatcher=dispatcher,
         relay=relay,
         edge=Edge(shared.auth, observers),
-        public_app=web.Application(),
+        public_app=_not_yet,
         sessions=sessions,
         authenticator=AgentAuthenticator(
             secret=shared.secret,
@@ -201,7 +200,11 @@ def assemble(
     return router
 
 
-def _public_app(shared: Shared, router: Router) -> web.Application:
+async def _not_yet(request: Request) -> Answer:
+    raise RuntimeError("the public routes are built once the router is")
+
+
+def _public_app(shared: Shared, router: Router) -> App:
     cfg, clock = shared.config, shared.clock
     warm_until = clock.monotonic() + cfg.warmup
     pipeline: Next = build([STAGES[name](router) for name in cfg.stages], router.dispatcher)
@@ -214,7 +217,7 @@ def _public_app(shared: Shared, router: Router) -> web.Application:
         body_timeout=cfg.http_body_timeout,
         warming=lambda: clock.monotonic() < warm_until,
     )
-    return build_app(handlers, router.admin, router.edge, cfg.body_limit)
+    return build_app(handlers, router.admin, router.edge)
 
 
 def _collect(router: Router) -> None:

@@ -1,0 +1,795 @@
+"""A lean HTTP/1.1 server for the public API.
+
+A general framework spends most of a small request's cost on objects the router never
+uses (multidicts, URL objects, middleware chains, per-request timers). This server parses
+with httptools (llhttp) on an asyncio protocol and gives the application only what it
+reads: the method, the decoded path, the query, the headers as a list, and the body, read
+when the application asks for it (so a refused request never has its body buffered).
+
+What it guarantees, whatever the client does:
+- a request head (request line and headers) is bounded in bytes (431 past the limit);
+- a body is bounded (413 as soon as its declared or received size passes the limit) and,
+  when encoded, is decoded within the same bound (gzip and deflate);
+- a connection that sends no complete request head within the idle timeout of being
+  accepted or of its last answer is closed (one sweep a fraction of that timeout, not a
+  timer per request);
+- a connection whose client goes away has its request's task cancelled, so whatever the
+  request held is given back at once;
+- malformed HTTP gets one error answer and the connection closes; it is reported to a
+  callback (summarised by the caller), never with a traceback per request;
+- pipelined requests are answered in order, and reading stops while more than one waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+import re
+import time
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import httptools
+
+from hivenet_router.http1.guard import ConnectionGuard, source_of
+
+log = logging.getLogger("hivenet.http")
+
+BACKLOG_LIMIT = 1 << 16  # pipelined bytes buffered before reading pauses
+
+
+# -- what the application sees ------------------------------------------------------------------
+
+
+class BodyError(Exception):
+    """The request body cannot be had; `status` says why (400, 413, 415)."""
+
+    status = 400
+
+
+class BodyTooLarge(BodyError):
+    status = 413
+
+
+class EncodingUnsupported(BodyError):
+    status = 415
+
+
+class Headers(Mapping[str, str]):
+    """Request headers in arrival order, names in lower case; lookups give the first value."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[tuple[str, str]]) -> None:
+        self._items = items
+
+    def __getitem__(self, name: str) -> str:
+        name = name.lower()
+        for key, value in self._items:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        name = name.lower()
+        for key, value in self._items:
+            if key == name:
+                return value
+        return default
+
+    def getall(self, name: str) -> list[str]:
+        name = name.lower()
+        return [value for key, value in self._items if key == name]
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        name = name.lower()
+        return any(key == name for key, _ in self._items)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items(self) -> list[tuple[str, str]]:  # type: ignore[override]
+        return self._items
+
+
+class Request:
+    """One request. `ticket` is the application's own; `close` asks for the connection to
+    be closed after the answer."""
+
+    __slots__ = (
+        "_conn",
+        "_continue",
+        "_limit",
+        "_parts",
+        "_query",
+        "_size",
+        "_waiter",
+        "close",
+        "complete",
+        "error",
+        "headers",
+        "keep_alive",
+        "match_info",
+        "method",
+        "path",
+        "query_string",
+        "ticket",
+        "version",
+    )
+
+    def __init__(
+        self,
+        conn: _Connection | None,
+        method: str,
+        path: str,
+        query_string: str,
+        headers: list[tuple[str, str]],
+        *,
+        version: str = "1.1",
+        keep_alive: bool = True,
+        limit: int = 1 << 20,
+        body: bytes | None = None,
+    ) -> None:
+        self._conn = conn
+        self.method = method
+        self.path = path
+        self.query_string = query_string
+        self.headers = Headers(headers)
+        self.version = version
+        self.keep_alive = keep_alive
+        self.match_info: dict[str, str] = {}
+        self.ticket: Any = None
+        self.close = False
+        self._limit = limit
+        self._parts: list[bytes] = [] if body is None else [body]
+        self._size = 0 if body is None else len(body)
+        self._query: dict[str, str] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._continue = False
+        self.complete = body is not None
+        self.error: BodyError | None = None
+
+    @property
+    def query(self) -> dict[str, str]:
+        """The query's parameters; a repeated name keeps its first value."""
+        if self._query is None:
+            query: dict[str, str] = {}
+            for key, value in parse_qsl(self.query_string, keep_blank_values=True):
+                query.setdefault(key, value)
+            self._query = query
+        return self._query
+
+    async def read(self) -> bytes:
+        """The whole body, decoded as its Content-Encoding says. Raises BodyError."""
+        if self._continue and self._conn is not None:
+            self._continue = False
+            self._conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        while not self.complete and self.error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self.error is not None:
+            raise self.error
+        parts = self._parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        encoding = self.headers.get("content-encoding")
+        if encoding:
+            body = decode(body, encoding, self._limit)
+        return body
+
+    # -- fed by the connection ----------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self._fail(BodyTooLarge(f"request body exceeds the limit of {self._limit} bytes"))
+            self._parts.clear()
+            return
+        self._parts.append(data)
+
+    def _done(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _fail(self, error: BodyError) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def decode(body: bytes, encoding: str, limit: int) -> bytes:
+    """Undo a Content-Encoding, never producing more than `limit` bytes."""
+    name = encoding.strip().lower()
+    if name == "identity":
+        return body
+    if name in ("gzip", "x-gzip"):
+        wbits = 16 + zlib.MAX_WBITS
+    elif name == "deflate":
+        wbits = zlib.MAX_WBITS if body[:1] and body[0] & 0x0F == 8 else -zlib.MAX_WBITS
+    else:
+        raise EncodingUnsupported(f"Content-Encoding {encoding!r} is not supported")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error:
+        raise BodyError("request body could not be read: its Content-Encoding is broken") from None
+    if len(out) > limit:
+        raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes once decoded")
+    if not inflater.eof:
+        raise BodyError("request body could not be read: its Content-Encoding is cut short")
+    return out
+
+
+class Response:
+    """A whole answer."""
+
+    __slots__ = ("body", "close", "headers", "status")
+    prepared = False
+
+    def __init__(
+        self,
+        body: bytes = b"",
+        status: int = 200,
+        content_type: str | None = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers: dict[str, str] = {}
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+        if headers:
+            self.headers.update(headers)
+        self.close = False
+
+
+class Stream:
+    """An answer sent as it is produced (chunked; to an HTTP/1.0 client, until close). The
+    head goes out with the first piece, in one write."""
+
+    __slots__ = ("_chunked", "_conn", "_head", "ended", "status")
+    prepared = True
+
+    def __init__(
+        self, conn: _Connection, request: Request, status: int, headers: dict[str, str]
+    ) -> None:
+        self._conn = conn
+        self.status = status
+        self._chunked = request.version != "1.0"
+        if not self._chunked:
+            request.keep_alive = False
+        framing = {"Transfer-Encoding": "chunked"} if self._chunked else {}
+        self._head: bytes | None = head(status, {**headers, **framing}, None, not self._chunked)
+        self.ended = False
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        piece = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
+        if self._head is not None:
+            piece, self._head = self._head + piece, None
+        conn = self._conn
+        conn.write_or_raise(piece)
+        if conn.paused:
+            await conn.drain()
+
+    async def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        last = b"0\r\n\r\n" if self._chunked else b""
+        if self._head is not None:
+            last, self._head = self._head + last, None
+        self._conn.write_or_raise(last)
+
+
+Answer = Response | Stream
+App = Callable[[Request], Awaitable[Answer]]
+
+
+async def stream(request: Request, status: int, headers: dict[str, str]) -> Stream:
+    """Start a streamed answer to `request`."""
+    conn = request._conn
+    if conn is None or conn.lost:
+        raise ConnectionResetError("the client has gone")
+    return Stream(conn, request, status, headers)
+
+
+# -- writing heads ------------------------------------------------------------------------------
+
+_REASONS = {status.value: status.phrase for status in http.HTTPStatus}
+_date_second = 0
+_date_header = b""
+
+
+def _date_line() -> bytes:
+    """The Date header, formatted once a second."""
+    global _date_second, _date_header
+    now = int(time.time())
+    if now != _date_second:
+        stamp = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(now))
+        _date_second, _date_header = now, b"Date: " + stamp.encode()
+    return _date_header
+
+
+def head(status: int, headers: Mapping[str, str], length: int | None, close: bool) -> bytes:
+    """A response head. A header value that could end the line is left out, not sent."""
+    lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, "Unknown").encode())]
+    for name, value in headers.items():
+        if "\r" in value or "\n" in value:
+            log.warning("left out header %s: its value would break the response head", name)
+            continue
+        lines.append(f"{name}: {value}".encode("latin-1", "replace"))
+    if length is not None:
+        lines.append(b"Content-Length: %d" % length)
+    if close:
+        lines.append(b"Connection: close")
+    lines.append(_date_line())
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    body: int = 1 << 20  # bytes of body, before and after decoding
+    head: int = 32 * 1024  # bytes of request line and headers together
+    idle: float = 30.0  # seconds a connection may go without a complete request head
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class HttpServer:
+    """Serves `app` on one or more sockets.
+
+    `error_page(status, message)` makes the body of answers the server gives itself
+    (malformed request, head too large); `refusal` is written to a connection the guard
+    refuses; `malformed(description)` hears of every malformed request."""
+
+    def __init__(
+        self,
+        app: App,
+        limits: Limits,
+        *,
+        error_page: Callable[[int, str], bytes],
+        guard: ConnectionGuard | None = None,
+        refusal: bytes = b"",
+        malformed: Callable[[str], None] = lambda description: None,
+    ) -> None:
+        self.app = app
+        self.limits = limits
+        self.error_page = error_page
+        self.guard = guard
+        self.refusal = refusal
+        self.malformed = malformed
+        self.connections: set[_Connection] = set()
+        self.closing = False
+        self._servers: list[asyncio.Server] = []
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def listen(self, host: str, port: int, backlog: int = 1024) -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True
+        )
+        self._servers.append(server)
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    @property
+    def ports(self) -> list[int]:
+        return [s.getsockname()[1] for srv in self._servers for s in srv.sockets]
+
+    def stop_listening(self) -> None:
+        """Accept no more connections; close the idle ones; answers in progress finish and
+        close their connections."""
+        self.closing = True
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            if conn.idle:
+                conn.close()
+
+    async def close(self) -> None:
+        """Close every connection (requests still running are cancelled)."""
+        self.stop_listening()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        for conn in list(self.connections):
+            conn.close()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        self._servers.clear()
+
+    async def _sweep(self) -> None:
+        """Close connections that have been idle (no complete request head) too long."""
+        idle = self.limits.idle
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.1, min(1.0, idle / 4)))
+            now = loop.time()
+            for conn in list(self.connections):
+                if conn.idle and now - conn.idle_since >= idle:
+                    conn.close()
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parse, run the application one request at a time, answer."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._loop = asyncio.get_running_loop()
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._source: str | None = None
+        self._lingering = False  # refused by the guard, delivering its refusal
+        self._draining = False  # answered, discarding an unread body before closing
+        self.lost = False
+        self.paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self.idle_since = self._loop.time()
+        # parsing
+        self._url: list[bytes] = []
+        self._headers: list[tuple[str, str]] = []
+        self._head_size = 0
+        self._in_head = False
+        self._reading: Request | None = None  # the request whose body is being parsed
+        # answering
+        self._current: Request | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._waiting: deque[Request] = deque()
+        self._backlog: list[bytes] = []
+        self._backlog_size = 0
+        self._reading_paused = False
+
+    @property
+    def idle(self) -> bool:
+        return self._current is None and not self._draining and not self.lost
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        server = self._server
+        guard = server.guard
+        if guard is not None:
+            source = source_of(transport)
+            if not guard.enter(source):
+                self._lingering = guard.refuse(transport, server.refusal)
+                self.lost = True  # nothing more is parsed or answered
+                return
+            self._source = source
+        server.connections.add(self)
+        if server.closing:
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        server = self._server
+        if self._lingering:
+            self._lingering = False
+            if server.guard is not None:
+                server.guard.lingered()
+        self.lost = True
+        if self._source is not None:
+            assert server.guard is not None
+            server.guard.leave(self._source)
+            self._source = None
+        server.connections.discard(self)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # the client has gone: give back what its request holds
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_exception(ConnectionResetError("the client has gone"))
+            self._drain.exception()
+        if self._reading is not None:
+            self._reading._fail(BodyError("request body could not be read: the client has gone"))
+
+    def eof_received(self) -> bool:
+        return False  # a client that stops sending has gone: close, cancel its request
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lost or self._draining:
+            return  # refused, or answered and closing: what the client sends is discarded
+        if self._current is not None and self._reading is None:
+            # An answer is in progress and its request is complete: hold what follows
+            # (a pipelined request) until the answer is done.
+            self._backlog.append(data)
+            self._backlog_size += len(data)
+            if self._backlog_size > BACKLOG_LIMIT:
+                self._pause_reading()
+            return
+        self._feed(data)
+
+    # -- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._url.clear()
+        self._headers = []
+        self._head_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+
+    def _count(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self._server.limits.head:
+            raise _HeadTooLarge
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        parser = self._parser
+        path, query = _split_target(b"".join(self._url))
+        request = Request(
+            self,
+            parser.get_method().decode("latin-1"),
+            path,
+            query,
+            self._headers,
+            version=parser.get_http_version(),
+            keep_alive=parser.should_keep_alive(),
+            limit=self._server.limits.body,
+        )
+        self._reading = request
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > request._limit:
+            request._fail(BodyTooLarge(f"request body exceeds the limit of {request._limit} bytes"))
+        elif request.headers.get("expect", "").lower() == "100-continue":
+            request._continue = True
+        if self._current is None:
+            self._start(request)
+        else:
+            self._waiting.append(request)
+            self._pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        if self._reading is not None:
+            self._reading._feed(body)
+
+    def on_message_complete(self) -> None:
+        request = self._reading
+        if request is not None:
+            self._reading = None
+            request._done()
+
+    # -- parsing ------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except _HeadTooLarge:
+            self._refuse(431, "request headers are too large")
+            return
+        except httptools.HttpParserUpgrade:
+            # Not offered here: the request is answered as a plain one, then the
+            # connection closes (what follows the head is not HTTP/1.1).
+            self._no_more()
+            return
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._refuse(431, "request headers are too large")
+                return
+            log.error("HTTP server error while parsing a request", exc_info=exc.__context__)
+            self._refuse(500, "internal router error")
+            return
+        except httptools.HttpParserError as exc:
+            self._broken(str(exc))
+            return
+        if self._in_head:
+            self._head_size += len(data)  # a head arriving in pieces is bounded too
+            if self._head_size > self._server.limits.head:
+                self._refuse(431, "request headers are too large")
+
+    def _broken(self, description: str) -> None:
+        self._server.malformed(f"HttpParserError: {description[:120]}")
+        reading = self._reading
+        if reading is not None:
+            # The body broke (bad chunking): the request's reader hears of it.
+            reading._fail(BodyError("request body could not be read: the transfer is broken"))
+            self._no_more()
+        elif self._current is not None:
+            self._no_more()  # garbage after a request: answer it, then close
+        else:
+            self._refuse(400, "malformed HTTP request")
+
+    def _no_more(self) -> None:
+        """Parse nothing more on this connection; close it after the answer in progress."""
+        if self._current is not None:
+            self._current.keep_alive = False
+        if self._reading is not None:
+            self._reading.keep_alive = False
+        for request in self._waiting:
+            request.keep_alive = False
+        self._parser = _Discard()  # type: ignore[assignment]
+        self._in_head = False
+
+    def _refuse(self, status: int, message: str) -> None:
+        """The server's own answer to a request it cannot parse: then close."""
+        if status == 431:
+            self._server.malformed(f"head over {self._server.limits.head} bytes")
+        self._parser = _Discard()  # type: ignore[assignment]
+        self._in_head = False
+        if self._current is not None:
+            self._current.keep_alive = False
+            return
+        body = self._server.error_page(status, message)
+        self.write(head(status, {"Content-Type": "application/json"}, len(body), True) + body)
+        self._linger(unread=True)
+
+    # -- running requests ---------------------------------------------------------------------
+
+    def _start(self, request: Request) -> None:
+        self._current = request
+        self._task = self._loop.create_task(self._run(request))
+
+    async def _run(self, request: Request) -> None:
+        server = self._server
+        try:
+            answer = await server.app(request)
+        except (asyncio.CancelledError, ConnectionError):
+            return  # the client has gone (or the server is closing)
+        except Exception:
+            log.exception("unhandled error answering %s %s", request.method, request.path)
+            body = server.error_page(500, "internal router error")
+            answer = Response(body, 500)
+            answer.close = True
+        if self.lost:
+            return
+        try:
+            if isinstance(answer, Stream):
+                await answer.end()
+            else:
+                close = answer.close or not self._reusable(request)
+                if request.version == "1.0" and not close:
+                    answer.headers["Connection"] = "keep-alive"
+                body = b"" if request.method == "HEAD" else answer.body
+                self.write(head(answer.status, answer.headers, len(answer.body), close) + body)
+        except ConnectionError:
+            return
+        self._finished(request, answer)
+
+    def _reusable(self, request: Request) -> bool:
+        return (
+            request.keep_alive
+            and request.complete
+            and request.error is None
+            and not request.close
+            and not self._server.closing
+        )
+
+    def _finished(self, request: Request, answer: Answer) -> None:
+        self._current = None
+        self._task = None
+        if (isinstance(answer, Response) and answer.close) or not self._reusable(request):
+            self._linger()
+            return
+        self.idle_since = self._loop.time()
+        if self._waiting:
+            self._start(self._waiting.popleft())
+            if not self._waiting and self._reading is None:
+                self._resume_reading()
+            return
+        backlog, self._backlog, self._backlog_size = self._backlog, [], 0
+        self._resume_reading()
+        for data in backlog:
+            if self.lost or (self._current is not None and self._reading is None):
+                self._backlog.append(data)
+                self._backlog_size += len(data)
+                continue
+            self._feed(data)
+
+    def _linger(self, unread: bool = False) -> None:
+        """Close after the answer. If the client may still be sending (an unread body, or a
+        request that was refused part-way), read and discard for a moment first, so that
+        its unread bytes do not make the kernel reset the connection before the answer is
+        read."""
+        transport = self._transport
+        if transport is None or self.lost:
+            return
+        if not unread and self._reading is None and not self._backlog:
+            transport.close()
+            return
+        self._draining = True
+        self._parser = _Discard()  # type: ignore[assignment]
+        self._current = None
+        self._reading = None
+        self._resume_reading()
+        self._loop.call_later(0.5, transport.close)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is not None and not self.lost:
+            transport.write(data)
+
+    def write_or_raise(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or self.lost or transport.is_closing():
+            raise ConnectionResetError("the client has gone")
+        transport.write(data)
+
+    async def drain(self) -> None:
+        if self.lost:
+            raise ConnectionResetError("the client has gone")
+        if self._drain is None or self._drain.done():
+            self._drain = self._loop.create_future()
+        await self._drain
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self._transport is not None and not self.lost:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self._transport is not None and not self.lost:
+            self._reading_paused = False
+            self._transport.resume_reading()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+class _Discard:
+    """Stands in for the parser once nothing more is to be parsed."""
+
+    def feed_data(self, data: bytes) -> None:
+        pass
+
+
+_ABSOLUTE = re.compile(rb"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*")
+
+
+def _split_target(target: bytes) -> tuple[str, str]:
+    """The decoded path and the raw query of a request target (origin or absolute form)."""
+    if not target.startswith(b"/"):
+        target = _ABSOLUTE.sub(b"", target) or b"/"
+        if not target.startswith(b"/"):
+            target = b"/" + target
+    path, _, query = target.partition(b"?")
+    path = path.partition(b"#")[0]
+    text = path.decode("latin-1")
+    if "%" in text:
+        text = unquote(text)
+    return text, query.partition(b"#")[0].decode("latin-1")

@@ -1,0 +1,226 @@
+"""The public HTTP/1.1 server on a real loopback socket, driven byte by byte."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from hivenet_router.http1.guard import ConnectionGuard
+from hivenet_router.http1.server import (
+    Answer,
+    BodyError,
+    HttpServer,
+    Limits,
+    Request,
+    Response,
+    stream,
+)
+
+Client = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class App:
+    """Echoes method, path, query and body; /stream streams; /wait waits forever."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def __call__(self, request: Request) -> Answer:
+        if request.path == "/wait":
+            self.started.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self.cancelled.set()
+        if request.path == "/stream":
+            out = await stream(request, 200, {"Content-Type": "text/event-stream"})
+            for n in range(3):
+                await out.write(b"data: %d\n\n" % n)
+            return out
+        try:
+            body = await request.read()
+        except BodyError as exc:
+            response = Response(str(exc).encode(), exc.status, "text/plain")
+            response.close = True
+            return response
+        text = f"{request.method} {request.path} {request.query} ".encode() + body
+        return Response(text, 200, "text/plain")
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[HttpServer, App, Callable[[], Awaitable[Client]]]]:
+    app = App()
+    malformed: list[str] = []
+    server = HttpServer(
+        app,
+        Limits(body=100, head=2048, idle=0.4),
+        error_page=lambda status, message: f'{{"status":{status}}}'.encode(),
+        guard=ConnectionGuard("test", per_source=4, total=10),
+        refusal=b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+        malformed=malformed.append,
+    )
+    await server.listen("127.0.0.1", 0)
+    port = server.ports[0]
+
+    async def connect() -> Client:
+        return await asyncio.open_connection("127.0.0.1", port)
+
+    yield server, app, connect
+    await server.close()
+
+
+async def answer(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode().split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, value = line.split(":", 1)
+            headers[name.lower()] = value.strip()
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            piece = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            body += piece[:-2]
+    else:
+        body = await asyncio.wait_for(reader.read(), 5)
+    return lines[0].encode(), headers, body
+
+
+Served = tuple[HttpServer, App, Callable[[], Awaitable[Client]]]
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    return await asyncio.wait_for(reader.read(), 5) == b""
+
+
+async def test_keep_alive_head_and_query(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /a%20b?x=1&x=2&y= HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
+    status, headers, body = await answer(reader)
+    assert status == b"HTTP/1.1 200 OK" and "date" in headers
+    assert body == b"POST /a b {'x': '1', 'y': ''} hi"
+    writer.write(b"HEAD /h HTTP/1.1\r\nHost: h\r\n\r\n")
+    status, headers, _ = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5), {}, b""
+    assert status.startswith(b"HTTP/1.1 200") and b"Content-Length: 11" in status
+    writer.write(b"GET /again HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert (await answer(reader))[2] == b"GET /again {} "  # nothing of HEAD's body came
+    writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: h\r\n\r\n" % n for n in range(5)))
+    for n in range(5):
+        assert (await answer(reader))[2] == b"GET /%d {} " % n
+    writer.close()
+
+
+async def test_a_head_over_the_limit_gets_431_even_in_pieces(served: Served) -> None:
+    _, _, connect = served
+    for pieces in ([b"x" * 3000], [b"x" * 100] * 30):
+        reader, writer = await connect()
+        writer.write(b"GET / HTTP/1.1\r\nX-Big: ")
+        for piece in pieces:
+            writer.write(piece)
+            await asyncio.sleep(0)
+        status, _, body = await answer(reader)
+        assert status.startswith(b"HTTP/1.1 431") and body == b'{"status":431}'
+        assert await closed(reader)
+        writer.close()
+
+
+async def test_bodies_over_the_limit_are_refused_declared_or_not(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST / HTTP/1.1\r\nContent-Length: 1000\r\n\r\n")  # declared: at once
+    status, _, _ = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 413")
+    assert await closed(reader)
+    writer.close()
+    reader, writer = await connect()
+    writer.write(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(3):
+        writer.write(b"40\r\n" + b"z" * 64 + b"\r\n")
+    status, _, _ = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 413")
+    writer.close()
+
+
+async def test_100_continue_is_sent_when_the_body_is_read(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /c HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+    )
+    writer.write(b"abc")
+    assert (await answer(reader))[2] == b"POST /c {} abc"
+    writer.close()
+
+
+async def test_idle_and_half_sent_connections_are_closed(served: Served) -> None:
+    server, _, connect = served
+    reader, writer = await connect()
+    partial_reader, partial_writer = await connect()
+    partial_writer.write(b"GET / HTTP/1.1\r\nHost")
+    assert len(server.connections) == 2
+    assert await closed(reader) and await closed(partial_reader)
+    assert not server.connections
+    writer.close()
+    partial_writer.close()
+
+
+async def test_a_client_that_goes_away_cancels_its_request(served: Served) -> None:
+    _server, app, connect = served
+    _reader, writer = await connect()
+    writer.write(b"GET /wait HTTP/1.1\r\n\r\n")
+    await asyncio.wait_for(app.started.wait(), 5)
+    writer.close()
+    await asyncio.wait_for(app.cancelled.wait(), 5)
+
+
+async def test_streams_are_chunked_or_closed_for_http_1_0(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"GET /stream HTTP/1.1\r\n\r\n")
+    status, headers, body = await answer(reader)
+    assert status == b"HTTP/1.1 200 OK" and headers["transfer-encoding"] == "chunked"
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    writer.close()
+    reader, writer = await connect()
+    writer.write(b"GET /stream HTTP/1.0\r\n\r\n")
+    status, headers, body = await answer(reader)
+    assert status == b"HTTP/1.1 200 OK" and "transfer-encoding" not in headers
+    assert body.endswith(b"data: 2\n\n")
+    writer.close()
+
+
+async def test_malformed_http_is_answered_once_and_reported(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"NOT HTTP\r\n\r\n")
+    status, _, body = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 400") and body == b'{"status":400}'
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_connections_over_the_cap_are_refused(served: Served) -> None:
+    _, _, connect = served
+    held = [await connect() for _ in range(4)]
+    reader, writer = await connect()
+    assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 503")
+    writer.close()
+    for _, held_writer in held:
+        held_writer.close()

@@ -25,6 +25,7 @@ FAILURES_BEFORE_UNHEALTHY = 3
 PROBE_TIMEOUT = 5.0
 PAGE_LIMIT = 8 * 1024 * 1024
 IDLE_SLOWDOWN = 10  # while idle, metrics are read every this many intervals
+IDLE_HARDWARE_SLOWDOWN = 5  # and hardware sampled every this many
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -166,9 +167,14 @@ class BackendMonitor:
                 self._scrape_failing = True
 
     async def sample_hardware_forever(self, sampler: HardwareSampler, interval: float) -> None:
+        skipped = 0
         while True:
-            # NVML calls and psutil's reads of /proc block: keep them off the event loop.
-            self.hardware = await asyncio.to_thread(sampler.sample)
+            if self._idle() and skipped < IDLE_HARDWARE_SLOWDOWN - 1:
+                skipped += 1
+            else:
+                skipped = 0
+                # NVML calls and psutil's reads of /proc block: keep them off the event loop.
+                self.hardware = await asyncio.to_thread(sampler.sample)
             await asyncio.sleep(interval)
 
     async def close(self) -> None:
@@ -190,3 +196,34 @@ def _first_model(raw: bytes) -> str | None:
                 )
             return model
     return None
+
+
+def signal_key(engine: EngineSnapshot | None, hardware: HardwareSnapshot | None) -> object:
+    """What a routing signal tells the router, at the precision routing reads it with. A
+    signal whose key has not changed is not sent again (heartbeats still carry the latest
+    snapshots): an idle agent then sends next to nothing."""
+    if hardware is None:
+        return engine, None
+    gpus = tuple(
+        (
+            gpu.uuid,
+            _step(gpu.util_percent, 5),
+            _step(gpu.temperature_c, 2),
+            _step(_percent(gpu.vram_used_bytes, gpu.vram_total_bytes), 1),
+        )
+        for gpu in hardware.gpus
+    )
+    return (
+        engine,
+        _step(hardware.cpu_usage_percent, 5),
+        _step(hardware.memory_used_percent, 2),
+        gpus,
+    )
+
+
+def _step(value: float | None, step: float) -> int | None:
+    return None if value is None else round(value / step)
+
+
+def _percent(used: int | None, total: int | None) -> float | None:
+    return None if used is None or not total else 100.0 * used / total

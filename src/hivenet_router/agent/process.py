@@ -15,7 +15,7 @@ import msgspec
 
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.hardware import HardwareSampler, read_device_file
-from hivenet_router.agent.monitor import BackendMonitor
+from hivenet_router.agent.monitor import BackendMonitor, signal_key
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.session import (
     CALL_TIMEOUT,
@@ -272,12 +272,17 @@ class AgentProcess:
 
     async def _signals(self, link: Link, monitor: BackendMonitor) -> None:
         interval = self.config.routing_signal_interval
+        sent: object = None
         while not link.closed:
             await asyncio.sleep(interval)
             if monitor.engine is None and monitor.hardware is None:
                 continue
+            key = signal_key(monitor.engine, monitor.hardware)
+            if key == sent:
+                continue  # nothing routing would notice has changed
             signal = RoutingSignal(engine=monitor.engine, hardware=monitor.hardware)
             with contextlib.suppress(StreamReset, TimeoutError):
                 await link.call(
                     ROUTER_PROTOCOL, "/routing-signals", msgspec.json.encode(signal), CALL_TIMEOUT
                 )
+                sent = key

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -77,6 +78,52 @@ def tree_peak_rss_mb(pids: list[int]) -> float:
             match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
             total_kb += int(match.group(1)) if match else 0
     return total_kb / 1024
+
+
+def tree_pss_mb(pids: list[int]) -> float:
+    """Proportional set size of these process trees: private pages, plus each shared page
+    divided among the processes that map it (so libraries loaded by the router and both
+    agents count once, not three times)."""
+    total_kb = 0
+    for pid in pids:
+        for proc in _tree(pid):
+            try:
+                rollup = Path(f"/proc/{proc.pid}/smaps_rollup").read_text()
+            except OSError:
+                continue
+            match = re.search(r"^Pss:\s+(\d+) kB", rollup, re.M)
+            total_kb += int(match.group(1)) if match else 0
+    return total_kb / 1024
+
+
+class PeakPss:
+    """Samples the PSS of process trees on a thread (every `period` s); keeps the peak."""
+
+    def __init__(self, pids: list[int], period: float = 0.25) -> None:
+        self.pids = pids
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            self.peak = max(self.peak, tree_pss_mb(self.pids))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def idle_cpu_percent(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Percent of one core each process (tree) used over `seconds` of doing nothing."""
+    before = {name: tree_cpu_seconds([pid]) for name, pid in pids.items()}
+    time.sleep(seconds)
+    return {
+        name: round(100 * (tree_cpu_seconds([pid]) - before[name]) / seconds, 3)
+        for name, pid in pids.items()
+    }
 
 
 def ensure_wrk() -> str:

@@ -41,9 +41,11 @@ from bench.common import (
     MODEL,
     ROOT,
     Fleet,
+    PeakPss,
     agent_args,
     ensure_wrk,
     free_port,
+    idle_cpu_percent,
     publish,
     router_args,
     run_wrk,
@@ -89,6 +91,7 @@ class Cell:
     p99_ms: float
     errors: int
     cpu_us: float | None
+    router_cpu_us: float | None = None  # the router process alone (agents left out)
 
 
 @dataclass
@@ -113,6 +116,8 @@ class Report:
     cells: list[Cell] = field(default_factory=list)
     llm: list[LlmCell] = field(default_factory=list)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    peak_pss_mb: dict[str, float] = field(default_factory=dict)
+    idle_cpu_percent: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -347,6 +352,9 @@ def main() -> int:
     parser.add_argument("--profiles", default=",".join(PROFILES))
     parser.add_argument("--concurrency", default="1,32,256")
     parser.add_argument("--aiperf-requests", type=int, default=400)
+    parser.add_argument(
+        "--idle-seconds", type=float, default=60.0, help="idle CPU window for this router"
+    )
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
@@ -371,15 +379,24 @@ def main() -> int:
                 running = STARTERS[system](fleet, engines, tmp)
                 report.commands[system] = running.command
                 pids = [fleet.pid(p) for p in running.procs]
+                if system == "hivenet" and profile == profiles[0]:
+                    bar.set_description(f"{profile}/{system}: idle CPU")
+                    idle = 10.0 if args.quick else args.idle_seconds
+                    named = {name: fleet.pid(name) for name in running.procs}
+                    report.idle_cpu_percent = idle_cpu_percent(named, idle)
+                memory = PeakPss(pids)
                 for load, body in LOADS.items():
                     for conns in levels:
                         bar.set_description(f"{profile}/{system} {load} c={conns}")
                         url = running.url + "/v1/chat/completions"
                         run_wrk(wrk, url, body, conns, 1, tmp)  # warm-up
                         before = tree_cpu_seconds(pids)
+                        alone = tree_cpu_seconds(pids[:1])
                         got = run_wrk(wrk, url, body, conns, seconds, tmp)
                         spent = tree_cpu_seconds(pids) - before
+                        alone = tree_cpu_seconds(pids[:1]) - alone
                         cpu = spent * 1e6 / max(got.requests, 1) if pids else None
+                        router_cpu = alone * 1e6 / max(got.requests, 1) if pids else None
                         report.cells.append(
                             Cell(
                                 profile,
@@ -392,6 +409,7 @@ def main() -> int:
                                 got.p99_ms,
                                 got.errors,
                                 cpu,
+                                router_cpu,
                             )
                         )
                         bar.update()
@@ -413,9 +431,11 @@ def main() -> int:
                     )
                 )
                 bar.update()
+                peak_pss = memory.stop()
                 if pids:
                     key = f"{profile}/{system}"
                     report.peak_rss_mb[key] = round(tree_peak_rss_mb(pids), 1)
+                    report.peak_pss_mb[key] = round(peak_pss, 1)
                 fleet.stop(running.procs)
             fleet.stop([name for name in fleet.procs if name.startswith("sim-")])
     finally:

@@ -64,6 +64,86 @@ def _fmt(value: float | None, spec: str = ".0f") -> str:
     return "" if value is None else format(value, spec)
 
 
+def _cell(report: Report, system: str, load: str, conns: int, profile: str = "zero") -> Cell | None:
+    for c in report.cells:
+        if (c.profile, c.system, c.load, c.concurrency) == (profile, system, load, conns):
+            return c
+    return None
+
+
+def _added(report: Report, system: str, load: str) -> float | None:
+    cell, base = _cell(report, system, load, 1), _cell(report, "direct", load, 1)
+    return None if cell is None or base is None else cell.p50_ms - base.p50_ms
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return None if ours is None or not theirs else ours / theirs
+
+
+def targets(report: Report, peer: str = "vllm-router") -> list[str]:
+    """The performance targets as ratios against `peer` in this same run."""
+    rows: list[tuple[str, str, str, bool | None]] = []
+
+    def ratio_row(name: str, ours: float | None, theirs: float | None, limit: float) -> None:
+        value = _ratio(ours, theirs)
+        shown = (
+            "n/a"
+            if value is None
+            else f"{value:.2f}x ({_fmt(ours, '.1f')} / {_fmt(theirs, '.1f')})"
+        )
+        rows.append((name, shown, f"<= {limit:g}x", None if value is None else value <= limit))
+
+    json32, peer_json = _cell(report, "hivenet", "json-1k", 32), _cell(report, peer, "json-1k", 32)
+    sse32, peer_sse = _cell(report, "hivenet", "sse-50", 32), _cell(report, peer, "sse-50", 32)
+    theirs = peer_json.cpu_us if peer_json else None
+    ratio_row("router CPU per JSON request, c=32", json32 and json32.router_cpu_us, theirs, 2)
+    ratio_row("router + agents CPU per JSON request, c=32", json32 and json32.cpu_us, theirs, 3)
+    ratio_row(
+        "router + agents CPU per 50-chunk stream, c=32",
+        sse32 and sse32.cpu_us,
+        peer_sse and peer_sse.cpu_us,
+        1.5,
+    )
+    for load in ("json-1k", "sse-50"):
+        ratio_row(
+            f"added p50 latency at c=1, {load} (ms over direct)",
+            _added(report, "hivenet", load),
+            _added(report, peer, load),
+            1.5,
+        )
+    llm = {(r.profile, r.system): r for r in report.llm}
+    ours_llm, peer_llm = llm.get(("realistic", "hivenet")), llm.get(("realistic", peer))
+    ratio_row(
+        "aiperf TTFT p50, realistic, 32 streams",
+        ours_llm and ours_llm.ttft_p50_ms,
+        peer_llm and peer_llm.ttft_p50_ms,
+        1.2,
+    )
+    for name, value in report.idle_cpu_percent.items():
+        rows.append((f"idle CPU, {name} (60 s)", f"{value:.2f}% of a core", "< 0.2%", value < 0.2))
+    for key, value in report.peak_pss_mb.items():
+        if key.endswith("/hivenet"):
+            rss = report.peak_rss_mb.get(key, 0.0)
+            rows.append(
+                (
+                    f"peak memory, router + 2 agents ({key.split('/')[0]} profile)",
+                    f"PSS {value:.0f} MiB (RSS sum {rss:.0f} MiB)",
+                    "< 150 MiB",
+                    value < 150,
+                )
+            )
+    lines = [
+        f"Targets, as ratios to {peer} in this run (zero-latency profile unless named):",
+        "",
+        "| target | measured | limit | met |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, shown, limit, met in rows:
+        verdict = "n/a" if met is None else ("yes" if met else "**no**")
+        lines.append(f"| {name} | {shown} | {limit} | {verdict} |")
+    return lines
+
+
 def render(report: Report, seconds: int, images: list[Path]) -> str:
     direct = _direct(report.cells)
     lines = [
@@ -82,6 +162,7 @@ def render(report: Report, seconds: int, images: list[Path]) -> str:
         "this router: router and both agents) divided by the requests wrk completed.",
         "",
     ]
+    lines += [*targets(report), ""]
     for image in images:
         lines += [f"![{image.stem}](img/{image.name})", ""]
     lines += [
@@ -111,9 +192,18 @@ def render(report: Report, seconds: int, images: list[Path]) -> str:
             f"{r.ttft_p50_ms:.2f} | {r.ttft_p99_ms:.2f} | {r.itl_p50_ms:.3f} | "
             f"{r.latency_p50_ms:.2f} |"
         )
-    lines += ["", "Peak RSS of the router's process tree (sum of each process's VmHWM):", ""]
-    lines += ["| profile/system | peak RSS MiB |", "| --- | --: |"]
-    lines += [f"| {k} | {v:.0f} |" for k, v in report.peak_rss_mb.items()]
+    lines += [
+        "",
+        "Peak memory of the router's process tree: RSS is the sum of each process's VmHWM "
+        "(shared libraries counted once per process); PSS, sampled every 250 ms, counts a "
+        "page shared by N processes as 1/N in each, so the sum is what the tree holds.",
+        "",
+    ]
+    lines += ["| profile/system | peak RSS MiB | peak PSS MiB |", "| --- | --: | --: |"]
+    lines += [
+        f"| {k} | {v:.0f} | {_fmt(report.peak_pss_mb.get(k))} |"
+        for k, v in report.peak_rss_mb.items()
+    ]
     for note in report.notes:
         lines += ["", note]
     return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Bad input under load: do good requests keep their throughput when a tenth are bad?
+
+    make bench-bad-input                  # about 2 minutes
+    make bench-bad-input ARGS="--seconds 10"
+
+Router and two agents in front of two zero-latency simulators, wrk at 256 connections.
+First only good requests (1 KB JSON answers); then the same load where one request in ten
+is bad, in turn: malformed JSON, a model nobody serves, and a body over the router's size
+limit (64 KiB here, the bad body 100 KiB). The good requests' rate in the second run is
+compared with the first (target: within 10%), and at the end nothing may be held (no
+forwards, queued requests, slots or link streams) and the router's memory must be where
+it was.
+Results: bench/results/bad-input.json and docs/benchmarks.md between the bad-input markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.common import (
+    BIN,
+    LOADS,
+    MODEL,
+    Fleet,
+    agent_args,
+    ensure_wrk,
+    free_port,
+    publish,
+    router_args,
+    secret_file,
+    wait_http,
+)
+from bench.soak import CAPACITY, HELD, ROUTER, SIM, metric_values, rss_mb
+
+LIMIT = 64 * 1024
+
+
+@dataclass
+class Run:
+    name: str
+    seconds: int
+    statuses: dict[str, int]
+    good_rps: float
+    socket_errors: int
+
+
+@dataclass
+class BadReport:
+    runs: list[Run] = field(default_factory=list)
+    ratio: float = 0.0
+    rss_before_mb: float = 0.0
+    rss_after_mb: float = 0.0
+    held: dict[str, float] = field(default_factory=dict)
+
+
+def script(folder: Path, bad_every: int) -> Path:
+    """A wrk script whose every `bad_every`th request is bad; it counts answers by status."""
+    good = json.dumps(json.dumps(LOADS["json-1k"]))
+    unknown = json.dumps(json.dumps({**LOADS["json-1k"], "model": "nobody-serves-this"}))
+    broken = json.dumps('{"model": "' + MODEL + '", "messages": [')
+    huge = json.dumps(json.dumps({**LOADS["json-1k"], "padding": "x" * 100 * 1024}))
+    path = folder / f"bad-{bad_every}.lua"
+    path.write_text(
+        f"local good, bad = {good}, {{{broken}, {unknown}, {huge}}}\n"
+        f"local every, n, b = {bad_every}, 0, 0\n"
+        "local threads = {}\n"
+        "function setup(thread) table.insert(threads, thread) end\n"
+        "function init(args) counts = {} end\n"
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        "function request()\n  n = n + 1\n"
+        "  if every > 0 and n % every == 0 then\n    b = b % 3 + 1\n"
+        "    return wrk.format(nil, nil, nil, bad[b])\n  end\n"
+        "  return wrk.format(nil, nil, nil, good)\nend\n"
+        "function response(status, headers, body)\n"
+        "  counts[status] = (counts[status] or 0) + 1\nend\n"
+        "function done(summary, latency, requests)\n"
+        "  for _, thread in ipairs(threads) do\n"
+        "    local c = thread:get('counts')\n"
+        "    for status, count in pairs(c) do io.write(string.format('STATUS %d %d\\n', "
+        "status, count)) end\n"
+        "  end\nend\n"
+    )
+    return path
+
+
+def run(wrk: str, url: str, lua: Path, name: str, seconds: int) -> Run:
+    out = subprocess.run(
+        [wrk, "-t1", "-c256", f"-d{seconds}s", "-s", str(lua), url],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    statuses: dict[str, int] = {}
+    for status, count in re.findall(r"^STATUS (\d+) (\d+)$", out, re.M):
+        statuses[status] = statuses.get(status, 0) + int(count)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = sum(int(x) for x in sock.groups()) if sock else 0
+    return Run(name, seconds, statuses, round(statuses.get("200", 0) / seconds, 1), errors)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument("--no-docs", action="store_true")
+    args = parser.parse_args()
+    wrk = ensure_wrk()
+    tmp = Path(tempfile.mkdtemp(prefix="hivenet-bad-"))
+    fleet = Fleet(tmp)
+    report = BadReport()
+    try:
+        engines = []
+        for n in range(2):
+            port = free_port()
+            fleet.start(
+                f"sim-{n}",
+                [str(BIN / "hivenet-sim"), "--port", str(port), "--model", MODEL, *SIM],
+            )
+            engines.append(f"http://127.0.0.1:{port}")
+        secret = secret_file(tmp)
+        http, grpc, metrics = free_port(), free_port(), free_port()
+        extra = (*ROUTER, "--max-request-bytes", str(LIMIT))
+        command = router_args(secret, tmp / "store", http, grpc, *extra)
+        command[command.index("--metrics-port") + 1] = f"127.0.0.1:{metrics}"
+        fleet.start("router", command)
+        for n, engine in enumerate(engines):
+            identity = tmp / f"agent-{n}.key"
+            fleet.start(f"agent-{n}", agent_args(secret, grpc, engine, identity, *CAPACITY))
+        url = f"http://127.0.0.1:{http}"
+        wait_http(f"{url}/v1/models", lambda t: '"healthy_replicas":2' in t)
+        chat = url + "/v1/chat/completions"
+        run(wrk, chat, script(tmp, 0), "warm-up", 3)
+        report.rss_before_mb = round(rss_mb(fleet.pid("router")), 1)
+        clean = run(wrk, chat, script(tmp, 0), "good only", args.seconds)
+        mixed = run(wrk, chat, script(tmp, 10), "one in ten bad", args.seconds)
+        report.runs = [clean, mixed]
+        report.ratio = round(mixed.good_rps / clean.good_rps, 3) if clean.good_rps else 0.0
+        time.sleep(1)
+        report.rss_after_mb = round(rss_mb(fleet.pid("router")), 1)
+        report.held = metric_values(f"http://127.0.0.1:{metrics}/metrics")
+    finally:
+        fleet.stop()
+    nothing_held = len(report.held) == len(HELD) and not any(report.held.values())
+    kept = report.ratio >= 0.9
+    publish("bad-input", asdict(report), render(report, kept, nothing_held), not args.no_docs)
+    return 0 if kept and nothing_held else 1
+
+
+def render(report: BadReport, kept: bool, nothing_held: bool) -> str:
+    lines = [
+        "| run | good req/s | answers by status | socket errors |",
+        "| --- | --: | --- | --: |",
+    ]
+    for r in report.runs:
+        shown = ", ".join(f"{k}: {v:,}" for k, v in sorted(r.statuses.items()))
+        lines.append(f"| {r.name} | {r.good_rps:,.0f} | {shown} | {r.socket_errors} |")
+    lines += [
+        "",
+        f"Good requests kept {100 * report.ratio:.1f}% of their rate "
+        f"({'met' if kept else 'NOT met'}: at least 90%). Router RSS "
+        f"{report.rss_before_mb:.1f} MiB before the two runs, {report.rss_after_mb:.1f} after. "
+        "Held at the end: "
+        + ", ".join(f"{k.removeprefix('hivenet_')} {v:g}" for k, v in report.held.items())
+        + (" (nothing)." if nothing_held else " (LEAK)."),
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
-"""Two ends of a real agent connection on loopback (plain WebSocket: TLS is tested end to
-end), for multiplexer tests."""
+"""Two ends of a real agent connection on loopback, for multiplexer tests: the router's
+aiohttp WebSocket server and the agent's own client (plain WebSocket: TLS is tested end to
+end)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
-from hivenet_router.transport import frames
+from hivenet_router.transport import frames, websocket
 from hivenet_router.transport.link import Link, Stream
 
 Handler = Callable[[Stream], Awaitable[None]]
@@ -21,7 +21,7 @@ Handler = Callable[[Stream], Awaitable[None]]
 class Pair:
     client: Link  # the dialer, which opens streams in these tests
     server_links: list[Link]
-    client_ws: aiohttp.ClientWebSocketResponse
+    client_ws: websocket.WebSocketClient
 
 
 @contextlib.asynccontextmanager
@@ -42,18 +42,17 @@ async def link_pair(protocol: str, handler: Handler) -> AsyncIterator[Pair]:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
-    async with aiohttp.ClientSession() as session:
-        ws = await session.ws_connect(
-            f"http://127.0.0.1:{port}/ws", max_msg_size=frames.WS_MAX_MSG_SIZE
-        )
-        client = Link(ws, dialer=True, handlers={}, name="client")
-        reader = asyncio.create_task(client.run())
-        while not server_links:
-            await asyncio.sleep(0.01)
-        try:
-            yield Pair(client, server_links, ws)
-        finally:
-            await client.close()
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-    await runner.cleanup()
+    ws = await websocket.connect(
+        f"ws://127.0.0.1:{port}/ws", ssl_context=None, headers={}, max_size=frames.MAX_FRAME
+    )
+    client = Link(ws, dialer=True, handlers={}, name="client")
+    reader = asyncio.create_task(client.run())
+    while not server_links:
+        await asyncio.sleep(0.01)
+    try:
+        yield Pair(client, server_links, ws)
+    finally:
+        await client.close()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await runner.cleanup()

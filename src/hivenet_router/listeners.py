@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import ssl
 import time
 from typing import Any
 
@@ -212,6 +213,55 @@ def _describe(error: BaseException | None) -> str:
         return "unknown"
     text = str(error).replace("\n", " ").strip()
     return f"{type(error).__name__}: {text[:120]}"
+
+
+async def start_site(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
+    shutdown_timeout: float = 2.0,
+    guard: ConnectionGuard | None = None,
+    refusal: bytes = b"",
+    idle_timeout: float = 75.0,
+    handshake_timeout: float = 10.0,
+) -> web.AppRunner:
+    """Start serving `app`. Handlers are cancelled when their client goes away; on cleanup,
+    in-flight requests get `shutdown_timeout` seconds to finish.
+
+    `idle_timeout` closes a connection that has not delivered a complete request head that
+    long after it was accepted or after its last answer. `guard` caps connections per source
+    and in total; a refused connection gets `refusal` (if any) and is closed."""
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=idle_timeout,
+        logger=QuietServerLog("hivenet.http"),
+    )
+    await runner.setup()
+    site: web.TCPSite
+    if guard is not None:
+        site = GuardedSite(
+            runner,
+            host,
+            port,
+            guard=guard,
+            refusal=refusal,
+            handshake_timeout=handshake_timeout,
+            ssl_context=ssl_context,
+            reuse_port=reuse_port,
+            backlog=1024,
+        )
+    else:
+        site = web.TCPSite(
+            runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port, backlog=1024
+        )
+    await site.start()
+    return runner
 
 
 def raise_open_files_limit() -> int:

@@ -1,19 +1,16 @@
-"""Process plumbing shared by the three programs: event loop, logging, listeners, signals."""
+"""Process plumbing shared by the three programs: event loop, logging, signals. (Listeners
+are in listeners.py, which the agent never imports.)"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-import ssl
 import sys
 from collections.abc import Awaitable, Callable
 
 import orjson
 import uvloop
-from aiohttp import web
-
-from hivenet_router.listeners import ConnectionGuard, GuardedSite, QuietServerLog
 
 
 class _JsonFormatter(logging.Formatter):
@@ -53,55 +50,6 @@ def setup_logging(level: str, fmt: str) -> None:
         target = logging.getLogger(f"hivenet.{name}") if sep else root
         target.setLevel(_LEVELS.get(value.strip().lower(), logging.INFO))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-
-
-async def start_site(
-    app: web.Application,
-    host: str,
-    port: int,
-    *,
-    ssl_context: ssl.SSLContext | None = None,
-    reuse_port: bool = False,
-    shutdown_timeout: float = 2.0,
-    guard: ConnectionGuard | None = None,
-    refusal: bytes = b"",
-    idle_timeout: float = 75.0,
-    handshake_timeout: float = 10.0,
-) -> web.AppRunner:
-    """Start serving `app`. Handlers are cancelled when their client goes away; on cleanup,
-    in-flight requests get `shutdown_timeout` seconds to finish.
-
-    `idle_timeout` closes a connection that has not delivered a complete request head that
-    long after it was accepted or after its last answer. `guard` caps connections per source
-    and in total; a refused connection gets `refusal` (if any) and is closed."""
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=shutdown_timeout,
-        keepalive_timeout=idle_timeout,
-        logger=QuietServerLog("hivenet.http"),
-    )
-    await runner.setup()
-    site: web.TCPSite
-    if guard is not None:
-        site = GuardedSite(
-            runner,
-            host,
-            port,
-            guard=guard,
-            refusal=refusal,
-            handshake_timeout=handshake_timeout,
-            ssl_context=ssl_context,
-            reuse_port=reuse_port,
-            backlog=1024,
-        )
-    else:
-        site = web.TCPSite(
-            runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port, backlog=1024
-        )
-    await site.start()
-    return runner
 
 
 def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:

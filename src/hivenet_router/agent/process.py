@@ -10,7 +10,6 @@ import logging
 import random
 from pathlib import Path
 
-import aiohttp
 import msgspec
 
 from hivenet_router.agent.engines import adapter_for
@@ -28,7 +27,7 @@ from hivenet_router.config.agent import AgentConfig
 from hivenet_router.config.options import ConfigError
 from hivenet_router.domain.agent import Heartbeat, Registration, Renewal, RoutingSignal
 from hivenet_router.http1.client import EngineClient
-from hivenet_router.transport import frames, trust
+from hivenet_router.transport import frames, trust, websocket
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
 from hivenet_router.transport.link import (
     INFERENCE_PROTOCOL,
@@ -122,27 +121,27 @@ class AgentProcess:
         self, model: str, monitor: BackendMonitor, proxy: BackendProxy
     ) -> None:
         delay = self.config.reconnect_delay
-        async with aiohttp.ClientSession() as http:
-            auth = GrpcRouterAuth(
-                self.config.router_grpc, self.secret, self.identity, self.config.capacity
-            )
-            while True:
-                try:
-                    session = await auth.authenticate()
-                    await self._run_link(http, auth, session, model, monitor, proxy)
-                    delay = self.config.reconnect_delay
-                    log.warning("connection to the router ended; reconnecting")
-                except RouterRejected as exc:
-                    log.error("router refused this agent: %s", exc)
-                except (aiohttp.ClientError, TimeoutError, StreamReset, OSError) as exc:
-                    # ConnectionError (an OSError) covers an unreachable router.
-                    log.warning(
-                        "router unreachable (%s); retrying in %.1fs",
-                        exc or type(exc).__name__,
-                        delay,
-                    )
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, MAX_BACKOFF)
+        auth = GrpcRouterAuth(
+            self.config.router_grpc, self.secret, self.identity, self.config.capacity
+        )
+        while True:
+            try:
+                session = await auth.authenticate()
+                await self._run_link(auth, session, model, monitor, proxy)
+                delay = self.config.reconnect_delay
+                log.warning("connection to the router ended; reconnecting")
+            except RouterRejected as exc:
+                log.error("router refused this agent: %s", exc)
+            except (TimeoutError, StreamReset, OSError) as exc:
+                # ConnectionError (an OSError) covers an unreachable router and a
+                # refused WebSocket handshake.
+                log.warning(
+                    "router unreachable (%s); retrying in %.1fs",
+                    exc or type(exc).__name__,
+                    delay,
+                )
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, MAX_BACKOFF)
 
     def _registration(self, model: str, monitor: BackendMonitor, session: Session) -> bytes:
         cfg = self.config
@@ -170,21 +169,18 @@ class AgentProcess:
 
     async def _run_link(
         self,
-        http: aiohttp.ClientSession,
         auth: RouterAuth,
         session: Session,
         model: str,
         monitor: BackendMonitor,
         proxy: BackendProxy,
     ) -> None:
-        ws = await http.ws_connect(
+        ws = await websocket.connect(
             session.link_url,
-            ssl=self.tls.client_context(),
+            ssl_context=self.tls.client_context(),
             headers={"Authorization": f"Bearer {session.token}"},
             heartbeat=5.0,
-            max_msg_size=frames.WS_MAX_MSG_SIZE,
-            autoping=True,
-            timeout=aiohttp.ClientWSTimeout(ws_close=2.0),
+            max_size=frames.MAX_FRAME,
         )
         link = Link(ws, dialer=True, handlers={INFERENCE_PROTOCOL: proxy.handle}, name="router")
         reader = asyncio.create_task(link.run())
@@ -234,7 +230,7 @@ class AgentProcess:
                 status, reply = await link.call(ROUTER_PROTOCOL, "/renew", body, CALL_TIMEOUT)
                 if status != 200:
                     raise RouterRejected(reply[:200].decode(errors="replace"))
-            except (RouterRejected, aiohttp.ClientError, TimeoutError, StreamReset, OSError) as exc:
+            except (RouterRejected, TimeoutError, StreamReset, OSError) as exc:
                 retry = self.config.session_retry_interval
                 log.warning("session renewal failed (%s); retrying in %.0fs", exc, retry)
                 await asyncio.sleep(retry)

@@ -26,7 +26,12 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.server import HttpServer, Limits
-from hivenet_router.listeners import QuietServerLog, connection_budget, raise_open_files_limit
+from hivenet_router.listeners import (
+    QuietServerLog,
+    connection_budget,
+    raise_open_files_limit,
+    start_site,
+)
 from hivenet_router.policy.document import PolicyError
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.auth_grpc import GrpcAuthServer
@@ -34,7 +39,6 @@ from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord
 from hivenet_router.router.requests import MAX_HEADER_BYTES
 from hivenet_router.router.wiring import Router, Shared, assemble, check_names
-from hivenet_router.runtime import start_site
 from hivenet_router.storage.history import SqliteHistory
 from hivenet_router.storage.history import reset as reset_store
 from hivenet_router.transport import trust

@@ -9,7 +9,8 @@ import multiprocessing
 import signal
 
 from hivenet_router.config.sim import SimConfig
-from hivenet_router.runtime import run, setup_logging, start_site
+from hivenet_router.listeners import start_site
+from hivenet_router.runtime import run, setup_logging
 from hivenet_router.sim.server import Simulator
 
 log = logging.getLogger("hivenet.sim")

@@ -21,10 +21,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiohttp import WSMsgType
-
 from hivenet_router.transport import frames
 from hivenet_router.transport.frames import END, FrameError, FrameType
+from hivenet_router.transport.websocket import BINARY, CLOSE, CLOSED, ERROR
+
+CLOSING = 256  # aiohttp's kind for a close under way (its WSMsgType values are these)
 
 log = logging.getLogger("hivenet.p2p")
 
@@ -36,7 +37,9 @@ MAX_STREAMS = 4096
 
 
 class WebSocketLike(Protocol):
-    """The part of aiohttp's client and server WebSocket objects a link uses."""
+    """What a link needs of a WebSocket: aiohttp's server side on the router, the agent's
+    own client (transport/websocket.py). Messages carry `type` and `data`, with the kind
+    values aiohttp uses."""
 
     async def send_bytes(self, data: bytes) -> None: ...
 
@@ -408,11 +411,11 @@ class Link:
         try:
             while True:
                 message = await self.ws.receive()
-                if message.type == WSMsgType.BINARY:
+                if message.type == BINARY:
                     self._dispatch(frames.decode(message.data))
-                elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                elif message.type in (CLOSE, CLOSING, CLOSED):
                     break
-                elif message.type == WSMsgType.ERROR:
+                elif message.type == ERROR:
                     reason = f"connection error: {message.data}"
                     break
                 else:

@@ -1,0 +1,138 @@
+"""The agent's WebSocket client against aiohttp's server (what the router runs) and against
+raw sockets that misbehave."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import WSMsgType, web
+
+from hivenet_router.transport import websocket
+from hivenet_router.transport.websocket import (
+    BINARY,
+    CLOSE,
+    ERROR,
+    FrameReader,
+    HandshakeError,
+    ProtocolError,
+    encode_frame,
+    mask,
+)
+
+
+@pytest.fixture
+async def echo_url() -> AsyncIterator[str]:
+    """An aiohttp WebSocket server that echoes binary messages and pings every 0.2 s."""
+
+    async def accept(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != "Bearer ok":
+            return web.json_response({"error": "no"}, status=401)
+        ws = web.WebSocketResponse(heartbeat=0.2, max_msg_size=1 << 20)
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type == WSMsgType.BINARY:
+                await ws.send_bytes(message.data)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", accept)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+    await runner.cleanup()
+
+
+async def open_echo(url: str, heartbeat: float | None = None) -> websocket.WebSocketClient:
+    return await websocket.connect(
+        url, ssl_context=None, headers={"Authorization": "Bearer ok"}, max_size=1 << 20,
+        heartbeat=heartbeat,
+    )  # fmt: skip
+
+
+async def test_binary_messages_of_every_length_encoding_cross_both_ways(echo_url: str) -> None:
+    ws = await open_echo(echo_url)
+    for size in (0, 1, 125, 126, 65535, 65536, 300_000):
+        payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        await ws.send_bytes(payload)
+        message = await asyncio.wait_for(ws.receive(), 5)
+        assert message.type == BINARY and message.data == payload
+    await ws.close()
+    assert ws.closed
+
+
+async def test_server_pings_are_answered(echo_url: str) -> None:
+    ws = await open_echo(echo_url)
+    await asyncio.sleep(1.0)  # aiohttp closes a peer that leaves its pings unanswered
+    await ws.send_bytes(b"still here")
+    assert (await asyncio.wait_for(ws.receive(), 5)).data == b"still here"
+    await ws.close()
+
+
+async def test_a_refused_handshake_says_its_status(echo_url: str) -> None:
+    with pytest.raises(HandshakeError) as info:
+        await websocket.connect(echo_url, ssl_context=None, headers={}, max_size=1024)
+    assert info.value.status == 401
+
+
+async def test_a_silent_server_is_given_up_after_the_heartbeat() -> None:
+    done = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        key = next(
+            line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")
+            if line.lower().startswith("sec-websocket-key")
+        )
+        accept = key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+        digest = hashlib.sha1(accept, usedforsecurity=False).digest()
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + base64.b64encode(digest) + b"\r\n\r\n"
+        )
+        await done.wait()  # never answers a ping
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    ws = await websocket.connect(
+        f"ws://127.0.0.1:{port}/", ssl_context=None, headers={}, max_size=1024, heartbeat=0.2
+    )
+    message = await asyncio.wait_for(ws.receive(), 5)
+    assert message.type == ERROR and "ping" in str(message.data)
+    await ws.close(timeout=0.1)
+    done.set()
+    server.close()
+    await server.wait_closed()
+
+
+def test_masking_is_its_own_inverse() -> None:
+    payload = bytes(range(200))
+    key = b"\x01\x02\x03\x04"
+    assert mask(mask(payload, key), key) == payload
+    assert mask(b"\x00\x00\x00\x00\x00", key) == b"\x01\x02\x03\x04\x01"
+
+
+def test_fragments_are_reassembled_and_violations_refused() -> None:
+    reader = FrameReader(max_size=100)
+    first = bytes((0x02, 3)) + b"abc"  # binary, not final
+    ping = bytes((0x89, 1)) + b"p"  # a control frame between fragments
+    last = bytes((0x80, 2)) + b"de"  # continuation, final
+    assert reader.feed(first + ping[:1]) == []
+    assert reader.feed(ping[1:] + last) == [(0x9, b"p"), (0x2, b"abcde")]
+    close = encode_frame(CLOSE, b"\x03\xe8", masked=False)
+    assert reader.feed(close) == [(CLOSE, b"\x03\xe8")]
+    for bad in (
+        bytes((0x81, 1)) + b"t",  # text
+        bytes((0x82, 0x81)) + b"kkkk" + b"m",  # masked by the server
+        bytes((0xC2, 1)) + b"r",  # reserved bit
+        bytes((0x82, 126)) + (101).to_bytes(2, "big"),  # over the limit
+        bytes((0x89, 126)) + (126).to_bytes(2, "big"),  # control frame too long
+    ):
+        with pytest.raises(ProtocolError):
+            FrameReader(max_size=100).feed(bad)

@@ -26,19 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.common import (
-    BIN,
     LOADS,
     MODEL,
     Fleet,
-    agent_args,
     ensure_wrk,
-    free_port,
     publish,
-    router_args,
-    secret_file,
-    wait_http,
 )
-from bench.soak import CAPACITY, HELD, ROUTER, SIM, metric_values, rss_mb
+from bench.soak import HELD, metric_values, rss_mb, start_site
 
 LIMIT = 64 * 1024
 
@@ -114,25 +108,7 @@ def main() -> int:
     fleet = Fleet(tmp)
     report = BadReport()
     try:
-        engines = []
-        for n in range(2):
-            port = free_port()
-            fleet.start(
-                f"sim-{n}",
-                [str(BIN / "hivenet-sim"), "--port", str(port), "--model", MODEL, *SIM],
-            )
-            engines.append(f"http://127.0.0.1:{port}")
-        secret = secret_file(tmp)
-        http, grpc, metrics = free_port(), free_port(), free_port()
-        extra = (*ROUTER, "--max-request-bytes", str(LIMIT))
-        command = router_args(secret, tmp / "store", http, grpc, *extra)
-        command[command.index("--metrics-port") + 1] = f"127.0.0.1:{metrics}"
-        fleet.start("router", command)
-        for n, engine in enumerate(engines):
-            identity = tmp / f"agent-{n}.key"
-            fleet.start(f"agent-{n}", agent_args(secret, grpc, engine, identity, *CAPACITY))
-        url = f"http://127.0.0.1:{http}"
-        wait_http(f"{url}/v1/models", lambda t: '"healthy_replicas":2' in t)
+        url, metrics = start_site(fleet, tmp, "--max-request-bytes", str(LIMIT))
         chat = url + "/v1/chat/completions"
         run(wrk, chat, script(tmp, 0), "warm-up", 3)
         report.rss_before_mb = round(rss_mb(fleet.pid("router")), 1)

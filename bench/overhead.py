@@ -4,10 +4,15 @@ aiohttp proxy, and through router plus agent.
     make bench-overhead                       # full run (about 6 minutes)
     make bench-overhead ARGS=--quick
     make bench-overhead ARGS="--compare HEAD~1"   # also another commit's router and agent
+    make bench-overhead ARGS="--compare HEAD~1 --targets router+agent --loads json-1k \
+        --concurrency 32 --rounds 6 --seconds 6"   # an interleaved A/B of one cell
 
 With --compare, the source of that commit is exported from git into a scratch folder and its
 router and agent run from it (same virtual environment, same simulator) as one more target,
-`router+agent@REV`, so the two are measured in the same run, cell after cell.
+`router+agent@REV`, so the two are measured in the same run, cell after cell. With
+--rounds N every cell is measured N times, the order of the targets reversed every other
+round, and the median of each figure is reported: on a shared machine whose speed drifts
+over minutes, that interleaving is what makes a difference of a few percent visible.
 
 Load comes from wrk (installed with apt-get when missing). For each target, load and
 concurrency it reports req/s, p50 and p99 latency, and the CPU time each process spent per
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +77,7 @@ def main() -> int:
     parser.add_argument("--targets", default="direct,aiohttp proxy,router+agent")
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--compare", default="", help="a git revision to measure beside")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved repeats per cell")
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -128,37 +135,73 @@ def main() -> int:
         for url, _ in targets.values():
             wait_ready(f"{url}/v1/models")
         loads = {k: v for k, v in LOADS.items() if k in args.loads.split(",")}
-        total = len(targets) * len(loads) * len(levels)
+        total = len(targets) * len(loads) * len(levels) * args.rounds
         done = 0
         for load, body in loads.items():
             for conns in levels:
-                for target, (url, procs) in targets.items():
-                    done += 1
-                    print(
-                        f"[{done}/{total}] {target:14s} {load:8s} c={conns:<4d}",
-                        end=" ",
-                        flush=True,
-                    )
-                    run_wrk(wrk, url + "/v1/chat/completions", body, conns, 1, tmp)  # warm-up
-                    before = {p: cpu_ticks(fleet.pid(p)) for p in procs}
-                    got = run_wrk(wrk, url + "/v1/chat/completions", body, conns, seconds, tmp)
-                    n, rps, p50, p99 = got.requests, got.rps, got.p50_ms, got.p99_ms
-                    errors = got.errors
-                    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
-                    cpu = {
-                        p: round((cpu_ticks(fleet.pid(p)) - before[p]) * tick_us / max(n, 1), 1)
-                        for p in procs
-                    }
-                    rows.append(Row(target, load, conns, n, rps, p50, p99, errors, cpu))
-                    print(
-                        f"{rps:9.0f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  "
-                        f"cpu/req {cpu}  errors {errors}",
-                        flush=True,
-                    )
+                for round_ in range(args.rounds):
+                    order = list(targets.items())
+                    for target, (url, procs) in order if round_ % 2 == 0 else order[::-1]:
+                        done += 1
+                        print(f"[{done}/{total}] {target:14s} {load:8s} c={conns:<4d}", end=" ")
+                        row = measure(fleet, wrk, tmp, url, procs, body, conns, seconds)
+                        rows.append(Row(target, load, conns, *row))
+                        print(
+                            f"{row[1]:9.0f} req/s  p50 {row[2]:7.2f} ms  p99 {row[3]:7.2f} ms  "
+                            f"cpu/req {row[5]}  errors {row[4]}",
+                            flush=True,
+                        )
     finally:
         fleet.stop()
-    publish("overhead", [asdict(r) for r in rows], render(rows, seconds), not args.no_docs)
+    rows = medians(rows, list(targets))
+    text = render(rows, seconds, args.rounds)
+    publish("overhead", [asdict(r) for r in rows], text, not args.no_docs)
     return 0
+
+
+def measure(
+    fleet: Fleet,
+    wrk: str,
+    tmp: Path,
+    url: str,
+    procs: list[str],
+    body: dict[str, object],
+    conns: int,
+    seconds: int,
+) -> tuple[int, float, float, float, int, dict[str, float]]:
+    """One cell after a 1 s warm-up: requests, req/s, p50, p99, errors, CPU us/request."""
+    run_wrk(wrk, url + "/v1/chat/completions", body, conns, 1, tmp)
+    before = {p: cpu_ticks(fleet.pid(p)) for p in procs}
+    got = run_wrk(wrk, url + "/v1/chat/completions", body, conns, seconds, tmp)
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    n = max(got.requests, 1)
+    cpu = {p: round((cpu_ticks(fleet.pid(p)) - before[p]) * tick_us / n, 1) for p in procs}
+    return got.requests, got.rps, got.p50_ms, got.p99_ms, got.errors, cpu
+
+
+def medians(rows: list[Row], order: list[str]) -> list[Row]:
+    """One row per target, load and concurrency: the median of its rounds, field by field."""
+    groups: dict[tuple[str, str, int], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.load, row.concurrency, row.target), []).append(row)
+    out = []
+    for (load, conns, target), group in groups.items():
+        procs = group[0].cpu_us
+        out.append(
+            Row(
+                target,
+                load,
+                conns,
+                sum(r.requests for r in group),
+                round(statistics.median(r.rps for r in group), 1),
+                round(statistics.median(r.p50_ms for r in group), 2),
+                round(statistics.median(r.p99_ms for r in group), 2),
+                sum(r.errors for r in group),
+                {p: round(statistics.median(r.cpu_us[p] for r in group), 1) for p in procs},
+            )
+        )
+    out.sort(key=lambda r: (r.load, r.concurrency, order.index(r.target)))
+    return out
 
 
 def export(revision: str, folder: Path) -> Path:
@@ -175,14 +218,15 @@ def _main(program: list[str], name: str) -> list[str]:
     return [program[0], program[1], program[2].format(name, name)]
 
 
-def render(rows: list[Row], seconds: int) -> str:
+def render(rows: list[Row], seconds: int, rounds: int = 1) -> str:
+    each = f", median of {rounds} interleaved rounds" if rounds > 1 else ""
     direct = {(r.load, r.concurrency): r for r in rows if r.target == "direct"}
     if not direct:
         direct = {(r.load, r.concurrency): r for r in rows}
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"wrk -t1, {seconds} s per cell.",
+        f"wrk -t1, {seconds} s per cell{each}.",
         "",
         "| load | conc. | target | req/s | p50 ms | p99 ms | added p50 ms | CPU/req (us) "
         "| errors |",

@@ -52,6 +52,29 @@ HELD = (
 )
 
 
+def start_site(fleet: Fleet, tmp: Path, *router_extra: str) -> tuple[str, int]:
+    """Two simulators, the router and one agent each; returns the API URL and the
+    metrics port once both agents are healthy."""
+    engines = []
+    for n in range(2):
+        port = free_port()
+        fleet.start(
+            f"sim-{n}", [str(BIN / "hivenet-sim"), "--port", str(port), "--model", MODEL, *SIM]
+        )
+        engines.append(f"http://127.0.0.1:{port}")
+    secret = secret_file(tmp)
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    command = router_args(secret, tmp / "store", http, grpc, *ROUTER, *router_extra)
+    command[command.index("--metrics-port") + 1] = f"127.0.0.1:{metrics}"
+    fleet.start("router", command)
+    for n, engine in enumerate(engines):
+        identity = tmp / f"agent-{n}.key"
+        fleet.start(f"agent-{n}", agent_args(secret, grpc, engine, identity, *CAPACITY))
+    url = f"http://127.0.0.1:{http}"
+    wait_http(f"{url}/v1/models", lambda t: '"healthy_replicas":2' in t)
+    return url, metrics
+
+
 @dataclass
 class Sample:
     requests: int  # completed so far
@@ -116,25 +139,7 @@ def main() -> int:
     fleet = Fleet(tmp)
     report = SoakReport()
     try:
-        engines = []
-        for n in range(2):
-            port = free_port()
-            fleet.start(
-                f"sim-{n}",
-                [str(BIN / "hivenet-sim"), "--port", str(port), "--model", MODEL, *SIM],
-            )
-            engines.append(f"http://127.0.0.1:{port}")
-        secret = secret_file(tmp)
-        http, grpc, metrics = free_port(), free_port(), free_port()
-        command = router_args(secret, tmp / "store", http, grpc, *ROUTER)
-        index = command.index("--metrics-port")
-        command[index + 1] = f"127.0.0.1:{metrics}"
-        fleet.start("router", command)
-        for n, engine in enumerate(engines):
-            identity = tmp / f"agent-{n}.key"
-            fleet.start(f"agent-{n}", agent_args(secret, grpc, engine, identity, *CAPACITY))
-        url = f"http://127.0.0.1:{http}"
-        wait_http(f"{url}/v1/models", lambda t: '"healthy_replicas":2' in t)
+        url, metrics = start_site(fleet, tmp)
         procs = {name: fleet.pid(name) for name in ("router", "agent-0", "agent-1")}
         script = mixed_script(tmp)
         started = time.monotonic()

@@ -17,6 +17,23 @@ from hivenet_router.transport.link import Link, Stream
 Handler = Callable[[Stream], Awaitable[None]]
 
 
+async def serve_ws(
+    accept: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.AppRunner:
+    """An aiohttp server on a free loopback port with `accept` at /ws (the caller cleans up
+    the runner)."""
+    app = web.Application()
+    app.router.add_get("/ws", accept)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+def ws_url(runner: web.AppRunner) -> str:
+    return f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+
+
 @dataclass
 class Pair:
     client: Link  # the dialer, which opens streams in these tests
@@ -36,14 +53,9 @@ async def link_pair(protocol: str, handler: Handler) -> AsyncIterator[Pair]:
         await link.run()
         return ws
 
-    app = web.Application()
-    app.router.add_get("/ws", accept)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
+    runner = await serve_ws(accept)
     ws = await websocket.connect(
-        f"ws://127.0.0.1:{port}/ws", ssl_context=None, headers={}, max_size=frames.MAX_FRAME
+        ws_url(runner), ssl_context=None, headers={}, max_size=frames.MAX_FRAME
     )
     client = Link(ws, dialer=True, handlers={}, name="client")
     reader = asyncio.create_task(client.run())

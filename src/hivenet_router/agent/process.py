@@ -76,7 +76,9 @@ class AgentProcess:
 
     async def serve(self, stop: asyncio.Event) -> int:
         cfg = self.config
-        backend = EngineClient(cfg.backend_url)
+        # Keep as many connections as requests may run at once, so a busy agent does not
+        # open a new connection per request once past a fixed idle limit.
+        backend = EngineClient(cfg.backend_url, max_idle=min(cfg.capacity, 1024))
         proxy = BackendProxy(backend, cfg.http_timeout, cfg.stream_write_timeout)
         monitor = BackendMonitor(
             backend, adapter_for(cfg.engine), cfg.health_url, busy=lambda: proxy.active > 0

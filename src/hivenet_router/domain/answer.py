@@ -156,10 +156,14 @@ class Answer:
             self.usage = from_body(self.body) if self.status < 400 else None
         elif self._meter is not None:
             self.usage = self._meter.result()
+        closers, self._closers = self._closers, []
+        # Hooks close over their stages, which point back at this answer: dropping them
+        # here frees a finished request by reference counting, not by a later cycle scan.
+        self._chunk_hooks = []
         try:
             self.source.close(outcome)
         finally:
-            for hook in reversed(self._closers):
+            for hook in reversed(closers):
                 try:
                     pending = hook(outcome, self.usage)
                     if pending is not None:

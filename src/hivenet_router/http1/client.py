@@ -60,6 +60,16 @@ class Origin:
         return host if self.port == default else f"{host}:{self.port}"
 
 
+class _Gone:
+    """Stands in for the parser of a closed connection."""
+
+    def feed_data(self, data: bytes) -> None:
+        pass
+
+
+_GONE = _Gone()
+
+
 class _Connection(asyncio.Protocol):
     """One socket to the engine and the parser of the answer on it."""
 
@@ -99,6 +109,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._parser = _GONE  # type: ignore[assignment]  # it points back at us
         if not self.complete:
             if self.received:
                 self._fail(EngineError("the engine closed the connection mid-answer"))

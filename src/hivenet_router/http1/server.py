@@ -498,6 +498,7 @@ class _Connection(asyncio.Protocol):
             if server.guard is not None:
                 server.guard.lingered()
         self.lost = True
+        self._parser = _Discard()  # type: ignore[assignment]  # it points back at us
         if self._source is not None:
             assert server.guard is not None
             server.guard.leave(self._source)

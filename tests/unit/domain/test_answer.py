@@ -5,6 +5,7 @@ import pytest
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import Usage
+from tests.cycles import freed_by_refcount
 
 
 class Chunks:
@@ -88,3 +89,22 @@ async def test_a_broken_source_raises_answer_broken() -> None:
     with pytest.raises(AnswerBroken) as info:
         await answer.next_chunk()
     assert info.value.code is ErrorCode.BACKEND_ERROR
+
+
+async def test_closing_drops_the_hooks_so_nothing_waits_for_the_cycle_collector() -> None:
+    class Stage:  # holds its answer, as a stage's hold does, and hooks back into it
+        def __init__(self, answer: Answer) -> None:
+            self.answer = answer
+            answer.on_chunk(self.seen)
+            answer.on_close(lambda outcome, usage: self.seen(b""))
+
+        def seen(self, chunk: bytes) -> None:
+            pass
+
+    with freed_by_refcount("Stage", "Answer", "Chunks"):
+        answer = Answer(200, [], Chunks(b"data: 1\n\n"), first=b"data: 0\n\n")
+        Stage(answer)
+        while await answer.next_chunk() is not None:
+            pass
+        await answer.close(Outcome.OK)
+        del answer

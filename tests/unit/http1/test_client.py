@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from hivenet_router.http1.client import EngineClient, EngineError, Origin, Unreachable
+from tests.cycles import freed_by_refcount
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -190,3 +191,21 @@ def test_origins_parse_ports_prefixes_and_ipv6() -> None:
     assert Origin.parse("http://[::1]:81").host_header == "[::1]:81"
     with pytest.raises(ValueError):
         Origin.parse("ftp://h")
+
+
+async def test_a_connection_the_engine_closed_is_freed_without_the_cycle_collector(
+    serve: Start,
+) -> None:
+    async def close_after_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    _, url = await serve(close_after_one)
+    client = EngineClient(url)
+    with freed_by_refcount("_Connection", "HttpResponseParser"):
+        response = await client.request("GET", "/ping", [])
+        assert await response.read(10) == b"ok"
+        del response
+        await asyncio.sleep(0.05)  # the engine's close reaches the pooled connection
+    await client.close()

@@ -17,6 +17,7 @@ from hivenet_router.http1.server import (
     Response,
     stream,
 )
+from tests.cycles import freed_by_refcount
 
 Client = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -224,3 +225,18 @@ async def test_connections_over_the_cap_are_refused(served: Served) -> None:
     writer.close()
     for _, held_writer in held:
         held_writer.close()
+
+
+async def test_a_closed_connection_is_freed_without_the_cycle_collector(served: Served) -> None:
+    server, _, connect = served
+    with freed_by_refcount("_Connection", "Request", "HttpRequestParser"):
+        reader, writer = await connect()
+        writer.write(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
+        assert (await answer(reader))[2] == b"POST /x {} hi"
+        writer.close()
+        for _ in range(100):  # until the server has seen the close
+            if not server.connections:
+                break
+            await asyncio.sleep(0.01)
+        assert not server.connections
+        del reader, writer

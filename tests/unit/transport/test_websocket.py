@@ -22,6 +22,7 @@ from hivenet_router.transport.websocket import (
     encode_frame,
     mask,
 )
+from tests.linkpair import serve_ws, ws_url
 
 
 @pytest.fixture
@@ -38,12 +39,8 @@ async def echo_url() -> AsyncIterator[str]:
                 await ws.send_bytes(message.data)
         return ws
 
-    app = web.Application()
-    app.router.add_get("/ws", accept)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield f"ws://127.0.0.1:{runner.addresses[0][1]}/ws"
+    runner = await serve_ws(accept)
+    yield ws_url(runner)
     await runner.cleanup()
 
 

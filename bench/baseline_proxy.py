@@ -37,8 +37,17 @@ async def main(port: int, upstream: str) -> None:
             await response.write_eof()
             return response
 
+    async def models(request: web.Request) -> web.Response:
+        async with session.get(upstream + request.path) as upstream_resp:
+            return web.Response(
+                status=upstream_resp.status,
+                body=await upstream_resp.read(),
+                content_type=upstream_resp.content_type,
+            )
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", proxy)
+    app.router.add_get("/v1/models", models)  # what the benchmark polls for readiness
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()

@@ -4,6 +4,7 @@ are in listeners.py, which the agent never imports.)"""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -56,6 +57,10 @@ def run(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
     """Run `main(stop)` on uvloop; SIGINT and SIGTERM set `stop`. Returns the exit status."""
 
     async def wrapper() -> int:
+        # What was built at start lives as long as the process: keep it out of every
+        # future collection's scan.
+        gc.collect()
+        gc.freeze()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from hivenet_router.auth.config import Quota
 from hivenet_router.auth.providers import Principal
@@ -140,12 +139,7 @@ class Hold:
     async def __aenter__(self) -> Hold:
         return self
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._owner is None:
             await self.settle(None, answered=False)
 

@@ -11,7 +11,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from types import TracebackType
 from typing import Any, TypeVar
 
 from hivenet_router.clock import Clock
@@ -206,12 +205,7 @@ class LocalLease:
     async def __aenter__(self) -> LocalLease:
         return self
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.release()
 
 

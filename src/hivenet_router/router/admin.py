@@ -15,7 +15,7 @@ import orjson
 from hivenet_router.auth.providers import AuthState, DynamicKeys, StaticKeys
 from hivenet_router.auth.registry import DynamicKey, DynamicRegistry, RegistryError
 from hivenet_router.clock import Clock
-from hivenet_router.http1.server import Answer, Request, Response
+from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.dispatch import Dispatcher

@@ -18,7 +18,7 @@ from typing import Any
 
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
-from hivenet_router.http1.server import Answer, App, Request, Response
+from hivenet_router.http1.messages import Answer, App, Request, Response
 from hivenet_router.observability.events import Ended, Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router.admin import AdminApi

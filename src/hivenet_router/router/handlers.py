@@ -10,7 +10,7 @@ import orjson
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job
-from hivenet_router.http1.server import Answer, Request, Response
+from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router import bodies, catalog

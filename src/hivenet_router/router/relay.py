@@ -15,7 +15,7 @@ import contextlib
 
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ErrorCode, error_body
-from hivenet_router.http1 import server as http
+from hivenet_router.http1 import messages as http
 from hivenet_router.pipeline.ticket import Ticket
 
 _JSON = "application/json"

@@ -11,7 +11,7 @@ import random
 import uuid
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.http1.server import BodyError, BodyTooLarge, Request
+from hivenet_router.http1.messages import BodyError, BodyTooLarge, Request
 
 # The request line and all headers together (the server answers 431 past it). Headers
 # travel to the agent in one frame, so they must stay well under its 64 KiB.

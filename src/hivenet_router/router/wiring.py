@@ -15,7 +15,7 @@ from hivenet_router.auth.providers import AuthState
 from hivenet_router.clock import Clock
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
-from hivenet_router.http1.server import Answer, App, Request
+from hivenet_router.http1.messages import Answer, App, Request
 from hivenet_router.observability.events import Observers, RequestObserver
 from hivenet_router.observability.metrics import AgentCollector, MetricsObserver, StateCollector
 from hivenet_router.pipeline.stage import Next, Stage, build

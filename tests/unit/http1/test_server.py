@@ -8,15 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from hivenet_router.http1.guard import ConnectionGuard
-from hivenet_router.http1.server import (
-    Answer,
-    BodyError,
-    HttpServer,
-    Limits,
-    Request,
-    Response,
-    stream,
-)
+from hivenet_router.http1.messages import Answer, BodyError, Request, Response, stream
+from hivenet_router.http1.server import HttpServer, Limits
 from tests.cycles import freed_by_refcount
 
 Client = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -5,7 +5,7 @@ import gzip
 import pytest
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.http1.server import Request
+from hivenet_router.http1.messages import Request
 from hivenet_router.router.requests import credential, read_body, request_id
 
 

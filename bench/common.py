@@ -256,6 +256,9 @@ def router_args(secret: Path, store: Path, http: int, grpc: int, *extra: str) ->
         "warn",
         "--disk-db-path",
         str(store),
+        # The default keeps audit records; a benchmark keeps them too, beside its store.
+        "--audit-log-path",
+        f"{store}-audit.jsonl",
         *extra,
     ]
 

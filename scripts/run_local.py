@@ -73,6 +73,8 @@ def main() -> int:
             str(secret),
             "--disk-db-path",
             str(STATE / "store"),
+            "--audit-log-path",
+            str(STATE / "audit.jsonl"),
         ],
         [
             str(BIN / "hivenet-agent"),
@@ -111,7 +113,8 @@ def main() -> int:
             f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{body}'\n\n"
             f"Admin:   curl -H 'Authorization: Bearer {admin}' {base}/admin/health\n"
-            f"Metrics: http://127.0.0.1:2112/metrics   Stop: Ctrl-C\n",
+            f"Metrics: http://127.0.0.1:2112/metrics   Audit records: {STATE / 'audit.jsonl'}\n"
+            "Stop: Ctrl-C\n",
             flush=True,
         )
     else:

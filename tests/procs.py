@@ -129,6 +129,7 @@ class Router:
     grpc: int
     p2p: int
     metrics_port: int
+    audit: Path | None = None  # where its audit records go, as the harness set it
 
     @property
     def url(self) -> str:
@@ -233,9 +234,13 @@ class Cluster:
                 "0s",
                 *extra,
             ],
-            {"HIVENET_ROUTER_ADMIN_API_KEYS": ADMIN_KEY, **(env or {})},
+            {
+                "HIVENET_ROUTER_ADMIN_API_KEYS": ADMIN_KEY,
+                "HIVENET_ROUTER_AUDIT_LOG_PATH": str(self.tmp / f"{name}-audit.jsonl"),
+                **(env or {}),
+            },
         )
-        router = Router(proc, http, grpc, p2p, met)
+        router = Router(proc, http, grpc, p2p, met, self.tmp / f"{name}-audit.jsonl")
         wait_until(lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200)
         return router
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hivenet_router.config import values as v
 from hivenet_router.config.options import ConfigError, duration_option, option
 
 MIN_SECRET_BYTES = 32
+_ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,10 +326,26 @@ class RouterConfig:
         help="Request stages between the edge and dispatch, in order, by name (admission)",
     )
     observers: tuple[str, ...] = option(
-        ("metrics",),
+        ("metrics", "audit", "access"),
         parse=v.comma_list,
         env="HIVENET_ROUTER_OBSERVERS",
-        help="What watches requests and agents, by name (metrics)",
+        help="What watches requests and agents, by name (metrics, audit, access)",
+    )
+    audit_log_path: str = option(
+        "/var/log/hivenet-router/audit.jsonl",
+        parse=v.text,
+        flag="--audit-log-path",
+        env="HIVENET_ROUTER_AUDIT_LOG_PATH",
+        help="Audit records, one JSON line per request: a file (standard output when it "
+        "cannot be opened), - for standard output, or empty for none; reopened on SIGHUP",
+    )
+    cors_allowed_origins: tuple[str, ...] = option(
+        (),
+        parse=v.comma_list,
+        flag="--cors-allowed-origins",
+        env="HIVENET_ROUTER_CORS_ALLOWED_ORIGINS",
+        help="Browser origins allowed to call the API (CORS), comma-separated, or * for any; "
+        "none by default",
     )
     log_level: str = option(
         "info",
@@ -364,6 +382,12 @@ class RouterConfig:
             )
         if self.admit_fraction <= 0:
             raise ConfigError("HIVENET_ROUTER_ADMIT_FRACTION must be above 0 (and at most 1)")
+        for origin in self.cors_allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ConfigError(
+                    f"--cors-allowed-origins: {origin!r} is not an origin "
+                    "(scheme://host[:port], no path) or *"
+                )
         if self.rpm_burst_seconds >= 60:
             raise ConfigError("HIVENET_ROUTER_RPM_BURST_SECONDS must be below 60")
 

@@ -24,6 +24,9 @@ class Connection(Protocol):
     lost: bool
     paused: bool
 
+    @property
+    def address(self) -> str: ...
+
     def write(self, data: bytes) -> None: ...
 
     def write_or_raise(self, data: bytes) -> None: ...
@@ -146,6 +149,11 @@ class Request:
         self._continue = False
         self.complete = body is not None
         self.error: BodyError | None = None
+
+    @property
+    def source(self) -> str:
+        """The client's IP address ("" when the request came from no connection)."""
+        return self._conn.address if self._conn is not None else ""
 
     @property
     def query(self) -> dict[str, str]:

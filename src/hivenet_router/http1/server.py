@@ -151,6 +151,7 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._source: str | None = None
+        self._address: str | None = None
         self._lingering = False  # refused by the guard, delivering its refusal
         self._draining = False  # answered, discarding an unread body before closing
         self.lost = False
@@ -444,6 +445,15 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is not None and not self.lost:
             transport.write(data)
+
+    @property
+    def address(self) -> str:
+        """The peer's IP address, read once per connection."""
+        if self._address is None:
+            transport = self._transport
+            peer = transport.get_extra_info("peername") if transport is not None else None
+            self._address = str(peer[0]) if peer else ""
+        return self._address
 
     def write_or_raise(self, data: bytes) -> None:
         transport = self._transport

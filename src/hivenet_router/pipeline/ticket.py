@@ -40,7 +40,9 @@ class Ticket:
         "principal",
         "provider",
         "request_id",
+        "source_ip",
         "started",
+        "trace_id",
         "usage",
     )
 
@@ -51,6 +53,8 @@ class Ticket:
         self.endpoint = endpoint  # the route, as metrics label it
         self.started = started  # event-loop time at arrival
         self.observers = observers
+        self.source_ip = ""  # the client's address, as the connection gave it
+        self.trace_id = ""  # the trace this request belongs to, when tracing is on
         self.principal: Any = None  # who is calling (auth.providers.Principal)
         self.facts: RequestFacts | None = None
         self.job: Job | None = None

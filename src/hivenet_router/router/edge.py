@@ -22,6 +22,7 @@ from hivenet_router.http1.messages import Answer, App, Request, Response
 from hivenet_router.observability.events import Ended, Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router.admin import AdminApi
+from hivenet_router.router.cors import Cors
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.requests import credential, request_id
 
@@ -45,9 +46,10 @@ def _error_response(status: int, body: bytes, rid: str) -> Response:
 
 
 class Edge:
-    def __init__(self, auth: AuthState, observers: Observers) -> None:
+    def __init__(self, auth: AuthState, observers: Observers, cors: Cors | None = None) -> None:
         self._auth = auth
         self._observers = observers
+        self.cors = cors
         self._loop_time = asyncio.get_running_loop().time
         self.inflight: set[asyncio.Task[Any]] = set()
 
@@ -95,7 +97,10 @@ class Edge:
     async def _serve(self, request: Request, endpoint: str, handler: Handler, guard: str) -> Answer:
         rid = request_id(request.headers.get("x-request-id"))
         ticket = Ticket(rid, endpoint, self._loop_time(), self._observers)
+        ticket.source_ip = request.source
         request.ticket = ticket
+        if self.cors is not None:
+            ticket.headers_out.update(self.cors.headers(request))
         try:
             response = await self._answer(request, ticket, handler, guard)
         except BaseException:
@@ -104,6 +109,8 @@ class Edge:
             raise
         if isinstance(response, Response):
             response.headers["X-Request-ID"] = rid
+            if self.cors is not None:
+                response.headers.update(ticket.headers_out)
             response.close = response.close or request.close
         self._end(ticket, response.status)
         return response
@@ -180,6 +187,9 @@ class Routes:
         return None
 
     async def __call__(self, request: Request) -> Answer:
+        cors = self._edge.cors
+        if cors is not None and (preflight := cors.preflight(request)) is not None:
+            return preflight
         method = "GET" if request.method == "HEAD" else request.method
         found = self._find(method, request.path)
         if found is None:

@@ -122,6 +122,7 @@ class Handlers:
         route = request.path
         body = await read_body(request, self.body_timeout)
         facts = bodies.parse(route, body)
+        ticket.facts = facts  # the model is known from here on (audit records name it)
         principal: Principal = ticket.principal
         if not principal.allows(facts.model):
             raise ApiError(
@@ -132,7 +133,6 @@ class Handlers:
             # Refused before admission and metrics: a made-up model name must not create
             # occupancy pools or metric series.
             raise self._unknown(ticket, facts.model)
-        ticket.facts = facts
         ticket.job = Job(
             route,
             facts.model,

@@ -210,7 +210,9 @@ class RouterProcess:
     async def _reload(self, router: Router, trigger: str) -> dict[str, bool]:
         # Files are read off the event loop; each swap itself is one assignment.
         if trigger == "sighup":
-            log.info("SIGHUP: reloading policies and auth")
+            log.info("SIGHUP: reloading policies and auth, reopening the audit log")
+            for writer in router.writers.values():
+                writer.reopen()
         policies = await asyncio.to_thread(self.policies.reload)
         router.metrics.policy_reload.inc((trigger, "success" if policies else "error"))
         auth = await asyncio.to_thread(self.auth.reload)
@@ -326,6 +328,8 @@ class RouterProcess:
         await self.providers.close()
         for runner in listening.others:
             await runner.cleanup()
+        for writer in router.writers.values():
+            await asyncio.to_thread(writer.close)
 
 
 @dataclass(frozen=True, slots=True)

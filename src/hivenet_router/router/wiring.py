@@ -9,15 +9,18 @@ and one entry in a table below; nothing on the request path changes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.clock import Clock
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.http1.messages import Answer, App, Request
+from hivenet_router.observability.audit import AuditObserver
 from hivenet_router.observability.events import Observers, RequestObserver
+from hivenet_router.observability.linewriter import STDERR, LineWriter, WriterCollector
 from hivenet_router.observability.metrics import AgentCollector, MetricsObserver, StateCollector
+from hivenet_router.observability.requestlog import RequestLog
 from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import Policy
 from hivenet_router.policy.signals import AgentFacts
@@ -26,6 +29,7 @@ from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.admission import Admission, Ports
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.control import ControlPlane
+from hivenet_router.router.cors import Cors
 from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
 from hivenet_router.router.edge import Edge, build_app
 from hivenet_router.router.handlers import Handlers
@@ -71,14 +75,32 @@ class Router:
     keeper: HistoryKeeper
     monitor: HealthMonitor
     admin: AdminApi
+    # Lines written off the event loop (audit records, the request log): reopened on
+    # SIGHUP, flushed and closed at shutdown.
+    writers: dict[str, LineWriter] = field(default_factory=dict)
 
 
-# Stages and observers by the names configuration uses for them.
+def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
+    if not cfg.audit_log_path:
+        return None
+    writer = router.writers["audit"] = LineWriter(cfg.audit_log_path, what="audit")
+    return AuditObserver(writer)
+
+
+def _access(router: Router, cfg: RouterConfig) -> RequestObserver:
+    writer = router.writers["access"] = LineWriter(STDERR, what="access log")
+    return RequestLog(writer, cfg.log_format)
+
+
+# Stages and observers by the names configuration uses for them. An observer's factory may
+# return None: configured off (the audit log with no path).
 STAGES: dict[str, Callable[[Router], Stage]] = {
     "admission": lambda router: router.admission,
 }
-OBSERVERS: dict[str, Callable[[Router], RequestObserver]] = {
-    "metrics": lambda router: router.metrics,
+OBSERVERS: dict[str, Callable[[Router, RouterConfig], RequestObserver | None]] = {
+    "metrics": lambda router, cfg: router.metrics,
+    "audit": _audit,
+    "access": _access,
 }
 
 
@@ -152,7 +174,11 @@ def assemble(
         daily=daily,
         dispatcher=dispatcher,
         relay=relay,
-        edge=Edge(shared.auth, observers),
+        edge=Edge(
+            shared.auth,
+            observers,
+            Cors(cfg.cors_allowed_origins) if cfg.cors_allowed_origins else None,
+        ),
         public_app=_not_yet,
         sessions=sessions,
         authenticator=AgentAuthenticator(
@@ -194,7 +220,8 @@ def assemble(
             body_timeout=cfg.http_body_timeout,
         ),
     )
-    observers.observers = tuple(OBSERVERS[name](router) for name in cfg.observers)
+    built = (OBSERVERS[name](router, cfg) for name in cfg.observers)
+    observers.observers = tuple(observer for observer in built if observer is not None)
     _collect(router)
     router.public_app = _public_app(shared, router)
     return router
@@ -222,6 +249,7 @@ def _public_app(shared: Shared, router: Router) -> App:
 
 def _collect(router: Router) -> None:
     """State the metrics read at scrape time."""
+    router.metrics.add(WriterCollector(router.writers))
     registry, admission, pending = router.registry, router.admission, router.dispatcher.pending
     occupancy = admission.ports.occupancy
     router.metrics.add(

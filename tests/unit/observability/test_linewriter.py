@@ -1,0 +1,94 @@
+"""The off-loop line writer: order, rotation, fallback, full disks and stuck readers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from hivenet_router.observability.linewriter import LineWriter, WriterCollector
+from tests.procs import metric, wait_until
+
+
+def test_lines_reach_the_file_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "audit.jsonl"  # the folder is made
+    writer = LineWriter(str(path), what="audit", gather=0.001)
+    for n in range(1000):
+        assert writer.put(b"%d\n" % n)
+    writer.close()
+    assert path.read_bytes().split() == [b"%d" % n for n in range(1000)]
+    assert writer.written == 1000
+    assert writer.dropped == 0
+    assert not writer.fallback
+
+
+def test_reopen_follows_a_rotated_file(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    writer = LineWriter(str(path), what="audit", gather=0.001)
+    writer.put(b"before\n")
+    wait_until(lambda: writer.written == 1, timeout=5)
+    path.rename(tmp_path / "audit.jsonl.1")
+    writer.reopen()
+    wait_until(path.exists, timeout=5)
+    writer.put(b"after\n")
+    writer.close()
+    assert (tmp_path / "audit.jsonl.1").read_bytes() == b"before\n"
+    assert path.read_bytes() == b"after\n"
+
+
+def test_a_path_that_cannot_be_opened_falls_back_to_stdout(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    writer = LineWriter(str(blocker / "audit.jsonl"), what="audit", gather=0.001)
+    writer.put(b'{"line":1}\n')
+    writer.close()
+    out, err = capfd.readouterr()
+    assert writer.fallback
+    assert out == '{"line":1}\n'
+    assert err.count("audit: cannot open") == 1
+    assert "falling back to stdout" in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_drops_and_counts_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    writer = LineWriter("/dev/full", what="audit", gather=0.001)
+    with caplog.at_level(logging.WARNING, logger="hivenet.router"):
+        for _ in range(3):
+            writer.put(b"x\n")
+            wait_until(lambda: writer.buffered == 0, timeout=5)
+            time.sleep(0.01)
+        wait_until(lambda: writer.dropped == 3, timeout=5)
+    writer.close()
+    assert writer.written == 0
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1
+
+
+def test_a_reader_that_never_reads_never_blocks_the_caller(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read
+    try:
+        writer = LineWriter(str(fifo), what="audit", limit=100, gather=0.001)
+        line = b"y" * 1000 + b"\n"
+        started = time.monotonic()
+        results = [writer.put(line) for _ in range(2000)]  # far past the pipe's buffer
+        assert time.monotonic() - started < 1.0
+        wait_until(lambda: writer.buffered == writer.limit, timeout=5)
+        assert not writer.put(line)
+        assert results.count(False) > 0
+        assert writer.dropped >= results.count(False) + 1
+        registry = CollectorRegistry()
+        registry.register(WriterCollector({"audit": writer}))
+        page = generate_latest(registry).decode()
+        assert metric(page, "hivenet_log_lines_dropped_total", log="audit") == writer.dropped
+        assert metric(page, "hivenet_log_lines_buffered", log="audit") == writer.limit
+        writer.close(timeout=0.2)  # the thread is stuck in write(): close gives up on it
+    finally:
+        os.close(reader)

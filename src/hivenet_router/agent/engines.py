@@ -1,7 +1,10 @@
-"""Engine adapters: where each engine answers health checks, and how to read its metrics.
+"""Engine adapters: where each engine answers health checks, how to read its metrics, and
+where it lists its models.
 
-An adapter is chosen by `--engine` from ADAPTERS. A metric the engine does not expose stays
-absent from the snapshot rather than reading as zero.
+An adapter is chosen by `--engine` in `adapter_for`. A metric the engine does not expose
+stays absent from the snapshot rather than reading as zero. Every engine but Ollama lists
+its models at the OpenAI-compatible `/v1/models`; Ollama's own `/api/tags` answers health
+checks and model discovery, as the reference agent does.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Protocol
+
+import orjson
 
 from hivenet_router.domain.agent import EngineSnapshot
 
@@ -22,6 +27,53 @@ class EngineAdapter(Protocol):
     def metrics_path(self) -> str | None: ...
 
     def parse_metrics(self, text: str) -> EngineSnapshot: ...
+
+    def models_path(self) -> str: ...
+
+    def parse_models(self, raw: bytes) -> list[str]:
+        """The model IDs a models-path answer lists, in its order; ValueError on bad JSON."""
+        ...
+
+
+def openai_models(raw: bytes) -> list[str]:
+    """The IDs of an OpenAI-style `GET /v1/models` answer (`{"data": [{"id": ...}]}`)."""
+    body = orjson.loads(raw)
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [
+        item["id"]
+        for item in data
+        if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]
+    ]
+
+
+def ollama_models(raw: bytes) -> list[str]:
+    """The names of Ollama's `GET /api/tags` answer (`{"models": [{"name": ...}]}`), with
+    the implicit `:latest` tag dropped (`llama3.1:latest` registers as `llama3.1`, which
+    Ollama resolves to the same model); explicit tags stay."""
+    body = orjson.loads(raw)
+    listed = body.get("models") if isinstance(body, dict) else None
+    if not isinstance(listed, list):
+        return []
+    names: list[str] = []
+    for item in listed:
+        if not isinstance(item, dict):
+            continue
+        name = item.get("name") or item.get("model")
+        if isinstance(name, str) and name:
+            names.append(name.removesuffix(":latest"))
+    return names
+
+
+class _OpenAIModels:
+    """Model discovery through the OpenAI-compatible `GET /v1/models`."""
+
+    def models_path(self) -> str:
+        return "/v1/models"
+
+    def parse_models(self, raw: bytes) -> list[str]:
+        return openai_models(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +226,7 @@ _LLAMACPP = frozenset(
 )
 
 
-class VllmAdapter:
+class VllmAdapter(_OpenAIModels):
     name = "vllm"
 
     def health_path(self) -> str:
@@ -208,7 +260,7 @@ class VllmAdapter:
         )
 
 
-class SglangAdapter:
+class SglangAdapter(_OpenAIModels):
     name = "sglang"
 
     def health_path(self) -> str:
@@ -232,7 +284,7 @@ class SglangAdapter:
         )
 
 
-class LlamaCppAdapter:
+class LlamaCppAdapter(_OpenAIModels):
     name = "llamacpp"
 
     def health_path(self) -> str:
@@ -256,8 +308,8 @@ class LlamaCppAdapter:
         )
 
 
-class PlainAdapter:
-    """Engines without metrics the router reads: Ollama, Infinity, custom servers."""
+class PlainAdapter(_OpenAIModels):
+    """Engines without metrics the router reads: Infinity, custom servers."""
 
     def __init__(self, name: str, health: str) -> None:
         self.name = name
@@ -273,12 +325,34 @@ class PlainAdapter:
         return EngineSnapshot()
 
 
+class OllamaAdapter:
+    """Ollama: no metrics page; `/api/tags` (the installed models) is both its health check
+    and where its model is discovered."""
+
+    name = "ollama"
+
+    def health_path(self) -> str:
+        return "/api/tags"
+
+    def metrics_path(self) -> str | None:
+        return None
+
+    def parse_metrics(self, text: str) -> EngineSnapshot:
+        return EngineSnapshot()
+
+    def models_path(self) -> str:
+        return "/api/tags"
+
+    def parse_models(self, raw: bytes) -> list[str]:
+        return ollama_models(raw)
+
+
 def adapter_for(engine: str) -> EngineAdapter:
     adapters: dict[str, EngineAdapter] = {
         "vllm": VllmAdapter(),
         "sglang": SglangAdapter(),
         "llamacpp": LlamaCppAdapter(),
-        "ollama": PlainAdapter("ollama", "/api/version"),
+        "ollama": OllamaAdapter(),
         "infinity": PlainAdapter("infinity", "/health"),
         "custom": PlainAdapter("custom", "/health"),
         "openai": PlainAdapter("openai", "/v1/models"),

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-
-import orjson
+from collections.abc import Callable, Sequence
 
 from hivenet_router.agent.engines import EngineAdapter
 from hivenet_router.agent.hardware import HardwareSampler
@@ -45,13 +43,21 @@ class BackendMonitor:
         adapter: EngineAdapter,
         health_url: str = "",
         busy: Callable[[], bool] = lambda: False,
+        auth: Sequence[tuple[str, str]] = (),
     ) -> None:
         self._engine = engine
         self._adapter = adapter
+        # `auth` is the engine's credential (Authorization: Bearer), sent with every probe,
+        # scrape and model listing, and never logged.
+        self._headers = [("accept", "*/*"), *auth]
         self._health_client, self._health_path = engine, adapter.health_path()
+        self._health_headers = self._headers
         if health_url:
             origin, self._health_path = _split(health_url)
             self._health_client = EngineClient(origin, max_idle=1)
+            if not _same_server(self._health_client, engine):
+                # A credential for the backend is not handed to another server.
+                self._health_headers = [("accept", "*/*")]
         self._metrics_path = adapter.metrics_path()
         self._busy = busy
         self.healthy = True
@@ -66,9 +72,11 @@ class BackendMonitor:
         origin = self._health_client.origin
         return f"{origin.host_header}{self._health_path}"
 
-    async def _get(self, client: EngineClient, path: str) -> tuple[int, bytes]:
+    async def _get(
+        self, client: EngineClient, path: str, headers: list[tuple[str, str]]
+    ) -> tuple[int, bytes]:
         async with asyncio.timeout(PROBE_TIMEOUT):
-            answer = await client.request("GET", path, [("accept", "*/*")])
+            answer = await client.request("GET", path, headers)
             try:
                 return answer.status, await answer.read(PAGE_LIMIT)
             finally:
@@ -76,7 +84,9 @@ class BackendMonitor:
 
     async def probe(self) -> bool:
         try:
-            status, _ = await self._get(self._health_client, self._health_path)
+            status, _ = await self._get(
+                self._health_client, self._health_path, self._health_headers
+            )
         except (EngineError, TimeoutError):
             return False
         return status < 400
@@ -96,15 +106,28 @@ class BackendMonitor:
         log.info("backend at %s is ready", self.health_target)
 
     async def discover_model(self, interval: float) -> str:
+        """The first model the engine lists (at the adapter's models path), once it lists
+        one."""
+        path = self._adapter.models_path()
         while True:
             try:
-                status, raw = await self._get(self._engine, "/v1/models")
-                model = _first_model(raw) if status == 200 else None
-                if model is not None:
-                    return model
+                status, raw = await self._get(self._engine, path, self._headers)
+                models = self._adapter.parse_models(raw) if status == 200 else []
+                if models:
+                    if len(models) > 1:
+                        log.warning(
+                            "backend serves %d models; registering %s (use --model to choose)",
+                            len(models),
+                            models[0],
+                        )
+                    return models[0]
+                if status != 200:
+                    log.debug("model discovery: HTTP %d from %s", status, path)
             except (EngineError, TimeoutError, ValueError) as exc:
                 log.debug("model discovery failed: %s", exc)
-            log.info("no model discovered at %s/v1/models yet; retrying", self._engine.origin.host)
+            log.info(
+                "no model discovered at %s%s yet; retrying", self._engine.origin.host_header, path
+            )
             await asyncio.sleep(interval)
 
     async def check_health_forever(self, interval: float) -> None:
@@ -150,7 +173,7 @@ class BackendMonitor:
 
     async def _scrape(self, path: str) -> None:
         try:
-            status, raw = await self._get(self._engine, path)
+            status, raw = await self._get(self._engine, path, self._headers)
             if status != 200:
                 raise EngineError(f"HTTP {status}")
             self.engine = self._adapter.parse_metrics(raw.decode("utf-8", "replace"))
@@ -182,20 +205,12 @@ class BackendMonitor:
             await self._health_client.close()
 
 
-def _first_model(raw: bytes) -> str | None:
-    body = orjson.loads(raw)
-    data = body.get("data") if isinstance(body, dict) else None
-    if isinstance(data, list) and data and isinstance(data[0], dict):
-        model = data[0].get("id")
-        if isinstance(model, str) and model:
-            if len(data) > 1:
-                log.warning(
-                    "backend serves %d models; registering %s (use --model to choose)",
-                    len(data),
-                    model,
-                )
-            return model
-    return None
+def _same_server(a: EngineClient, b: EngineClient) -> bool:
+    return (a.origin.scheme, a.origin.host, a.origin.port) == (
+        b.origin.scheme,
+        b.origin.host,
+        b.origin.port,
+    )
 
 
 def signal_key(engine: EngineSnapshot | None, hardware: HardwareSnapshot | None) -> object:

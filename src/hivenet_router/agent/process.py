@@ -1,6 +1,6 @@
 """The agent's lifecycle: identity, backend readiness, then connect, register and serve,
-reconnecting with backoff after any failure. The agent never exits because the backend or
-the router is down."""
+reconnecting after any failure. The agent never exits because the backend or the router is
+down."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -23,7 +24,7 @@ from hivenet_router.agent.session import (
     RouterRejected,
     Session,
 )
-from hivenet_router.config.agent import AgentConfig
+from hivenet_router.config.agent import AgentConfig, load_backend_api_key
 from hivenet_router.config.options import ConfigError
 from hivenet_router.domain.agent import Heartbeat, Registration, Renewal, RoutingSignal
 from hivenet_router.http1.client import EngineClient
@@ -39,18 +40,40 @@ from hivenet_router.transport.tls import RouterTlsIdentity
 
 log = logging.getLogger("hivenet.agent")
 
-MAX_BACKOFF = 30.0
+RECONNECT_JITTER = 0.2
+
+
+def reconnect_wait(delay: float) -> float:
+    """The wait before the next connection attempt: `--reconnect-delay` (5 s) give or take
+    20%, the same after every failure. It does not grow: a router back from a restart gets
+    its agents back within seconds, and the jitter keeps a fleet that lost it together from
+    dialling in step."""
+    return delay * random.uniform(1 - RECONNECT_JITTER, 1 + RECONNECT_JITTER)
 
 
 class AgentProcess:
     def __init__(
-        self, config: AgentConfig, secret: bytes, identity: Identity, sampler: HardwareSampler
+        self,
+        config: AgentConfig,
+        secret: bytes,
+        identity: Identity,
+        sampler: HardwareSampler,
+        *,
+        backend_api_key: str = "",
+        auth: RouterAuth | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.sampler = sampler
         self.config = config
         self.secret = secret
         self.identity = identity
         self.tls = RouterTlsIdentity.from_secret(secret)
+        # Sent on every request to the engine; never logged.
+        self._backend_auth = (
+            [("Authorization", f"Bearer {backend_api_key}")] if backend_api_key else []
+        )
+        self.auth = auth or GrpcRouterAuth(config.router_grpc, secret, identity, config.capacity)
+        self._sleep = sleep
 
     @classmethod
     def build(cls, config: AgentConfig) -> AgentProcess:
@@ -72,16 +95,25 @@ class AgentProcess:
             devices = read_device_file(config.gpu_devices_file)
         except OSError as exc:
             raise ConfigError(f"--gpu-devices-file: {exc.strerror}") from None
-        return cls(config, secret, identity, HardwareSampler(devices))
+        backend_api_key = load_backend_api_key(config)
+        return cls(
+            config, secret, identity, HardwareSampler(devices), backend_api_key=backend_api_key
+        )
 
     async def serve(self, stop: asyncio.Event) -> int:
         cfg = self.config
         # Keep as many connections as requests may run at once, so a busy agent does not
         # open a new connection per request once past a fixed idle limit.
         backend = EngineClient(cfg.backend_url, max_idle=min(cfg.capacity, 1024))
-        proxy = BackendProxy(backend, cfg.http_timeout, cfg.stream_write_timeout)
+        proxy = BackendProxy(
+            backend, cfg.http_timeout, cfg.stream_write_timeout, auth=self._backend_auth
+        )
         monitor = BackendMonitor(
-            backend, adapter_for(cfg.engine), cfg.health_url, busy=lambda: proxy.active > 0
+            backend,
+            adapter_for(cfg.engine),
+            cfg.health_url,
+            busy=lambda: proxy.active > 0,
+            auth=self._backend_auth,
         )
         try:
             main = asyncio.create_task(self._main(monitor, proxy))
@@ -117,33 +149,31 @@ class AgentProcess:
             group.create_task(
                 monitor.sample_hardware_forever(self.sampler, cfg.hardware_sample_interval)
             )
-            group.create_task(self._connect_forever(model, monitor, proxy))
+            group.create_task(self.connect_forever(model, monitor, proxy))
 
-    async def _connect_forever(
+    async def connect_forever(
         self, model: str, monitor: BackendMonitor, proxy: BackendProxy
     ) -> None:
-        delay = self.config.reconnect_delay
-        auth = GrpcRouterAuth(
-            self.config.router_grpc, self.secret, self.identity, self.config.capacity
-        )
+        """Connect, register and serve; after any end or failure wait `reconnect_wait` and
+        start again."""
+        auth = self.auth
         while True:
+            wait = reconnect_wait(self.config.reconnect_delay)
             try:
                 session = await auth.authenticate()
                 await self._run_link(auth, session, model, monitor, proxy)
-                delay = self.config.reconnect_delay
-                log.warning("connection to the router ended; reconnecting")
+                log.warning("connection to the router ended; reconnecting in %.1fs", wait)
             except RouterRejected as exc:
-                log.error("router refused this agent: %s", exc)
+                log.error("router refused this agent: %s; retrying in %.1fs", exc, wait)
             except (TimeoutError, StreamReset, OSError) as exc:
                 # ConnectionError (an OSError) covers an unreachable router and a
                 # refused WebSocket handshake.
                 log.warning(
                     "router unreachable (%s); retrying in %.1fs",
                     exc or type(exc).__name__,
-                    delay,
+                    wait,
                 )
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, MAX_BACKOFF)
+            await self._sleep(wait)
 
     def _registration(self, model: str, monitor: BackendMonitor, session: Session) -> bytes:
         cfg = self.config

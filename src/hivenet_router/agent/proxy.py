@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
@@ -40,10 +41,20 @@ _CLIENT_MESSAGES = {
 
 
 class BackendProxy:
-    def __init__(self, engine: EngineClient, http_timeout: float, write_timeout: float) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        http_timeout: float,
+        write_timeout: float,
+        auth: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self._engine = engine
         self._timeout = http_timeout or None
         self._write_timeout = write_timeout or None
+        # The engine's own credential (`Authorization: Bearer` of its --api-key) replaces
+        # whatever Authorization the request carried.
+        self._auth = list(auth)
+        self._drop = _HOP | {"authorization"} if self._auth else _HOP
         self.active = 0
 
     async def handle(self, stream: Stream) -> None:
@@ -52,7 +63,8 @@ class BackendProxy:
         self.active += 1
         try:
             body = await stream.read_all(MAX_REQUEST_BYTES)
-            headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+            headers = [(k, v) for k, v in head.headers if k.lower() not in self._drop]
+            headers += self._auth
             await self._forward(stream, head.method, head.path, headers, body)
         finally:
             self.active -= 1

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from hivenet_router.config import values as v
-from hivenet_router.config.options import ConfigError, duration_option, option
+from hivenet_router.config.options import ConfigError, duration_option, option, specs
 
 ENGINES = ("vllm", "sglang", "llamacpp", "llama-cpp", "ollama", "infinity", "custom", "openai")
 CAPABILITIES = ("llm", "embedding", "reranker")
@@ -43,7 +44,8 @@ class AgentConfig:
         "",
         parse=v.text,
         flag="--model",
-        help="Model ID to register; empty means discover it from the backend's /v1/models",
+        help="Model ID to register; empty means discover it from the backend "
+        "(/v1/models; Ollama's /api/tags)",
     )
     health_url: str = option(
         "",
@@ -100,6 +102,20 @@ class AgentConfig:
         secret=True,
         help="The shared secret itself, when no --jwt-secret-file is given",
     )
+    backend_api_key_file: str = option(
+        "",
+        parse=v.text,
+        flag="--backend-api-key-file",
+        help="File holding the API key the engine was started with (--api-key of vLLM, "
+        "SGLang, llama.cpp); sent as Authorization: Bearer on every backend request",
+    )
+    backend_api_key: str = option(
+        "",
+        parse=v.text,
+        env="HIVENET_AGENT_BACKEND_API_KEY",
+        secret=True,
+        help="The backend API key itself, when no --backend-api-key-file is given",
+    )
     http_timeout: float = duration_option(
         120.0,
         flag="--http-timeout",
@@ -140,7 +156,7 @@ class AgentConfig:
     reconnect_delay: float = duration_option(
         5.0,
         flag="--reconnect-delay",
-        help="First delay before reconnecting to the router; doubles up to 30s with jitter",
+        help="Wait before each reconnection to the router, give or take 20% (jitter)",
     )
     session_retry_interval: float = duration_option(
         30.0,
@@ -217,6 +233,15 @@ class AgentConfig:
         help="Log format: text or json",
     )
 
+    def __repr__(self) -> str:
+        # Secrets stay out of reprs (tracebacks, debug logs) as describe() keeps them out
+        # of the banner.
+        fields = ", ".join(
+            f"{name}={'<redacted>' if spec.secret else repr(getattr(self, name))}"
+            for name, spec in specs(type(self))
+        )
+        return f"{type(self).__name__}({fields})"
+
     def validate(self) -> None:
         if self.engine == "custom" and not (self.model and self.health_url):
             raise ConfigError("--engine custom needs both --model and --health-url")
@@ -224,3 +249,32 @@ class AgentConfig:
             raise ConfigError("--engine ollama cannot serve --capability reranker")
         if self.log_format not in {"text", "json"}:
             raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")
+
+
+def load_backend_api_key(config: AgentConfig) -> str:
+    """The backend API key, read once at start: from --backend-api-key-file (trailing
+    whitespace stripped), else HIVENET_AGENT_BACKEND_API_KEY; empty when neither is set.
+
+    Raises ConfigError naming the source, never the key.
+    """
+    path = config.backend_api_key_file
+    if path:
+        origin = f"--backend-api-key-file {path}"
+        try:
+            key = Path(path).read_text(encoding="utf-8").rstrip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {origin}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{origin} is not UTF-8 text") from None
+        if not key:
+            raise ConfigError(f"{origin} is empty")
+    else:
+        origin = "HIVENET_AGENT_BACKEND_API_KEY"
+        key = config.backend_api_key.strip()
+    # It travels in a header: anything but visible ASCII would break every request.
+    if not all("!" <= char <= "~" for char in key):
+        raise ConfigError(
+            f"the backend API key from {origin} holds a space, control or non-ASCII "
+            "character; only visible ASCII can be sent in an Authorization header"
+        )
+    return key

@@ -93,6 +93,14 @@ class SimConfig:
         flag="--embedding-dim",
         help="Embedding vector length",
     )
+    api_key: str = option(
+        "",
+        parse=v.text,
+        flag="--api-key",
+        secret=True,
+        help="Answer 401 unless a request carries Authorization: Bearer KEY, as an engine "
+        "started with --api-key does (here /health and /metrics too; /admin/* stays open)",
+    )
     fault_error_rate: float = option(
         0.0,
         parse=v.fraction,

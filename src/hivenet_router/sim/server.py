@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import logging
 import os
 import random
 import struct
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -72,7 +74,8 @@ class Simulator:
         self.created = int(time.time())
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = [self._require_key] if self.config.api_key else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
@@ -87,6 +90,25 @@ class Simulator:
         app.router.add_post("/admin/faults", self.set_faults)
         app.router.add_post("/admin/crash", self.crash)
         return app
+
+    @web.middleware
+    async def _require_key(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """vLLM's --api-key check (same 401 body), on every route but the test-only
+        /admin/*: stricter than vLLM, which leaves /health and /metrics open, so tests see
+        that the agent sends the key on its probes and scrapes too."""
+        if not request.path.startswith("/admin/"):
+            expected = f"Bearer {self.config.api_key}".encode()
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                log.warning("refused %s %s: no valid API key", request.method, request.path)
+                return web.Response(
+                    status=401, body=b'{"error":"Unauthorized"}', content_type=_JSON
+                )
+        return await handler(request)
 
     # -- plain routes ------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ aiohttp proxy, and through router plus agent.
     make bench-overhead ARGS="--compare HEAD~1"   # also another commit's router and agent
     make bench-overhead ARGS="--compare HEAD~1 --targets router+agent --loads json-1k \
         --concurrency 32 --rounds 6 --seconds 6"   # an interleaved A/B of one cell
+    make bench-overhead ARGS="--variants audit-off,tracing,access-log --targets router+agent"
 
 With --compare, the source of that commit is exported from git into a scratch folder and its
 router and agent run from it (same virtual environment, same simulator) as one more target,
@@ -64,6 +65,15 @@ class Row:
     cpu_us: dict[str, float]
 
 
+# Router settings measured beside the default (audit records on, request log off at
+# --log-level warn): extra router flags and environment for router and agent.
+VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "audit-off": (("--audit-log-path", ""), {}),
+    "access-log": (("--log-level", "info"), {}),
+    "tracing": ((), {"OTEL_TRACES_SAMPLER": "always_on"}),
+}
+
+
 def wait_ready(url: str) -> None:
     wait_http(url, lambda text: MODEL in text, timeout=30)
 
@@ -78,6 +88,11 @@ def main() -> int:
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--compare", default="", help="a git revision to measure beside")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved repeats per cell")
+    parser.add_argument(
+        "--variants",
+        default="",
+        help=f"more router+agent targets with one setting changed: {', '.join(VARIANTS)}",
+    )
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -129,6 +144,28 @@ def main() -> int:
             f"http://127.0.0.1:{other_http}",
             ["router@", "agent@", "sim"],
         )
+    receiver = None
+    for variant in filter(None, args.variants.split(",")):
+        extra, env = VARIANTS[variant]
+        if variant == "tracing":
+            from tests.otlp import Receiver  # a local OTLP collector, in this process
+
+            receiver = Receiver()
+            env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+        v_http, v_grpc = free_port(), free_port()
+        name = f"router[{variant}]"
+        fleet.start(
+            name, router_args(secret, tmp / f"store-{variant}", v_http, v_grpc, *queue, *extra), env
+        )
+        fleet.start(
+            f"agent[{variant}]",
+            agent_args(secret, v_grpc, sim_url, tmp / f"id-{variant}.key", "--capacity", "1024"),
+            env,
+        )
+        targets[f"router+agent[{variant}]"] = (
+            f"http://127.0.0.1:{v_http}",
+            [name, f"agent[{variant}]", "sim"],
+        )
     rows: list[Row] = []
     try:
         wait_ready(f"{sim_url}/v1/models")
@@ -153,6 +190,8 @@ def main() -> int:
                         )
     finally:
         fleet.stop()
+        if receiver is not None:
+            receiver.stop()
     rows = medians(rows, list(targets))
     text = render(rows, seconds, args.rounds)
     publish("overhead", [asdict(r) for r in rows], text, not args.no_docs)

@@ -252,6 +252,7 @@ class Cluster:
         name: str = "agent",
         backend_url: str | None = None,
         wait: bool = True,
+        env: dict[str, str] | None = None,
     ) -> Proc:
         backend = backend_url or (sim.url if sim else "")
         proc = self._proc(
@@ -276,6 +277,7 @@ class Cluster:
                 "200ms",
                 *extra,
             ],
+            env,
         )
         return proc
 

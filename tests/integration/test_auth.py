@@ -107,7 +107,7 @@ def test_admin_api_and_its_separate_keys(secured: tuple[Cluster, Router, Path]) 
             httpx.get(router.url + "/admin/health", headers=headers, timeout=5).status_code == 401
         )
     health = httpx.get(router.url + "/admin/health", headers=admin, timeout=5).json()
-    assert health["agents"] == 2 and health["models"][MODEL]["eligible"] == 1
+    assert health["total_agents"] == 2 and health["models"][MODEL]["eligible"] == 1
     table = httpx.get(router.url + "/admin/routing-table", headers=admin, timeout=5).json()
     peer = next(a["peer_id"] for a in table["agents"] if a["metadata"]["model"] == MODEL)
     # Drain: no new requests go to the agent; undrain brings it back.

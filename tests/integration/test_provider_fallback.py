@@ -57,8 +57,11 @@ def test_openai_fallback_when_every_local_step_fails(make_cluster: Cluster, tmp_
         )
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     text = router.metrics()
+    assert metric(text, "hivenet_policy_provider_fallback_total", provider="openai") == 2.0
     assert (
-        metric(text, "hivenet_policy_provider_fallback_total", provider="openai", result="success")
+        metric(
+            text, "http_client_request_duration_seconds_count", provider="openai", status_code="200"
+        )
         == 2.0
     )
     assert metric(text, "hivenet_router_active_forwards") == 0.0

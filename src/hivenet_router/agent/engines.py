@@ -222,6 +222,8 @@ _LLAMACPP = frozenset(
         "requests_processing",
         "requests_deferred",
         "prompt_tokens_total",
+        "prompt_tokens_seconds",
+        "predicted_tokens_seconds",
     )
 )
 
@@ -305,6 +307,8 @@ class LlamaCppAdapter(_OpenAIModels):
             avg_itl_seconds=itl,
             prompt_tokens_total=s.get("llamacpp:prompt_tokens_total"),
             generation_tokens_total=decoded,
+            prompt_tps=s.get("llamacpp:prompt_tokens_seconds"),
+            predicted_tps=s.get("llamacpp:predicted_tokens_seconds"),
         )
 
 

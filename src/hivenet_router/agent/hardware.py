@@ -72,7 +72,7 @@ class HardwareSampler:
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
                 if self._devices is not None and uuid not in self._devices:
                     continue
-                gpus.append(self._one(nvml, handle, uuid))
+                gpus.append(self._one(nvml, handle, uuid, index))
         except Exception as exc:
             if not self._warned:
                 log.warning("reading GPU metrics failed: %s", exc)
@@ -80,7 +80,7 @@ class HardwareSampler:
         return gpus
 
     @staticmethod
-    def _one(nvml: Any, handle: Any, uuid: str) -> GpuSnapshot:
+    def _one(nvml: Any, handle: Any, uuid: str, index: int) -> GpuSnapshot:
         def attempt(fn: Any, *args: Any) -> Any:
             try:
                 return fn(handle, *args)
@@ -92,11 +92,13 @@ class HardwareSampler:
         power = attempt(nvml.nvmlDeviceGetPowerUsage)
         return GpuSnapshot(
             uuid=uuid,
+            index=index,
             name=_text(attempt(nvml.nvmlDeviceGetName) or ""),
             temperature_c=attempt(nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU),
             util_percent=None if util is None else float(util.gpu),
             vram_used_bytes=None if memory is None else int(memory.used),
             vram_total_bytes=None if memory is None else int(memory.total),
+            vram_free_bytes=None if memory is None else int(memory.free),
             power_watts=None if power is None else power / 1000.0,
         )
 

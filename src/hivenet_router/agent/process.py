@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,6 +29,8 @@ from hivenet_router.config.agent import AgentConfig, load_backend_api_key
 from hivenet_router.config.options import ConfigError
 from hivenet_router.domain.agent import Heartbeat, Registration, Renewal, RoutingSignal
 from hivenet_router.http1.client import EngineClient
+from hivenet_router.observability.tracing import AgentTracing
+from hivenet_router.observability.tracing import configured as tracing_configured
 from hivenet_router.transport import frames, trust, websocket
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
 from hivenet_router.transport.link import (
@@ -105,8 +108,13 @@ class AgentProcess:
         # Keep as many connections as requests may run at once, so a busy agent does not
         # open a new connection per request once past a fixed idle limit.
         backend = EngineClient(cfg.backend_url, max_idle=min(cfg.capacity, 1024))
+        tracing = AgentTracing(os.environ) if tracing_configured(os.environ) else None
         proxy = BackendProxy(
-            backend, cfg.http_timeout, cfg.stream_write_timeout, auth=self._backend_auth
+            backend,
+            cfg.http_timeout,
+            cfg.stream_write_timeout,
+            auth=self._backend_auth,
+            tracing=tracing,
         )
         monitor = BackendMonitor(
             backend,
@@ -129,6 +137,8 @@ class AgentProcess:
         finally:
             await monitor.close()
             await backend.close()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.close)
         log.info("agent stopped")
         return 0
 

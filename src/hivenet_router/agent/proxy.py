@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
+from hivenet_router.observability.tracing import AgentTracing
 from hivenet_router.transport.link import Stream, StreamReset
 
 log = logging.getLogger("hivenet.agent")
@@ -47,6 +48,7 @@ class BackendProxy:
         http_timeout: float,
         write_timeout: float,
         auth: Sequence[tuple[str, str]] = (),
+        tracing: AgentTracing | None = None,
     ) -> None:
         self._engine = engine
         self._timeout = http_timeout or None
@@ -55,6 +57,7 @@ class BackendProxy:
         # whatever Authorization the request carried.
         self._auth = list(auth)
         self._drop = _HOP | {"authorization"} if self._auth else _HOP
+        self._tracing = tracing
         self.active = 0
 
     async def handle(self, stream: Stream) -> None:
@@ -65,7 +68,12 @@ class BackendProxy:
             body = await stream.read_all(MAX_REQUEST_BYTES)
             headers = [(k, v) for k, v in head.headers if k.lower() not in self._drop]
             headers += self._auth
-            await self._forward(stream, head.method, head.path, headers, body)
+            span = self._tracing.start(head.path, headers) if self._tracing is not None else None
+            try:
+                await self._forward(stream, head.method, head.path, headers, body)
+            finally:
+                if span is not None:
+                    span.end()
         finally:
             self.active -= 1
 

@@ -27,15 +27,19 @@ class EngineSnapshot(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=F
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
     prefix_cache_hit_rate: float | None = None
+    predicted_tps: float | None = None  # llama.cpp: generation throughput, tokens per second
+    prompt_tps: float | None = None  # llama.cpp: prompt processing, tokens per second
 
 
 class GpuSnapshot(msgspec.Struct, omit_defaults=True):
     uuid: Annotated[str, msgspec.Meta(max_length=128)]
+    index: Annotated[int, msgspec.Meta(ge=0, le=1024)] | None = None  # the NVML index
     name: Annotated[str, msgspec.Meta(max_length=128)] = ""
     temperature_c: float | None = None
     util_percent: float | None = None
     vram_used_bytes: int | None = None
     vram_total_bytes: int | None = None
+    vram_free_bytes: int | None = None
     power_watts: float | None = None
 
 

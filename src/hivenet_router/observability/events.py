@@ -46,11 +46,12 @@ class Queued:
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One forward to an agent ended before an answer: `code` says why; `stale` when the
-    agent's connection was found gone before anything was sent."""
+    agent's connection was found gone before anything was sent; `seconds` it took."""
 
     agent: str
     code: ErrorCode
     stale: bool = False
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class AnswerHead:
     step: int = 0
     step_name: str = ""
     provider: bool = False
+    seconds: float = 0.0  # from sending the request to its answer's head
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,21 +1,27 @@
-"""The router's Prometheus metrics, in the Go router's names, as an observer.
+"""The router's Prometheus metrics, in the Go router's names and label sets, as an observer.
 
 Counters and histograms of what happens to requests are fed by events (nothing on the
 request path calls them directly). What is a state rather than an event (agents and their
-statistics, occupancy, queues) is read at scrape time from the objects that hold it, so the
-request path pays nothing for it and a series can never go stale.
+statistics, occupancy, queues, requests in flight) is read at scrape time by the
+collectors in collectors.py, so the request path pays nothing for it.
+
+Every label value is chosen by the router, an operator or an authenticated agent, never by
+a client: models are labelled only once the router knows them (a made-up model name is
+refused before anything counts it), methods are one of a fixed few, routes are the route
+table's templates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
 from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.observability.events import (
@@ -31,52 +37,39 @@ from hivenet_router.observability.events import (
 from hivenet_router.observability.series import CounterSeries, HistogramSeries, SeriesCollector
 from hivenet_router.pipeline.ticket import Ticket
 
-_AGENT_INFO = ("peer_id", "region", "engine", "model", "capacity", "organization", "machine")
-ENGINE_GAUGES = (
-    "kv_cache_utilization",
-    "running_requests",
-    "waiting_requests",
-    "preemptions_total",
-    "avg_ttft_seconds",
-    "p90_ttft_seconds",
-    "avg_itl_seconds",
-    "p90_itl_seconds",
-)
-_TENANT = ("tenant_id", "key_id", "model")
+_TENANT = ("tenant_id", "key_id", "deployment_id", "model")
+UNSET = "unset"  # deployment_id before an agent was chosen
+# Waits and durations: 10 ms doubling to about 41 s, as the Go router buckets them.
+WAIT_BUCKETS = tuple(0.01 * 2**n for n in range(13))
 
 
 class MetricsObserver:
-    """Request and agent events counted into Prometheus series."""
+    """Request and agent events counted into Prometheus series.
 
-    def __init__(self) -> None:
+    `replicas(model)` says how many healthy agents serve a model (a per-model quota's
+    effective ceiling scales with it)."""
+
+    def __init__(self, replicas: Callable[[str], int] = lambda model: 0) -> None:
         self.registry = CollectorRegistry()
+        self._replicas = replicas
         c, h = CounterSeries, HistogramSeries
-        self.routed = c(
-            "hivenet_routing_requests_routed", "Requests answered by an agent", ("model",)
-        )
+        where = ("region", "engine", "model", "tenant_id")
+        self.routed = c("hivenet_routing_requests_routed", "Requests answered by an agent", where)
         self.failed = c(
             "hivenet_routing_requests_failed",
-            "Requests that ended in a router error",
-            ("model", "code"),
-        )
-        self.disconnections = c(
-            "hivenet_agent_disconnections", "Agent connections lost or removed", ("peer_id",)
-        )
-        self.agent_failure = c(
-            "hivenet_agent_failure", "Agents marked unhealthy after missed heartbeats", ("peer_id",)
-        )
-        self.backend_failure = c(
-            "hivenet_model_backend_failure",
-            "Agents that reported their backend unhealthy",
-            ("model",),
+            "Dispatched requests that ended in an error",
+            (*where, "code"),
         )
         self.connection_resets = c(
             "hivenet_agent_connection_resets",
-            "Forwards retried because a connection was stale",
-            ("peer_id",),
+            "Forwards retried because an agent's connection was found gone",
+            ("model", "reason"),
         )
         self.queue_wait = h(
-            "hivenet_queue_wait_seconds", "Time spent waiting for agent capacity", ("model",)
+            "hivenet_queue_wait_seconds",
+            "Time spent waiting for agent capacity",
+            ("model",),
+            WAIT_BUCKETS,
         )
         self.policy_primary = c(
             "hivenet_policy_primary_routed",
@@ -93,16 +86,55 @@ class MetricsObserver:
             "Requests for which every policy step was exhausted",
             ("model",),
         )
+        self.provider_fallback = c(
+            "hivenet_policy_provider_fallback",
+            "Requests a cloud provider answered after every local step was exhausted",
+            ("model", "provider"),
+        )
         self.admission_rejections = c(
             "hivenet_admission_rejections",
             "Requests refused before routing, by gate",
             ("reason", "model"),
         )
+        self.http_server = h(
+            "http_server_request_duration_seconds",
+            "Duration of requests on the public port",
+            ("method", "route", "status_code"),
+        )
+        self.http_client = h(
+            "http_client_request_duration_seconds",
+            "Time to the answer's head of calls to cloud providers",
+            ("provider", "status_code"),
+            WAIT_BUCKETS,
+        )
         self.request_duration = h(
             "hivenet_request_duration_seconds",
-            "Duration of public API requests",
-            ("endpoint", "status"),
+            "Duration of dispatched inference requests",
+            ("tenant_id", "peer_id", "model", "status_code"),
+            WAIT_BUCKETS,
         )
+        self._tenant_series()
+        self.policy_reload = c("hivenet_policy_reload", "Policy reloads", ("trigger", "result"))
+        self.quota_errors = c(
+            "hivenet_quota_backend_errors", "Failures to save or restore quota state", ()
+        )
+        self.tenants = TenantGauges()
+        self.registry.register(
+            SeriesCollector(v for v in vars(self).values() if isinstance(v, c | h))
+        )
+        self.registry.register(self.tenants)
+        ProcessCollector(registry=self.registry)
+        self._on: dict[type, Callable[[Ticket, Any], None]] = {
+            Ended: self._ended,
+            Refused: self._refused,
+            AnswerHead: self._head,
+            Queued: lambda t, e: self.queue_wait.observe((t.model,), e.seconds),
+            Attempt: self._attempt,
+            Exhausted: lambda t, e: self.policy_exhausted.inc((t.model,)),
+        }
+
+    def _tenant_series(self) -> None:
+        c, h = CounterSeries, HistogramSeries
         self.tenant_success = c(
             "hivenet_tenant_requests_success", "Successful requests per tenant", _TENANT
         )
@@ -113,32 +145,28 @@ class MetricsObserver:
         self.tenant_output = c(
             "hivenet_tenant_output_tokens", "Completion tokens per tenant", _TENANT
         )
+        self.tenant_duration = h(
+            "hivenet_tenant_request_duration_seconds",
+            "Duration of each tenant's inference requests",
+            _TENANT,
+            WAIT_BUCKETS,
+        )
         self.tenant_rate_limited = c(
-            "hivenet_tenant_rate_limited", "Requests refused by request or token rates", _TENANT
+            "hivenet_tenant_rate_limited",
+            "Requests refused by the requests-per-minute quota",
+            ("tenant_id", "key_id"),
         )
         self.tenant_token_limited = c(
-            "hivenet_tenant_token_limited", "Requests refused by the daily token budget", _TENANT
+            "hivenet_tenant_token_limited",
+            "Requests refused by the daily token budget",
+            ("tenant_id", "key_id", "deployment_id", "phase"),
         )
-        self.provider_fallback = c(
-            "hivenet_policy_provider_fallback",
-            "Requests sent to a provider after every local step was exhausted",
-            ("model", "provider", "result"),
-        )
-        self.policy_reload = c("hivenet_policy_reload", "Policy reloads", ("trigger", "result"))
-        self.registry.register(
-            SeriesCollector(v for v in vars(self).values() if isinstance(v, c | h))
-        )
-        self._on: dict[type, Callable[[Ticket, Any], None]] = {
-            Ended: self._ended,
-            Refused: self._refused,
-            AnswerHead: self._head,
-            Queued: lambda t, e: self.queue_wait.observe((t.model,), e.seconds),
-            Attempt: self._attempt,
-            Exhausted: lambda t, e: self.policy_exhausted.inc((t.model,)),
-        }
 
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)
+
+    def provider_call(self, provider: str, status: int, seconds: float) -> None:
+        self.http_client.observe((provider, str(status)), seconds)
 
     # -- events ---------------------------------------------------------------------------
 
@@ -147,9 +175,12 @@ class MetricsObserver:
         if handler is not None:
             handler(ticket, event)
 
+    def on_agent(self, event: AgentEvent) -> None:
+        return None  # agents' own counters live on their records (collectors.py)
+
     def _attempt(self, ticket: Ticket, event: Attempt) -> None:
         if event.stale:
-            self.connection_resets.inc((event.agent,))
+            self.connection_resets.inc((ticket.model, "stale_connection"))
 
     def _head(self, ticket: Ticket, event: AnswerHead) -> None:
         if event.provider:
@@ -160,229 +191,110 @@ class MetricsObserver:
             self.policy_fallback.inc((ticket.model, event.step_name))
 
     @staticmethod
-    def _tenant(ticket: Ticket) -> tuple[str, str, str]:
+    def _key(ticket: Ticket) -> tuple[str, str]:
         principal = ticket.principal
-        return (principal.tenant, principal.key_id or "anonymous", ticket.model)
+        return principal.tenant, principal.key_id or "anonymous"
 
     def _refused(self, ticket: Ticket, event: Refused) -> None:
         if event.reason != "daily":
             self.admission_rejections.inc((event.reason, ticket.model))
-        if event.code is ErrorCode.RATE_LIMIT_EXCEEDED:
-            self.tenant_rate_limited.inc(self._tenant(ticket))
+        if ticket.principal is None:
+            return
+        if event.reason == "b4_rpm":
+            self.tenant_rate_limited.inc(self._key(ticket))
         elif event.code is ErrorCode.TOKEN_LIMIT_EXCEEDED:
-            self.tenant_token_limited.inc(self._tenant(ticket))
+            self.tenant_token_limited.inc((*self._key(ticket), UNSET, "input"))
 
     def _ended(self, ticket: Ticket, event: Ended) -> None:
-        self.request_duration.observe((ticket.endpoint, str(event.status)), event.seconds)
+        status = str(event.status)
+        self.http_server.observe((ticket.method, ticket.endpoint, status), event.seconds)
+        if ticket.job is None or ticket.principal is None:
+            return  # not an inference request for a model the router knows
+        model = ticket.model
+        answered = event.code is None and event.status < 400 and event.outcome is Outcome.OK
+        tenant, key = self._key(ticket)
+        agent = ticket.agent
+        deployment = (agent.deployment_id or UNSET) if agent is not None else UNSET
+        labels = (tenant, key, deployment, model)
+        (self.tenant_success if answered else self.tenant_failed).inc(labels)
+        self.tenants.seen(ticket, self._replicas(model))
         if not ticket.dispatched:
             return
-        model = ticket.model
-        code = event.code
-        answered = code is None and event.status < 400 and event.outcome is Outcome.OK
-        if code is not None:
-            self.failed.inc((model, code.value))
+        self.tenant_duration.observe(labels, event.seconds)
+        self.request_duration.observe((tenant, ticket.origin, model, status), event.seconds)
+        usage = event.usage
+        if usage is not None and ticket.admitted:
+            self.tenant_input.inc(labels, usage.input_tokens)
+            self.tenant_output.inc(labels, usage.output_tokens)
+        where = (agent.region, agent.engine) if agent is not None else ("", "")
+        if event.code is not None:
+            self.failed.inc((*where, model, tenant, event.code.value))
         if ticket.provider:
-            result = "success" if answered else "error"
-            self.provider_fallback.inc((model, ticket.origin, result))
+            if answered:
+                self.provider_fallback.inc((model, ticket.origin))
         elif answered:
-            self.routed.inc((model,))
-        if ticket.admitted and ticket.principal is not None:
-            labels = self._tenant(ticket)
-            (self.tenant_success if answered else self.tenant_failed).inc(labels)
-            usage = event.usage
-            if usage is not None:
-                self.tenant_input.inc(labels, usage.input_tokens)
-                self.tenant_output.inc(labels, usage.output_tokens)
-
-    def on_agent(self, event: AgentEvent) -> None:
-        if event.kind == "disconnected":
-            self.disconnections.inc((event.peer_id,))
-        elif event.kind == "unhealthy":
-            self.agent_failure.inc((event.peer_id,))
-        elif event.kind == "backend_down":
-            self.backend_failure.inc((event.model,))
+            self.routed.inc((*where, model, tenant))
 
 
-# -- what is read at scrape time ---------------------------------------------------------------
+class TenantGauges(Collector):
+    """Each tenant's quota ceilings and the time of its last request, as its requests show
+    them (a tenant appears with its first request)."""
+
+    def __init__(self) -> None:
+        self.rpm: dict[str, int] = {}
+        self.tpd: dict[str, int] = {}
+        self.model_rpm: dict[tuple[str, str], int] = {}
+        self.model_tpd: dict[tuple[str, str], int] = {}
+        self.last: dict[tuple[str, str, str], float] = {}
+
+    def seen(self, ticket: Ticket, replicas: int) -> None:
+        principal = ticket.principal
+        tenant, quota, model = principal.tenant, principal.quota, ticket.model
+        agent = ticket.agent
+        deployment = (agent.deployment_id or UNSET) if agent is not None else UNSET
+        self.last[(tenant, principal.key_id or "anonymous", deployment)] = time.time()
+        if quota.per_model is None:
+            if quota.requests_per_minute:
+                self.rpm[tenant] = quota.requests_per_minute
+            if quota.tokens_per_day:
+                self.tpd[tenant] = quota.tokens_per_day
+            return
+        entry = quota.per_model.get(model)
+        if entry is not None:
+            self.model_rpm[(tenant, model)] = entry.rpm_per_replica * replicas
+            self.model_tpd[(tenant, model)] = entry.tokens_per_day
+
+    def collect(self) -> list[Metric]:
+        return [
+            _gauges(
+                "hivenet_tenant_quota_rpm_limit", "Requests per minute", ["tenant_id"], self.rpm
+            ),
+            _gauges("hivenet_tenant_quota_tpd_limit", "Tokens per day", ["tenant_id"], self.tpd),
+            _gauges(
+                "hivenet_tenant_per_model_quota_rpm_limit",
+                "Effective requests per minute (per replica times healthy replicas)",
+                ["tenant_id", "model"],
+                self.model_rpm,
+            ),
+            _gauges(
+                "hivenet_tenant_per_model_quota_tpd_limit",
+                "Tokens per day for the model",
+                ["tenant_id", "model"],
+                self.model_tpd,
+            ),
+            _gauges(
+                "hivenet_tenant_last_request_timestamp",
+                "Unix time of the tenant's last inference request",
+                ["tenant_id", "key_id", "deployment_id"],
+                self.last,
+            ),
+        ]
 
 
-class AgentView(Protocol):
-    """What the agent collector reads (the registry's records satisfy it)."""
-
-    @property
-    def reg(self) -> Registration: ...
-
-    @property
-    def eligible(self) -> bool: ...
-
-    active: int
-    successes: int
-    failures: int
-    input_tokens: int
-    output_tokens: int
-    srtt_ms: float | None
-    rttvar_ms: float | None
-    engine: EngineSnapshot | None
-    hardware: HardwareSnapshot | None
-    last_seen_wall: float | None
-
-
-def _family(kind: Callable[..., Any], name: str, text: str, labels: list[str]) -> Any:
-    return kind(name, text, labels=labels)
-
-
-class AgentCollector(Collector):
-    """Every registered agent's series, read from its record when Prometheus scrapes."""
-
-    def __init__(self, agents: Callable[[], Iterable[tuple[AgentView, int]]]) -> None:
-        self._agents = agents  # each agent with the streams open on its connection
-
-    def collect(self) -> Iterable[Metric]:
-        pm = ["peer_id", "model"]
-        g, c = GaugeMetricFamily, CounterMetricFamily
-        info = _family(
-            g, "hivenet_routing_agent_info", "1 while an agent is registered", list(_AGENT_INFO)
-        )
-        healthy = _family(g, "hivenet_routing_agent_healthy", "1 healthy, 0 unhealthy", pm)
-        seen = _family(
-            g,
-            "hivenet_routing_agent_last_seen_timestamp",
-            "Unix time of the last heartbeat",
-            ["peer_id"],
-        )
-        success = _family(c, "hivenet_agent_requests_success", "Successful requests per agent", pm)
-        failed = _family(c, "hivenet_agent_requests_failed", "Failed attempts per agent", pm)
-        tokens_in = _family(
-            c, "hivenet_agent_input_tokens", "Prompt tokens reported by backends", pm
-        )
-        tokens_out = _family(
-            c, "hivenet_agent_output_tokens", "Completion tokens reported by backends", pm
-        )
-        load = _family(
-            g, "hivenet_agent_capacity_utilization", "Active requests over declared capacity", pm
-        )
-        srtt = _family(g, "hivenet_agent_srtt_ms", "Smoothed round-trip time (RFC 6298)", pm)
-        rttvar = _family(g, "hivenet_agent_rttvar_ms", "Round-trip time variation (RFC 6298)", pm)
-        rate = _family(g, "hivenet_agent_success_rate", "Lifetime share of successful forwards", pm)
-        streams = _family(
-            g, "hivenet_agent_link_streams", "Streams open on the agent's connection", pm
-        )
-        engine = {
-            f: _family(g, f"hivenet_agent_engine_{f}", f"Engine-reported {f}", pm)
-            for f in ENGINE_GAUGES
-        }
-        hardware = {
-            f: _family(g, f"hivenet_agent_{f}", text, pm)
-            for f, text in (
-                ("cpu_usage_percent", "Host CPU use, percent"),
-                ("memory_used_percent", "Host memory use, percent"),
-                ("gpu_temperature_celsius", "Hottest GPU temperature"),
-                ("gpu_utilization_percent", "Busiest GPU compute use, percent"),
-            )
-        }
-        for agent, open_streams in self._agents():
-            reg = agent.reg
-            ids = [reg.peer_id, reg.model]
-            info.add_metric(
-                [
-                    reg.peer_id,
-                    reg.region,
-                    reg.engine,
-                    reg.model,
-                    str(reg.capacity),
-                    reg.organization,
-                    reg.machine,
-                ],
-                1,
-            )
-            healthy.add_metric(ids, 1 if agent.eligible else 0)
-            if agent.last_seen_wall is not None:
-                seen.add_metric([reg.peer_id], agent.last_seen_wall)
-            success.add_metric(ids, agent.successes)
-            failed.add_metric(ids, agent.failures)
-            tokens_in.add_metric(ids, agent.input_tokens)
-            tokens_out.add_metric(ids, agent.output_tokens)
-            load.add_metric(ids, agent.active / reg.capacity)
-            streams.add_metric(ids, open_streams)
-            if agent.srtt_ms is not None and agent.rttvar_ms is not None:
-                srtt.add_metric(ids, agent.srtt_ms)
-                rttvar.add_metric(ids, agent.rttvar_ms)
-            if agent.successes + agent.failures:
-                rate.add_metric(ids, agent.successes / (agent.successes + agent.failures))
-            _snapshots(agent, ids, engine, hardware)
-        yield from (info, healthy, seen, success, failed, tokens_in, tokens_out, load)
-        yield from (srtt, rttvar, rate, streams, *engine.values(), *hardware.values())
-
-
-def _snapshots(
-    agent: AgentView, ids: list[str], engine: dict[str, Any], hardware: dict[str, Any]
-) -> None:
-    if agent.engine is not None:
-        for name, family in engine.items():
-            value = getattr(agent.engine, name)
-            if value is not None:
-                family.add_metric(ids, value)
-    snapshot = agent.hardware
-    if snapshot is not None:
-        for name, value in (
-            ("cpu_usage_percent", snapshot.cpu_usage_percent),
-            ("memory_used_percent", snapshot.memory_used_percent),
-            ("gpu_temperature_celsius", snapshot.hottest()),
-            ("gpu_utilization_percent", snapshot.busiest()),
-        ):
-            if value is not None:
-                hardware[name].add_metric(ids, value)
-
-
-class StateCollector(Collector):
-    """Occupancy, budgets and queues, read at scrape time."""
-
-    def __init__(
-        self,
-        occupancy: Callable[[], Iterable[tuple[str, int, int]]],
-        limits: Callable[[], Iterable[tuple[str, tuple[int, int]]]],
-        waiting: Callable[[], Iterable[tuple[str, int]]],
-        pending: Callable[[], tuple[int, int]],
-    ) -> None:
-        self._occupancy = occupancy
-        self._limits = limits
-        self._waiting = waiting
-        self._pending = pending
-
-    def collect(self) -> Iterable[Metric]:
-        g = GaugeMetricFamily
-        tokens = g(
-            "hivenet_admission_occupancy_tokens", "Token-weighted work in flight", labels=["model"]
-        )
-        inflight = g(
-            "hivenet_admission_inflight_requests",
-            "Requests holding an occupancy reservation",
-            labels=["model"],
-        )
-        budget = g(
-            "hivenet_admission_budget_tokens",
-            "Effective B2 token budget at the last admission",
-            labels=["model"],
-        )
-        backstop = g(
-            "hivenet_admission_max_inflight",
-            "Effective in-flight backstop at the last admission",
-            labels=["model"],
-        )
-        depth = g("hivenet_queue_depth", "Requests waiting for agent capacity", labels=["model"])
-        for model, held, count in self._occupancy():
-            tokens.add_metric([model], held)
-            inflight.add_metric([model], count)
-        for model, (limit, most) in self._limits():
-            budget.add_metric([model], limit)
-            backstop.add_metric([model], most)
-        for model, waiting in self._waiting():
-            depth.add_metric([model], waiting)
-        queued, forwarding = self._pending()
-        global_queue = g(
-            "hivenet_router_pending_requests", "Requests waiting for a forwarding slot"
-        )
-        global_queue.add_metric([], queued)
-        forwards = g("hivenet_router_active_forwards", "Requests being forwarded to agents")
-        forwards.add_metric([], forwarding)
-        yield from (tokens, inflight, budget, backstop, depth, global_queue, forwards)
+def _gauges(
+    name: str, text: str, labels: list[str], values: Mapping[Any, float]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, text, labels=labels)
+    for key, value in list(values.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family

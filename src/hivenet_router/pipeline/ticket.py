@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hivenet_router.domain.agent import Registration
 from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import Job, RequestFacts, Usage
@@ -25,6 +26,7 @@ def _nothing() -> None:
 class Ticket:
     __slots__ = (
         "admitted",
+        "agent",
         "deadline",
         "dispatched",
         "endpoint",
@@ -33,6 +35,7 @@ class Ticket:
         "headers_out",
         "job",
         "leave_pool",
+        "method",
         "observers",
         "origin",
         "outcome",
@@ -42,6 +45,7 @@ class Ticket:
         "request_id",
         "source_ip",
         "started",
+        "trace",
         "trace_id",
         "usage",
     )
@@ -53,8 +57,10 @@ class Ticket:
         self.endpoint = endpoint  # the route, as metrics label it
         self.started = started  # event-loop time at arrival
         self.observers = observers
+        self.method = "GET"  # the HTTP method, one of a fixed few (metrics label it)
         self.source_ip = ""  # the client's address, as the connection gave it
         self.trace_id = ""  # the trace this request belongs to, when tracing is on
+        self.trace: Any = None  # the tracer's own record of the request's spans
         self.principal: Any = None  # who is calling (auth.providers.Principal)
         self.facts: RequestFacts | None = None
         self.job: Job | None = None
@@ -64,6 +70,7 @@ class Ticket:
         self.dispatched = False  # it reached dispatch: its failures count for its model
         self.origin = ""  # who answered: an agent's peer ID, or a provider's name
         self.provider = False  # the answer came from provider fallback
+        self.agent: Registration | None = None  # the agent that answered, as it registered
         # How it ended, for the last event: the error that ended it (also mid-stream),
         # how the answer was closed, and the usage the answer reported.
         self.failure: ErrorCode | None = None

@@ -3,6 +3,9 @@
 A routing session takes one `PolicySet` snapshot and keeps it; a reload builds a new set and
 swaps it in, so in-flight requests never see a half-applied change. Reload is conservative:
 an invalid file keeps what it replaced, and the reason is logged.
+
+The admin API may also replace the global policy or put and delete a named one; those
+changes live in memory only, until the next reload or restart rebuilds the set from files.
 """
 
 from __future__ import annotations
@@ -15,6 +18,12 @@ from pathlib import Path
 from hivenet_router.policy.document import BUILT_IN, Policy, PolicyError, parse_policy
 
 log = logging.getLogger("hivenet.policy")
+
+
+class PolicyConflict(PolicyError):
+    """A valid document that cannot go in beside the rest: it claims a model another named
+    policy claims, or a key's limits contradict it."""
+
 
 DEFAULT_NAMES = ("_default.yaml", "_default.yml")
 
@@ -83,6 +92,55 @@ class PolicyStore:
         self.current = fresh
         log.info("policies reloaded: global %s, %d named", fresh.default.name, len(fresh.named))
         return True
+
+    # -- in-memory changes (the admin API) -----------------------------------------------------
+
+    def parse(self, text: str, source: str, name: str, *, named: bool) -> Policy:
+        """Validate one document exactly as a policy file is validated; changes nothing.
+        Pure, so it may run off the event loop. Raises PolicyError."""
+        policy = parse_policy(text, source, name, require_models=named)
+        _check_provider(policy, self._providers)
+        return policy
+
+    def replace_default(self, policy: Policy) -> None:
+        """Make `policy` the global policy. Raises PolicyConflict when the keys refuse it."""
+        current = self.current
+        self._install(PolicySet(policy, current.named, current.by_model))
+
+    def put_named(self, policy: Policy) -> None:
+        """Add or replace the named policy `policy.name`. Raises PolicyConflict when another
+        named policy claims one of its models or the keys refuse it."""
+        current = self.current
+        taken = [
+            model
+            for model in policy.models
+            if (other := current.by_model.get(model)) is not None and other.name != policy.name
+        ]
+        if taken:
+            owner = current.by_model[taken[0]].name
+            raise PolicyConflict(f"models: {', '.join(taken)} already claimed by policy {owner}")
+        by_model = {m: p for m, p in current.by_model.items() if p.name != policy.name}
+        by_model.update(dict.fromkeys(policy.models, policy))
+        self._install(PolicySet(current.default, {**current.named, policy.name: policy}, by_model))
+
+    def delete_named(self, name: str) -> bool:
+        """Remove a named policy (its models fall back to the global one); False if absent.
+        Raises PolicyConflict when the keys refuse what is left."""
+        current = self.current
+        if name not in current.named:
+            return False
+        named = {n: p for n, p in current.named.items() if n != name}
+        by_model = {m: p for m, p in current.by_model.items() if p.name != name}
+        self._install(PolicySet(current.default, named, by_model))
+        return True
+
+    def _install(self, candidate: PolicySet) -> None:
+        problem = self.check(candidate)
+        if problem is not None:
+            raise PolicyConflict(problem)
+        self.current = candidate
+
+    # -- files ----------------------------------------------------------------------------------
 
     def _global(self, path: Path, name: str, initial: bool, previous: Policy) -> Policy:
         """A global policy file: fatal when invalid at start, kept as it was on reload."""

@@ -1,6 +1,11 @@
 """The operator API under /admin/*, behind the administrator provider.
 
-Errors here use the simple `{"error": "..."}` shape operators of the Go router know.
+Errors about state (no such agent, a stale key version, a conflict) use the simple
+`{"error": "..."}` shape operators of the Go router know; a request body that cannot be
+used (too large, too slow, an invalid policy) gets the envelope every request error has.
+The policy routes are in admin_policy.py, storage and the metrics reset in
+admin_history.py, the registration stream in admin_stream.py, the answers' shapes in
+admin_views.py.
 """
 
 from __future__ import annotations
@@ -9,16 +14,20 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 import orjson
 
 from hivenet_router.auth.providers import AuthState, DynamicKeys, StaticKeys
 from hivenet_router.auth.registry import DynamicKey, DynamicRegistry, RegistryError
 from hivenet_router.clock import Clock
 from hivenet_router.http1.messages import Answer, Request, Response
-from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.store import PolicyStore
+from hivenet_router.router.admin_history import HistoryApi
+from hivenet_router.router.admin_policy import PolicyApi
+from hivenet_router.router.admin_stream import RegistrationFeed
+from hivenet_router.router.admin_views import health_entry, routing_entry
+from hivenet_router.router.catalog import healthy, model_object
 from hivenet_router.router.dispatch import Dispatcher
+from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.requests import read_body
 from hivenet_router.state.local import DailyCounter
@@ -28,61 +37,6 @@ Handler = Callable[[Request], Awaitable[Answer]]
 
 def _json(value: object, status: int = 200) -> Response:
     return Response(orjson.dumps(value), status)
-
-
-def _agent(record: AgentRecord, now: float) -> dict[str, Any]:
-    return {
-        "peer_id": record.peer_id,
-        "metadata": msgspec.to_builtins(record.reg),
-        "health": {
-            "connected": record.connected,
-            "process_healthy": record.process_healthy,
-            "backend_healthy": record.backend_healthy,
-            "draining": record.draining,
-            "eligible": record.eligible,
-            "seconds_since_heartbeat": round(now - record.last_heartbeat, 3),
-        },
-        "capacity": record.capacity,
-        "active_requests": record.active,
-        "history": {
-            "successes": record.successes,
-            "failures": record.failures,
-            "consecutive_failures": record.consecutive_failures,
-            "srtt_ms": record.srtt_ms,
-            "rttvar_ms": record.rttvar_ms,
-            "input_tokens": record.input_tokens,
-            "output_tokens": record.output_tokens,
-            "disconnects": record.disconnects,
-            "health_failures": record.health_failures,
-        },
-        "engine": msgspec.to_builtins(record.engine) if record.engine else None,
-        "hardware": msgspec.to_builtins(record.hardware) if record.hardware else None,
-    }
-
-
-def _step(step: Step) -> dict[str, Any]:
-    return {
-        "name": step.name,
-        "match": dict(step.match.fields)
-        | ({"tags": list(step.match.tags)} if step.match.tags else {}),
-        "exclude_if": {g.signal: {g.op: g.threshold} for g in step.gates},
-        "strategy": step.strategy,
-        "max_tries": step.max_tries,
-    }
-
-
-def _policy(policy: Policy) -> dict[str, Any]:
-    provider = policy.fallback_provider
-    return {
-        "name": policy.name,
-        "source": policy.source,
-        "models": list(policy.models),
-        "routing_policy": _step(policy.steps[0]),
-        "fallback_chain": [_step(s) for s in policy.steps[1:]],
-        "fallback_provider": {"engine": provider.engine, "model": provider.model}
-        if provider
-        else None,
-    }
 
 
 class AdminApi:
@@ -97,8 +51,15 @@ class AdminApi:
         reload: Callable[[], Awaitable[dict[str, bool]]],
         daily: DailyCounter,
         auth: AuthState,
+        history: HistoryKeeper,
         body_timeout: float = 30.0,
     ) -> None:
+        self.history_api = HistoryApi(registry, history)
+        # The registration stream follows the registry from here on; the process closes
+        # it at shutdown.
+        self.feed = RegistrationFeed(clock)
+        registry.listen(self.feed.publish)
+        self.policy_api = PolicyApi(policies, body_timeout)
         self.body_timeout = body_timeout
         self.auth = auth
         self.daily = daily
@@ -114,15 +75,15 @@ class AdminApi:
         return [
             ("GET", "/admin/health", self.health),
             ("GET", "/admin/routing-table", self.routing_table),
+            ("GET", "/admin/registration-stream", self.feed.serve),
             ("GET", "/admin/models", self.models),
             ("GET", "/admin/models/{model:.+}", self.model),
+            *self.history_api.routes(),
             ("GET", "/admin/agents/{peer_id}", self.agent),
             ("POST", "/admin/agents/{peer_id}/drain", self.drain),
             ("POST", "/admin/agents/{peer_id}/undrain", self.undrain),
             ("DELETE", "/admin/agents/{peer_id}", self.remove),
-            ("GET", "/admin/policy", self.policy),
-            ("GET", "/admin/policy/models", self.policy_models),
-            ("GET", "/admin/policy/models/{name}", self.policy_model),
+            *self.policy_api.routes(),
             ("POST", "/admin/reload", self.reload_all),
             ("GET", "/admin/usage", self.usage),
             ("GET", "/admin/quotas", self.quotas),
@@ -135,52 +96,75 @@ class AdminApi:
         ]
 
     async def health(self, request: Request) -> Response:
-        agents = self.registry.all()
-        models = self.registry.models()
+        """The Go router's summary (status, counts, queue length, agents) and this router's
+        per-model view, global queue and registration-stream subscribers."""
+        agents = sorted(self.registry.all(), key=lambda a: a.peer_id)
+        up = sum(1 for a in agents if healthy(a))
         pending = self.dispatcher.pending
         return _json(
             {
-                "status": "ok",
+                "status": "healthy" if up else "degraded",
+                "timestamp": int(self.clock.wall()),
+                "total_agents": len(agents),
+                "healthy_agents": up,
+                "queue_length": pending.waiting,
+                "agents": [health_entry(a) for a in agents],
                 "uptime_seconds": round(time.time() - self.started, 1),
-                "agents": len(agents),
                 "eligible_agents": sum(1 for a in agents if a.eligible),
-                "models": {
-                    model: {
-                        "agents": len(records),
-                        "eligible": sum(1 for a in records if a.eligible),
-                        "active_requests": sum(a.active for a in records),
-                        "capacity": sum(a.capacity for a in records),
-                        "waiting_for_capacity": self.dispatcher.queued(model),
-                    }
-                    for model, records in sorted(models.items())
-                },
+                "models": self._model_loads(),
                 "queue": {"waiting": pending.waiting, "forwarding": pending.forwarding},
+                "registration_stream": {
+                    "subscribers": self.feed.subscribers,
+                    "dropped": self.feed.dropped,
+                },
             }
         )
 
+    def _model_loads(self) -> dict[str, dict[str, int]]:
+        return {
+            model: {
+                "agents": len(records),
+                "eligible": sum(1 for a in records if a.eligible),
+                "active_requests": sum(a.active for a in records),
+                "capacity": sum(a.capacity for a in records),
+                "waiting_for_capacity": self.dispatcher.queued(model),
+            }
+            for model, records in sorted(self.registry.models().items())
+        }
+
     async def routing_table(self, request: Request) -> Response:
         now = self.clock.monotonic()
-        return _json({"agents": [_agent(a, now) for a in self.registry.all()]})
+        agents = self.registry.all()
+        return _json({"total": len(agents), "agents": [routing_entry(a, now) for a in agents]})
 
     async def models(self, request: Request) -> Response:
+        """The whole catalog, as /v1/models shows it but unfiltered (`object`, `data`); the
+        earlier answer, each model's agents keyed by model name, is kept beside it."""
         now = self.clock.monotonic()
+        models = sorted(self.registry.models().items())
+        by_name: dict[str, Any] = {
+            model: [routing_entry(a, now) for a in records] for model, records in models
+        }
         return _json(
-            {
-                model: [_agent(a, now) for a in records]
-                for model, records in sorted(self.registry.models().items())
+            by_name
+            | {
+                "object": "list",
+                "data": [model_object(model, records, detail=False) for model, records in models],
             }
         )
 
     async def model(self, request: Request) -> Response:
-        records = self.registry.for_model(request.match_info["model"])
+        name = request.match_info["model"]
+        records = self.registry.for_model(name)
         if not records:
             return _json({"error": "model not registered"}, 404)
         now = self.clock.monotonic()
         return _json(
-            {
-                "model": request.match_info["model"],
-                "policy": self.policies.current.for_model(request.match_info["model"]).name,
-                "agents": [_agent(a, now) for a in records],
+            model_object(name, records, detail=True)
+            | {
+                "model": name,
+                "policy": self.policies.current.for_model(name).name,
+                "routing_table": [routing_entry(a, now) for a in records],
             }
         )
 
@@ -191,13 +175,15 @@ class AdminApi:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
-        return _json(_agent(record, self.clock.monotonic()))
+        return _json(routing_entry(record, self.clock.monotonic()))
 
     async def drain(self, request: Request) -> Response:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
-        record.draining = True  # no new requests; those in flight finish
+        if not record.draining:
+            record.draining = True  # no new requests; those in flight finish
+            self.registry.announce("drained", record)
         return _json(
             {"peer_id": record.peer_id, "draining": True, "active_requests": record.active}
         )
@@ -206,7 +192,9 @@ class AdminApi:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
-        record.draining = False
+        if record.draining:
+            record.draining = False
+            self.registry.announce("undrained", record)
         self.registry.changed(record.model)
         return _json({"peer_id": record.peer_id, "draining": False})
 
@@ -217,19 +205,6 @@ class AdminApi:
         self.registry.remove(record.peer_id)
         self.remove_agent(record)
         return _json({"peer_id": record.peer_id, "removed": True})
-
-    async def policy(self, request: Request) -> Response:
-        return _json(_policy(self.policies.current.default))
-
-    async def policy_models(self, request: Request) -> Response:
-        current = self.policies.current
-        return _json({name: list(p.models) for name, p in sorted(current.named.items())})
-
-    async def policy_model(self, request: Request) -> Response:
-        policy = self.policies.current.named.get(request.match_info["name"])
-        if policy is None:
-            return _json({"error": "no such policy"}, 404)
-        return _json(_policy(policy))
 
     async def quotas(self, request: Request) -> Response:
         """Every key's limits (static or dynamic), without hashes, and today's use."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.router.registry import AgentRecord
 
 ModelObject = dict[str, object]
 
@@ -68,4 +70,59 @@ def anthropic_page(objects: list[ModelObject], query: Mapping[str, str]) -> Mode
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
         "has_more": more,
+    }
+
+
+def healthy(record: AgentRecord) -> bool:
+    """Healthy as the router judges health: connected, heartbeating, backend up. Draining
+    is a routing choice, not ill health (`eligible` says whether it takes requests)."""
+    return record.connected and record.process_healthy and record.backend_healthy
+
+
+def last_seen(record: AgentRecord) -> int | None:
+    return int(record.last_seen_wall) if record.last_seen_wall is not None else None
+
+
+def _catalog_entry(record: AgentRecord) -> dict[str, Any]:
+    reg = record.reg
+    return {
+        "peer_id": reg.peer_id,
+        "engine": reg.engine,
+        "version": reg.version,
+        "region": reg.region,
+        "organization": reg.organization,
+        "machine": reg.machine,
+        "capacity": reg.capacity,
+        "is_healthy": healthy(record),
+        "last_seen": last_seen(record),
+    }
+
+
+def model_object(model: str, records: list[AgentRecord], *, detail: bool) -> dict[str, Any]:
+    """A model as the catalog shows it (`/admin/models`; `/v1/models` likewise once the
+    public handler uses it). Where agents disagree, the earliest registered non-empty value
+    wins; `detail` adds one entry per agent (`agents.list`)."""
+    ordered = sorted(records, key=lambda a: a.registered_at)
+    regs = [a.reg for a in ordered]
+    agents: dict[str, Any] = {
+        "total": len(ordered),
+        "healthy": sum(1 for a in ordered if healthy(a)),
+        "total_capacity": sum(r.capacity for r in regs),
+        "engines": sorted({r.engine for r in regs if r.engine}),
+        "regions": sorted({r.region for r in regs if r.region}),
+    }
+    if detail:
+        agents["list"] = [_catalog_entry(a) for a in ordered]
+    return {
+        "id": model,
+        "object": "model",
+        "created": int(ordered[0].registered_at) if ordered else 0,
+        "owned_by": "hivenet-router",
+        "pretty_name": next((r.llm_pretty_name for r in regs if r.llm_pretty_name), None),
+        "info": next((r.llm_info for r in regs if r.llm_info), None),
+        "capability": next((r.capability for r in regs if r.capability), None),
+        "capabilities": sorted({r.capability for r in regs}),
+        "hide_llm": any(r.hide_llm for r in regs),
+        "healthy_replicas": sum(1 for a in ordered if a.eligible),
+        "agents": agents,
     }

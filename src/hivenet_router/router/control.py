@@ -113,6 +113,7 @@ class ControlPlane:
                 record.disconnected_at = self.clock.monotonic()
                 record.disconnects += 1
                 self.observers.on_agent(AgentEvent("disconnected", record.peer_id, record.model))
+                self.registry.announce("disconnected", record)
         return ws
 
     def _management(self, binding: Binding) -> Callable[[Stream], Awaitable[None]]:
@@ -221,15 +222,19 @@ class ControlPlane:
         if record is None:
             return 409, {"error": "not registered"}
         record.last_heartbeat = self.clock.monotonic()
+        was_healthy = record.process_healthy and record.backend_healthy
         if not record.process_healthy:
             log.info("agent %s healthy again", record.peer_id)
         record.process_healthy = True
         if record.backend_healthy and not beat.backend_healthy:
             log.warning("agent %s reports its backend unhealthy", record.peer_id)
+            record.backend_failures += 1
             self.observers.on_agent(AgentEvent("backend_down", record.peer_id, record.model))
         record.backend_healthy = beat.backend_healthy
         self._snapshots(record, beat.engine, beat.hardware)
         record.last_seen_wall = self.clock.wall()
+        if was_healthy != (record.process_healthy and record.backend_healthy):
+            self.registry.announce("unhealthy" if was_healthy else "healthy", record)
         if record.eligible:
             self.registry.changed(record.model)
         return 200, {"ok": True}

@@ -187,6 +187,7 @@ class Dispatcher:
                 if agent is None:
                     break
                 ticket.phase = "forward"
+                sent = self.clock.monotonic()
                 try:
                     answer = await self._attempt(ticket, job, agent)
                 except _Retry as retry:
@@ -194,7 +195,14 @@ class Dispatcher:
                     self._release(agent)
                     failed.add(agent.peer_id)
                     last = retry.error
-                    ticket.emit(Attempt(agent.peer_id, retry.error.code, retry.stale))
+                    ticket.emit(
+                        Attempt(
+                            agent.peer_id,
+                            retry.error.code,
+                            retry.stale,
+                            self.clock.monotonic() - sent,
+                        )
+                    )
                     log.info(
                         "attempt on agent %s failed (step %s): %s",
                         agent.peer_id,
@@ -210,8 +218,12 @@ class Dispatcher:
                 except BaseException:
                     self._release(agent)
                     raise
-                ticket.origin = agent.peer_id
-                ticket.emit(AnswerHead(agent.peer_id, index, step.name))
+                ticket.origin, ticket.agent = agent.peer_id, agent.reg
+                ticket.emit(
+                    AnswerHead(
+                        agent.peer_id, index, step.name, seconds=self.clock.monotonic() - sent
+                    )
+                )
                 return answer
         ticket.emit(Exhausted())
         raise self._exhausted(job, policy, last, full)
@@ -263,6 +275,10 @@ class Dispatcher:
                 return choice.agent, False
             if not choice.full:
                 return None, False
+            if waited_from is None:
+                for agent in agents:  # each full candidate turned this request away once
+                    if agent.eligible and agent.active >= agent.capacity:
+                        agent.rejected += 1
             queue = self._queue(facts.model)
             if self.limits.queue_depth == 0 or (not front and queue.full):
                 return None, True
@@ -365,10 +381,13 @@ class Dispatcher:
         )
         ticket.leave_pool()  # the provider does not use the local pool's occupancy
         ticket.provider, ticket.origin = True, provider.engine
+        sent = self.clock.monotonic()
         answer = await self.providers.forward(
             provider.engine, provider.model, job.route, job.body, job.headers, job.stream
         )
-        ticket.emit(AnswerHead(provider.engine, provider=True))
+        ticket.emit(
+            AnswerHead(provider.engine, provider=True, seconds=self.clock.monotonic() - sent)
+        )
         return answer
 
 

@@ -20,6 +20,7 @@ from hivenet_router.auth.providers import AuthState
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.http1.messages import Answer, App, Request, Response
 from hivenet_router.observability.events import Ended, Observers
+from hivenet_router.observability.tracing import Tracing
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.cors import Cors
@@ -37,6 +38,8 @@ INFERENCE_ROUTES = (
     "/v1/rerank",
 )
 CLIENT_GONE = 499  # the status a request that lost its client is recorded with
+# Methods as metrics label them; any other token a client sends is "OTHER".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
 Handler = Callable[[Request], Awaitable[Answer]]
 
@@ -46,12 +49,20 @@ def _error_response(status: int, body: bytes, rid: str) -> Response:
 
 
 class Edge:
-    def __init__(self, auth: AuthState, observers: Observers, cors: Cors | None = None) -> None:
+    def __init__(
+        self,
+        auth: AuthState,
+        observers: Observers,
+        cors: Cors | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         self._auth = auth
         self._observers = observers
         self.cors = cors
+        self.tracing = tracing
         self._loop_time = asyncio.get_running_loop().time
-        self.inflight: set[asyncio.Task[Any]] = set()
+        # Requests being served: their task, with their method and route.
+        self.inflight: dict[asyncio.Task[Any], tuple[str, str]] = {}
 
     async def drain(self, grace: float, cutting: Callable[[], None]) -> int:
         """Give the requests in flight up to `grace` seconds to finish, then call `cutting`
@@ -76,11 +87,12 @@ class Edge:
         async def edge(request: Request) -> Answer:
             task = asyncio.current_task()
             assert task is not None
-            inflight.add(task)
+            method = request.method if request.method in METHODS else "OTHER"
+            inflight[task] = (method, endpoint)
             try:
-                return await serve(request, endpoint, handler, guard)
+                return await serve(request, endpoint, handler, guard, method)
             finally:
-                inflight.discard(task)
+                del inflight[task]
 
         return edge
 
@@ -94,13 +106,18 @@ class Edge:
         elif guard == "admin" and not auth.admin.authenticate(credential(request)):
             raise ApiError(ErrorCode.UNAUTHORIZED, "unauthorized")
 
-    async def _serve(self, request: Request, endpoint: str, handler: Handler, guard: str) -> Answer:
+    async def _serve(
+        self, request: Request, endpoint: str, handler: Handler, guard: str, method: str
+    ) -> Answer:
         rid = request_id(request.headers.get("x-request-id"))
         ticket = Ticket(rid, endpoint, self._loop_time(), self._observers)
+        ticket.method = method
         ticket.source_ip = request.source
         request.ticket = ticket
         if self.cors is not None:
             ticket.headers_out.update(self.cors.headers(request))
+        if self.tracing is not None:
+            self.tracing.begin(ticket, method, request.headers.get("traceparent"))
         try:
             response = await self._answer(request, ticket, handler, guard)
         except BaseException:
@@ -109,7 +126,7 @@ class Edge:
             raise
         if isinstance(response, Response):
             response.headers["X-Request-ID"] = rid
-            if self.cors is not None:
+            if ticket.headers_out:
                 response.headers.update(ticket.headers_out)
             response.close = response.close or request.close
         self._end(ticket, response.status)

@@ -76,22 +76,11 @@ class Handlers:
 
     # -- model discovery ------------------------------------------------------------------------
 
-    def _model_object(self, model: str) -> dict[str, object] | None:
+    def _model_object(self, model: str, detail: bool = False) -> dict[str, object] | None:
         agents = self.registry.for_model(model)
         if not agents:
             return None
-        first = min(agents, key=lambda a: a.registered_at)
-        return {
-            "id": model,
-            "object": "model",
-            "created": int(first.registered_at),
-            "owned_by": "hivenet-router",
-            "capabilities": sorted({a.reg.capability for a in agents}),
-            "healthy_replicas": sum(1 for a in agents if a.eligible),
-            "hide_llm": any(a.reg.hide_llm for a in agents),
-            "pretty_name": first.reg.llm_pretty_name or None,
-            "info": first.reg.llm_info or None,
-        }
+        return catalog.model_object(model, agents, detail=detail)
 
     async def models(self, request: Request) -> Answer:
         principal: Principal = request.ticket.principal
@@ -108,7 +97,7 @@ class Handlers:
     async def model(self, request: Request) -> Answer:
         model = request.match_info["model"]
         principal: Principal = request.ticket.principal
-        obj = self._model_object(model) if principal.sees(model) else None
+        obj = self._model_object(model, detail=True) if principal.sees(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
         if catalog.wants_anthropic(request.headers):

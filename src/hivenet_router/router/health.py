@@ -66,3 +66,5 @@ class HealthMonitor:
                 record.process_healthy = False
                 record.health_failures += 1
                 self.observers.on_agent(AgentEvent("unhealthy", record.peer_id, record.model))
+                if record.backend_healthy:  # else it was unhealthy already
+                    self.registry.announce("unhealthy", record)

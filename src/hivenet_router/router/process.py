@@ -159,7 +159,7 @@ class RouterProcess:
             ),
             store,
             remove_agent=lambda record: self._removed(router, background, record),
-            reload=lambda: self._reload(router, "admin"),
+            reload=lambda: self._reload(router, "api"),
         )
         auth_server = GrpcAuthServer(router.authenticator, self.tls.server_context())
         listening = await self._listen(router, auth_server)
@@ -269,7 +269,11 @@ class RouterProcess:
     async def _restore_quota(self, router: Router, store: SqliteHistory) -> None:
         if self.config.quota_backend == "badger":
             day, _ = router.daily.today()
-            router.daily.restore(day, await store.load_tokens(day))
+            try:
+                router.daily.restore(day, await store.load_tokens(day))
+            except sqlite3.Error as exc:
+                router.metrics.quota_errors.inc(())
+                log.error("cannot restore daily token totals: %s", exc)
 
     async def _save_quota(self, router: Router, store: SqliteHistory) -> None:
         if self.config.quota_backend == "badger":
@@ -277,6 +281,7 @@ class RouterProcess:
             try:
                 await store.save_tokens(day, totals)
             except sqlite3.Error as exc:
+                router.metrics.quota_errors.inc(())
                 log.error("cannot save daily token totals: %s", exc)
 
     def _chores(self, router: Router, store: SqliteHistory) -> list[Coroutine[Any, Any, None]]:
@@ -314,6 +319,7 @@ class RouterProcess:
         # The public port closes first, while agent connections still carry what is in
         # flight; only then do the agents hear that the router is going away.
         listening.public.stop_listening()
+        router.admin.feed.close()  # registration streams never finish by themselves
         cut = await router.edge.drain(grace, lambda: setattr(router.relay, "stopping", True))
         if cut:
             log.warning("shutdown grace over: cut %d request(s) still in flight", cut)
@@ -330,6 +336,8 @@ class RouterProcess:
             await runner.cleanup()
         for writer in router.writers.values():
             await asyncio.to_thread(writer.close)
+        if router.tracing is not None:
+            await asyncio.to_thread(router.tracing.close)  # sends what is left, bounded
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ routes, an Anthropic provider the Anthropic ones). Credentials are read once at 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -81,6 +83,8 @@ class Providers:
     def __init__(self, configs: dict[str, ProviderConfig]) -> None:
         self._configs = configs
         self._session: aiohttp.ClientSession | None = None
+        # Told of every call: provider, HTTP status (0 when unreachable), seconds to the head.
+        self.on_call: Callable[[str, int, float], None] = lambda name, status, seconds: None
 
     @property
     def available(self) -> frozenset[str]:
@@ -116,15 +120,18 @@ class Providers:
             raise ApiError(
                 ErrorCode.REQUEST_INVALID, f"cannot forward to provider: {exc}"
             ) from None
+        started = time.monotonic()
         try:
             response = await self._http().post(
                 config.base_url + route, data=payload, headers=config.headers(client_headers)
             )
         except aiohttp.ClientError as exc:
+            self.on_call(name, 0, time.monotonic() - started)
             log.warning("provider %s unreachable: %r", name, exc)
             raise ApiError(
                 ErrorCode.BACKEND_ERROR, f"provider {name} could not be reached", source="backend"
             ) from None
+        self.on_call(name, response.status, time.monotonic() - started)
         content_type = response.headers.get("Content-Type", "application/json")
         headers = [("content-type", content_type)]
         handed_over = False

@@ -2,6 +2,9 @@
 
 The registry knows nothing of who waits for agents: whoever does (dispatch) subscribes with
 `watch` and is told which model gained room (an agent joined, recovered or was undrained).
+Whoever follows registrations (the admin registration stream) subscribes with `listen` and
+is told each change by name (`announce`); parts that change an agent's state (the control
+plane, the health monitor, the admin API) announce it here.
 Metrics read the records at scrape time; nothing here counts for them.
 """
 
@@ -59,6 +62,8 @@ class AgentRecord:
     output_tokens: int = 0
     disconnects: int = 0
     health_failures: int = 0
+    backend_failures: int = 0  # times it reported its backend unhealthy
+    rejected: int = 0  # times a request wanted a slot while it was full
 
     def history(self) -> AgentHistory:
         return AgentHistory(
@@ -69,6 +74,8 @@ class AgentRecord:
             output_tokens=self.output_tokens,
             disconnects=self.disconnects,
             health_failures=self.health_failures,
+            backend_failures=self.backend_failures,
+            rejected=self.rejected,
             srtt_ms=self.srtt_ms,
             rttvar_ms=self.rttvar_ms,
         )
@@ -81,6 +88,8 @@ class AgentRecord:
         self.output_tokens += past.output_tokens
         self.disconnects += past.disconnects
         self.health_failures += past.health_failures
+        self.backend_failures += past.backend_failures
+        self.rejected += past.rejected
         if self.srtt_ms is None:
             self.srtt_ms, self.rttvar_ms = past.srtt_ms, past.rttvar_ms
 
@@ -91,6 +100,7 @@ class AgentRecord:
         self.srtt_ms, self.rttvar_ms = old.srtt_ms, old.rttvar_ms
         self.input_tokens, self.output_tokens = old.input_tokens, old.output_tokens
         self.disconnects, self.health_failures = old.disconnects, old.health_failures
+        self.backend_failures, self.rejected = old.backend_failures, old.rejected
 
     def finished(self, ok: bool | None, rtt_ms: float | None, usage: Usage | None) -> None:
         """The one writer of per-request statistics: `ok` True for a success, False for a
@@ -138,6 +148,7 @@ class AgentRecord:
     def try_acquire(self) -> bool:
         """Take one capacity slot if one is free. Synchronous, so check and take are atomic."""
         if self.active >= self.capacity:
+            self.rejected += 1
             return False
         self.active += 1
         self.last_assigned = next(_order)
@@ -150,6 +161,7 @@ class AgentRecord:
 
 
 Watcher = Callable[[str], None]
+Listener = Callable[[str, AgentRecord], None]
 
 
 class Registry:
@@ -159,10 +171,24 @@ class Registry:
         self._by_peer: dict[str, AgentRecord] = {}
         self._by_model: dict[str, dict[str, AgentRecord]] = {}
         self._watchers: list[Watcher] = []
+        self._listeners: list[Listener] = []
 
     def watch(self, watcher: Watcher) -> None:
         """Call `watcher(model)` whenever a model may have gained an eligible agent."""
         self._watchers.append(watcher)
+
+    def listen(self, listener: Listener) -> None:
+        """Call `listener(change, record)` on every registration change: `registered`,
+        `updated` (the same peer ID registered again), `unhealthy`, `healthy`, `drained`,
+        `undrained`, `disconnected`, `unregistered` (removed from the registry)."""
+        self._listeners.append(listener)
+
+    def announce(self, change: str, record: AgentRecord) -> None:
+        for listener in self._listeners:
+            try:
+                listener(change, record)
+            except Exception:  # a follower's fault must never undo a registration
+                log.exception("registration listener failed on %s of %s", change, record.peer_id)
 
     def changed(self, model: str) -> None:
         for watcher in self._watchers:
@@ -192,12 +218,14 @@ class Registry:
         self._by_peer[record.peer_id] = record
         self._by_model.setdefault(record.model, {})[record.peer_id] = record
         self.changed(record.model)
+        self.announce("registered" if old is None else "updated", record)
         return old
 
     def remove(self, peer_id: str) -> AgentRecord | None:
         record = self._by_peer.pop(peer_id, None)
         if record is not None:
             self._drop(record)
+            self.announce("unregistered", record)
         return record
 
     def _drop(self, record: AgentRecord) -> None:

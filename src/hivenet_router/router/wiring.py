@@ -8,6 +8,7 @@ and one entry in a table below; nothing on the request path changes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,10 +18,16 @@ from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.http1.messages import Answer, App, Request
 from hivenet_router.observability.audit import AuditObserver
+from hivenet_router.observability.collectors import (
+    AgentCollector,
+    RequestsCollector,
+    StateCollector,
+)
 from hivenet_router.observability.events import Observers, RequestObserver
 from hivenet_router.observability.linewriter import STDERR, LineWriter, WriterCollector
-from hivenet_router.observability.metrics import AgentCollector, MetricsObserver, StateCollector
+from hivenet_router.observability.metrics import MetricsObserver
 from hivenet_router.observability.requestlog import RequestLog
+from hivenet_router.observability.tracing import Tracing, TracingCollector, configured
 from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import Policy
 from hivenet_router.policy.signals import AgentFacts
@@ -78,6 +85,8 @@ class Router:
     # Lines written off the event loop (audit records, the request log): reopened on
     # SIGHUP, flushed and closed at shutdown.
     writers: dict[str, LineWriter] = field(default_factory=dict)
+    # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT asks for it: a stage and an observer.
+    tracing: Tracing | None = None
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -149,8 +158,12 @@ def assemble(
     touch tasks and files), handed to the parts that trigger them."""
     cfg, clock, policies = shared.config, shared.clock, shared.policies
     registry = Registry()
-    metrics = MetricsObserver()
+    metrics = MetricsObserver(
+        replicas=lambda model: sum(1 for agent in registry.for_model(model) if agent.eligible)
+    )
+    shared.providers.on_call = metrics.provider_call
     observers = Observers()  # filled once the named observers exist, below
+    tracing = Tracing(os.environ) if configured(os.environ) else None
 
     def policy_for(model: str) -> Policy:
         return policies.current.for_model(model)  # the snapshot in force now
@@ -174,23 +187,16 @@ def assemble(
         daily=daily,
         dispatcher=dispatcher,
         relay=relay,
+        tracing=tracing,
         edge=Edge(
             shared.auth,
             observers,
             Cors(cfg.cors_allowed_origins) if cfg.cors_allowed_origins else None,
+            tracing,
         ),
         public_app=_not_yet,
         sessions=sessions,
-        authenticator=AgentAuthenticator(
-            secret=shared.secret,
-            sessions=sessions,
-            clock=clock,
-            router_peer_id=shared.peer_id,
-            announce=shared.announce,
-            heartbeat_interval=cfg.heartbeat_interval,
-            renew_margin=cfg.session_renew_margin,
-            failure_limit=cfg.auth_failure_limit,
-        ),
+        authenticator=_authenticator(shared, sessions),
         control=ControlPlane(
             registry=registry,
             observers=observers,
@@ -217,14 +223,31 @@ def assemble(
             reload=reload,  # type: ignore[arg-type]
             daily=daily,
             auth=shared.auth,
+            history=keeper,
             body_timeout=cfg.http_body_timeout,
         ),
     )
-    built = (OBSERVERS[name](router, cfg) for name in cfg.observers)
+    built = [OBSERVERS[name](router, cfg) for name in cfg.observers]
+    if tracing is not None:
+        built.append(tracing)
     observers.observers = tuple(observer for observer in built if observer is not None)
     _collect(router)
     router.public_app = _public_app(shared, router)
     return router
+
+
+def _authenticator(shared: Shared, sessions: Sessions) -> AgentAuthenticator:
+    cfg = shared.config
+    return AgentAuthenticator(
+        secret=shared.secret,
+        sessions=sessions,
+        clock=shared.clock,
+        router_peer_id=shared.peer_id,
+        announce=shared.announce,
+        heartbeat_interval=cfg.heartbeat_interval,
+        renew_margin=cfg.session_renew_margin,
+        failure_limit=cfg.auth_failure_limit,
+    )
 
 
 async def _not_yet(request: Request) -> Answer:
@@ -234,7 +257,10 @@ async def _not_yet(request: Request) -> Answer:
 def _public_app(shared: Shared, router: Router) -> App:
     cfg, clock = shared.config, shared.clock
     warm_until = clock.monotonic() + cfg.warmup
-    pipeline: Next = build([STAGES[name](router) for name in cfg.stages], router.dispatcher)
+    stages = [STAGES[name](router) for name in cfg.stages]
+    if router.tracing is not None:
+        stages.insert(0, router.tracing)  # first: admission's own time is a span
+    pipeline: Next = build(stages, router.dispatcher)
     handlers = Handlers(
         pipeline,
         router.relay,
@@ -250,6 +276,8 @@ def _public_app(shared: Shared, router: Router) -> App:
 def _collect(router: Router) -> None:
     """State the metrics read at scrape time."""
     router.metrics.add(WriterCollector(router.writers))
+    if router.tracing is not None:
+        router.metrics.add(TracingCollector(router.tracing.buffer))
     registry, admission, pending = router.registry, router.admission, router.dispatcher.pending
     occupancy = admission.ports.occupancy
     router.metrics.add(
@@ -266,5 +294,11 @@ def _collect(router: Router) -> None:
             limits=lambda: list(admission.limits.items()),
             waiting=router.dispatcher.waiting,
             pending=lambda: (pending.waiting, pending.forwarding),
+        )
+    )
+    router.metrics.add(
+        RequestsCollector(
+            inflight=lambda: list(router.edge.inflight.values()),
+            used_today=lambda: list(router.daily.today()[1].items()),
         )
     )

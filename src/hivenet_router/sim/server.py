@@ -11,6 +11,7 @@ import random
 import struct
 import time
 import zlib
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -72,9 +73,13 @@ class Simulator:
         self.corpus = Corpus(config.seed)
         self.requests = 0
         self.created = int(time.time())
+        # The W3C trace contexts the last requests carried, for tests of trace propagation.
+        self.traceparents: deque[str] = deque(maxlen=64)
 
     def app(self) -> web.Application:
-        middlewares = [self._require_key] if self.config.api_key else []
+        middlewares = [self._remember_trace]
+        if self.config.api_key:
+            middlewares.append(self._require_key)
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
@@ -89,7 +94,22 @@ class Simulator:
         app.router.add_get("/admin/faults", self.get_faults)
         app.router.add_post("/admin/faults", self.set_faults)
         app.router.add_post("/admin/crash", self.crash)
+        app.router.add_get("/admin/traceparents", self.get_traceparents)
         return app
+
+    @web.middleware
+    async def _remember_trace(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        value = request.headers.get("traceparent")
+        if value is not None and request.path.startswith("/v1/"):
+            self.traceparents.append(value[:128])
+        return await handler(request)
+
+    async def get_traceparents(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(list(self.traceparents)), content_type=_JSON)
 
     @web.middleware
     async def _require_key(

@@ -32,14 +32,36 @@ class AgentHistory:
     output_tokens: int = 0
     disconnects: int = 0
     health_failures: int = 0
+    backend_failures: int = 0
+    rejected: int = 0
     srtt_ms: float | None = None
     rttvar_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """What the store holds, for operators (GET /admin/storage)."""
+
+    backend: str
+    path: str
+    history_records: int
+    quota_records: int
+    file_bytes: int
+    wal_bytes: int
+    ttl_days: int
+    last_expiry: float | None  # wall time of the last pass that expired old records
 
 
 class HistoryStore(Protocol):
     async def load(self, peer_id: str) -> AgentHistory | None: ...
 
     async def save(self, items: list[AgentHistory]) -> None: ...
+
+    async def clear(self) -> None:
+        """Forget every agent's history (daily token totals stay)."""
+        ...
+
+    async def stats(self) -> StoreStats | None: ...
 
     async def close(self) -> None: ...
 
@@ -56,6 +78,12 @@ class MemoryHistory:
     async def save(self, items: list[AgentHistory]) -> None:
         for item in items:
             self._items[item.peer_id] = item
+
+    async def clear(self) -> None:
+        self._items.clear()
+
+    async def stats(self) -> StoreStats | None:
+        return None  # nothing on disk to describe
 
     async def close(self) -> None:
         pass
@@ -74,6 +102,7 @@ class SqliteHistory:
         self._wall = wall
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hivenet-store")
         self._db: sqlite3.Connection | None = None
+        self._expired_at: float | None = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
@@ -105,6 +134,7 @@ class SqliteHistory:
                 "DELETE FROM universal_history WHERE updated_at < ?", (self._wall() - self._ttl,)
             )
             self._db.commit()
+            self._expired_at = self._wall()
 
     async def load(self, peer_id: str) -> AgentHistory | None:
         return await self._run(lambda: self._load(peer_id))
@@ -159,6 +189,38 @@ class SqliteHistory:
             self._db.commit()
 
         await self._run(write)
+
+    async def clear(self) -> None:
+        def wipe() -> None:
+            assert self._db is not None
+            self._db.execute("DELETE FROM universal_history")
+            self._db.commit()
+
+        await self._run(wipe)
+
+    async def stats(self) -> StoreStats:
+        def count() -> StoreStats:
+            assert self._db is not None
+            history = self._db.execute("SELECT COUNT(*) FROM universal_history").fetchone()[0]
+            quota = self._db.execute("SELECT COUNT(*) FROM quota_tpd").fetchone()[0]
+            sizes = []
+            for path in (self._path, self._path.with_name(DB_FILE + "-wal")):
+                try:
+                    sizes.append(path.stat().st_size)
+                except OSError:
+                    sizes.append(0)
+            return StoreStats(
+                "sqlite",
+                str(self._path),
+                int(history),
+                int(quota),
+                sizes[0],
+                sizes[1],
+                int(self._ttl // 86400),
+                self._expired_at,
+            )
+
+        return await self._run(count)
 
     async def close(self) -> None:
         def shut() -> None:

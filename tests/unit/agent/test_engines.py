@@ -26,6 +26,8 @@ llamacpp:requests_deferred 0
 llamacpp:tokens_predicted_total 100
 llamacpp:tokens_predicted_seconds_total 2
 llamacpp:prompt_tokens_total 40
+llamacpp:prompt_tokens_seconds 812.5
+llamacpp:predicted_tokens_seconds 48.25
 """
 
 
@@ -61,6 +63,7 @@ def test_llamacpp_adapter() -> None:
     snap = adapter_for("llamacpp").parse_metrics(LLAMACPP)
     assert (snap.kv_cache_utilization, snap.running_requests) == (0.5, 2)
     assert snap.avg_itl_seconds == pytest.approx(0.02)
+    assert (snap.prompt_tps, snap.predicted_tps) == (812.5, 48.25)
 
 
 @pytest.mark.parametrize("engine", ["ollama", "infinity", "custom", "openai"])

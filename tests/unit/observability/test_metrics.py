@@ -1,14 +1,15 @@
-"""Events counted into Prometheus series, and state read at scrape time."""
+"""Events counted into Prometheus series, in the reference's names and label sets."""
 
 from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from hivenet_router.auth.config import ModelQuota, Quota
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.agent import Registration
 from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ErrorCode
-from hivenet_router.domain.request import RequestFacts, Usage
+from hivenet_router.domain.request import Job, RequestFacts, Usage
 from hivenet_router.observability.events import (
     AgentEvent,
     Ended,
@@ -16,9 +17,8 @@ from hivenet_router.observability.events import (
     Observers,
     Refused,
 )
-from hivenet_router.observability.metrics import AgentCollector, MetricsObserver, StateCollector
+from hivenet_router.observability.metrics import MetricsObserver
 from hivenet_router.pipeline.ticket import Ticket
-from hivenet_router.router.registry import AgentRecord
 from tests.procs import metric
 
 
@@ -26,6 +26,7 @@ def ticket(observers: Observers) -> Ticket:
     t = Ticket("rid", "/v1/chat/completions", 0.0, observers)
     t.principal = Principal("acme", "k1", "n", frozenset())
     t.facts = RequestFacts("/v1/chat/completions", "m", "llm", False, None)
+    t.job = Job("/v1/chat/completions", "m", "llm", False, b"{}", [])
     return t
 
 
@@ -37,32 +38,113 @@ def test_an_answered_request_counts_for_its_model_and_tenant() -> None:
     observer = MetricsObserver()
     t = ticket(Observers([observer]))
     t.admitted, t.dispatched, t.origin = True, True, "peer"
+    t.agent = Registration(
+        peer_id="peer",
+        model="m",
+        capability="llm",
+        engine="vllm",
+        capacity=4,
+        region="eu",
+        deployment_id="dep-1",
+    )
+    t.method = "POST"
     t.emit(Ended(200, None, Outcome.OK, Usage(5, 7), 0.01))
     page = text(observer)
-    assert metric(page, "hivenet_routing_requests_routed_total", model="m") == 1
-    assert metric(page, "hivenet_tenant_requests_success_total", tenant_id="acme") == 1
+    assert (
+        metric(
+            page,
+            "hivenet_routing_requests_routed_total",
+            region="eu",
+            engine="vllm",
+            tenant_id="acme",
+        )
+        == 1
+    )
+    assert metric(page, "hivenet_tenant_requests_success_total", deployment_id="dep-1") == 1
     assert metric(page, "hivenet_tenant_output_tokens_total", key_id="k1") == 7
-    assert metric(page, "hivenet_request_duration_seconds_count", status="200") == 1
+    assert (
+        metric(
+            page,
+            "http_server_request_duration_seconds_count",
+            method="POST",
+            route="/v1/chat/completions",
+            status_code="200",
+        )
+        == 1
+    )
+    assert (
+        metric(page, "hivenet_request_duration_seconds_count", peer_id="peer", status_code="200")
+        == 1
+    )
+    assert metric(page, "hivenet_tenant_request_duration_seconds_count", model="m") == 1
+    assert metric(page, "hivenet_tenant_last_request_timestamp", tenant_id="acme") is not None
     assert metric(page, "hivenet_routing_requests_failed_total") is None
+    assert metric(page, "process_resident_memory_bytes") is not None
 
 
-def test_failures_refusals_and_agent_events() -> None:
+def test_failures_and_refusals() -> None:
     observer = MetricsObserver()
     t = ticket(Observers([observer]))
     t.emit(Refused("b4_itpm", ErrorCode.RATE_LIMIT_EXCEEDED))
+    t.emit(Refused("b4_rpm", ErrorCode.RATE_LIMIT_EXCEEDED))
     t.emit(Refused("daily", ErrorCode.TOKEN_LIMIT_EXCEEDED))
+    t.emit(Ended(429, ErrorCode.RATE_LIMIT_EXCEEDED, None, None, 0.0))
     broken = ticket(Observers([observer]))
     broken.admitted, broken.dispatched = True, True
     broken.emit(Ended(200, ErrorCode.BACKEND_ERROR, Outcome.BROKEN, None, 0.5))
-    Observers([observer]).on_agent(AgentEvent("disconnected", "peer", "m"))
     page = text(observer)
     assert metric(page, "hivenet_admission_rejections_total", reason="b4_itpm") == 1
     assert metric(page, "hivenet_admission_rejections_total", reason="daily") is None
-    assert metric(page, "hivenet_tenant_rate_limited_total") == 1
-    assert metric(page, "hivenet_tenant_token_limited_total") == 1
+    assert metric(page, "hivenet_tenant_rate_limited_total", tenant_id="acme") == 1  # rpm only
+    assert (
+        metric(page, "hivenet_tenant_token_limited_total", phase="input", deployment_id="unset")
+        == 1
+    )
     assert metric(page, "hivenet_routing_requests_failed_total", code="backend_error") == 1
-    assert metric(page, "hivenet_tenant_requests_failed_total") == 1
-    assert metric(page, "hivenet_agent_disconnections_total", peer_id="peer") == 1
+    # The refused request counts for its tenant too, before any agent was chosen.
+    assert metric(page, "hivenet_tenant_requests_failed_total", deployment_id="unset") == 2
+
+
+def test_requests_for_unknown_models_count_only_as_http() -> None:
+    observer = MetricsObserver()
+    t = ticket(Observers([observer]))
+    t.job = None  # refused before the router knew the model (a 404, a 403, a bad body)
+    t.emit(Ended(404, ErrorCode.MODEL_NOT_FOUND, None, None, 0.0))
+    page = text(observer)
+    assert metric(page, "http_server_request_duration_seconds_count", status_code="404") == 1
+    assert metric(page, "hivenet_tenant_requests_failed_total") is None
+
+
+def test_quota_ceilings_appear_with_a_tenants_requests() -> None:
+    observer = MetricsObserver(replicas=lambda model: 3)
+    flat = ticket(Observers([observer]))
+    flat.principal = Principal(
+        "acme", "k1", "n", frozenset(), Quota(requests_per_minute=60, tokens_per_day=1000)
+    )
+    flat.emit(Ended(200, None, Outcome.OK, None, 0.0))
+    per_model = ticket(Observers([observer]))
+    per_model.principal = Principal(
+        "beta", "", "n", frozenset(), Quota(per_model={"m": ModelQuota(10, 500)})
+    )
+    per_model.emit(Ended(200, None, Outcome.OK, None, 0.0))
+    page = text(observer)
+    assert metric(page, "hivenet_tenant_quota_rpm_limit", tenant_id="acme") == 60
+    assert metric(page, "hivenet_tenant_quota_tpd_limit", tenant_id="acme") == 1000
+    assert metric(page, "hivenet_tenant_per_model_quota_rpm_limit", tenant_id="beta") == 30
+    assert metric(page, "hivenet_tenant_per_model_quota_tpd_limit", model="m") == 500
+
+
+def test_provider_calls_are_timed_by_status() -> None:
+    observer = MetricsObserver()
+    observer.provider_call("openai", 200, 0.2)
+    observer.provider_call("openai", 0, 1.0)
+    page = text(observer)
+    assert (
+        metric(
+            page, "http_client_request_duration_seconds_count", provider="openai", status_code="0"
+        )
+        == 1
+    )
 
 
 def test_a_failing_observer_never_breaks_the_others() -> None:
@@ -86,31 +168,3 @@ def test_a_failing_observer_never_breaks_the_others() -> None:
     ticket(observers).emit(Ended(200, None, None, None, 0.0))
     observers.on_agent(AgentEvent("unhealthy", "p", "m"))
     assert len(seen) == 1
-
-
-def test_agents_and_state_are_read_at_scrape_time() -> None:
-    observer = MetricsObserver()
-    reg = Registration(peer_id="p", model="m", capability="llm", engine="vllm", capacity=4)
-    agent = AgentRecord(reg=reg, link=None, last_heartbeat=0.0, registered_at=0.0)
-    agents = [agent]
-    observer.add(AgentCollector(lambda: [(a, 0) for a in agents]))
-    observer.add(
-        StateCollector(
-            occupancy=lambda: [("m", 120, 2)],
-            limits=lambda: [("m", (900, 8))],
-            waiting=lambda: [("m", 3)],
-            pending=lambda: (1, 5),
-        )
-    )
-    agent.active = 2
-    agent.finished(True, 10.0, Usage(3, 4))
-    page = text(observer)
-    assert metric(page, "hivenet_routing_agent_healthy", peer_id="p") == 0  # not connected
-    assert metric(page, "hivenet_agent_capacity_utilization", peer_id="p") == 0.5
-    assert metric(page, "hivenet_agent_requests_success_total", peer_id="p") == 1
-    assert metric(page, "hivenet_agent_output_tokens_total", peer_id="p") == 4
-    assert metric(page, "hivenet_admission_occupancy_tokens", model="m") == 120
-    assert metric(page, "hivenet_queue_depth", model="m") == 3
-    assert metric(page, "hivenet_router_active_forwards") == 5
-    agents.clear()  # removed: its series go with it
-    assert metric(text(observer), "hivenet_routing_agent_healthy") is None

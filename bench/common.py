@@ -207,6 +207,8 @@ class Fleet:
         full_env = {
             **os.environ,
             "HIVENET_ROUTER_ADMIN_API_KEYS": secrets.token_urlsafe(16),
+            # A router keeps audit records by default; in a benchmark, in its scratch folder.
+            "HIVENET_ROUTER_AUDIT_LOG_PATH": str(self.tmp / f"{name}-audit.jsonl"),
             **(env or {}),
         }
         self.procs[name] = subprocess.Popen(
@@ -256,9 +258,6 @@ def router_args(secret: Path, store: Path, http: int, grpc: int, *extra: str) ->
         "warn",
         "--disk-db-path",
         str(store),
-        # The default keeps audit records; a benchmark keeps them too, beside its store.
-        "--audit-log-path",
-        f"{store}-audit.jsonl",
         *extra,
     ]
 

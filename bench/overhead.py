@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tests.otlp import Receiver
+
 from bench.common import (
     BIN,
     LOADS,
@@ -68,9 +70,13 @@ class Row:
 # Router settings measured beside the default (audit records on, request log off at
 # --log-level warn): extra router flags and environment for router and agent.
 VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
-    "audit-off": (("--audit-log-path", ""), {}),
+    "audit-off": ((), {"HIVENET_ROUTER_AUDIT_LOG_PATH": ""}),
     "access-log": (("--log-level", "info"), {}),
     "tracing": ((), {"OTEL_TRACES_SAMPLER": "always_on"}),
+    "tracing-10pct": (
+        (),
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
+    ),
 }
 
 
@@ -144,13 +150,11 @@ def main() -> int:
             f"http://127.0.0.1:{other_http}",
             ["router@", "agent@", "sim"],
         )
-    receiver = None
+    receiver: Receiver | None = None
     for variant in filter(None, args.variants.split(",")):
         extra, env = VARIANTS[variant]
-        if variant == "tracing":
-            from tests.otlp import Receiver  # a local OTLP collector, in this process
-
-            receiver = Receiver()
+        if variant.startswith("tracing"):
+            receiver = receiver or Receiver()  # a local OTLP collector, in this process
             env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
         v_http, v_grpc = free_port(), free_port()
         name = f"router[{variant}]"

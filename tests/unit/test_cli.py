@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from hivenet_router.cli import agent_main, router_main
+from hivenet_router.cli import agent_main, router_main, sim_main
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import load_or_create
 
@@ -54,3 +55,13 @@ def test_keygen_prints_a_ready_entry(capsys: pytest.CaptureFixture[str]) -> None
     assert config.keys[0].owner == "acme"
     assert config.keys[0].digest == hashlib.sha256(raw.encode()).digest()
     assert router_main(["keygen", "--tenant", ""]) == 2
+
+
+@pytest.mark.parametrize("main", [router_main, agent_main, sim_main])
+def test_help_never_crashes(
+    main: Callable[[Sequence[str] | None], int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    assert "default:" in capsys.readouterr().out

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import orjson
 
-from hivenet_router.domain.agent import EngineSnapshot
+from hivenet_router.domain.agent import EngineHistograms, EngineSnapshot, Histogram
 
 
 class EngineAdapter(Protocol):
@@ -27,6 +27,8 @@ class EngineAdapter(Protocol):
     def metrics_path(self) -> str | None: ...
 
     def parse_metrics(self, text: str) -> EngineSnapshot: ...
+
+    def parse_histograms(self, text: str) -> EngineHistograms | None: ...
 
     def models_path(self) -> str: ...
 
@@ -67,10 +69,14 @@ def ollama_models(raw: bytes) -> list[str]:
 
 
 class _OpenAIModels:
-    """Model discovery through the OpenAI-compatible `GET /v1/models`."""
+    """Model discovery through the OpenAI-compatible `GET /v1/models`; no histograms
+    unless the adapter reads them."""
 
     def models_path(self) -> str:
         return "/v1/models"
+
+    def parse_histograms(self, text: str) -> EngineHistograms | None:
+        return None
 
     def parse_models(self, raw: bytes) -> list[str]:
         return openai_models(raw)
@@ -162,12 +168,50 @@ def _number(text: str) -> float | None:
 
 def _label(labels: str, key: str) -> float | None:
     """One numeric label's value from a `{a="x",le="0.5"}` label set."""
+    raw = _text_label(labels, key)
+    return _number(raw) if raw else None
+
+
+def _text_label(labels: str, key: str) -> str | None:
+    """One label's raw value from a `{a="x",le="0.5"}` label set."""
     at = labels.find(f'{key}="')
     if at < 0 or (at > 0 and labels[at - 1] not in "{, "):
         return None
     start = at + len(key) + 2
     end = labels.find('"', start)
-    return _number(labels[start:end]) if end > start else None
+    return labels[start:end] if end >= start else None
+
+
+def _histogram(s: _Samples, name: str) -> Histogram | None:
+    points = [(b, c) for b, c in s.buckets.get(name, []) if not math.isinf(b)]
+    count = s.scalars.get(name + "_count")
+    if count is None or not points:
+        return None
+    return Histogram(
+        bounds=[b for b, _ in points][:64],
+        counts=[c for _, c in points][:64],
+        count=count,
+        sum=s.scalars.get(name + "_sum", 0.0),
+    )
+
+
+def _finish_reasons(text: str, family: str) -> dict[str, float]:
+    """A counter's values by `finished_reason`, summed over its other labels; at most 16
+    reasons of at most 32 characters (what the engine says is not trusted to be small)."""
+    found: dict[str, float] = {}
+    prefix = family + "{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        close = line.rfind("}")
+        reason = _text_label(line[len(family) : close + 1], "finished_reason")
+        fields = line[close + 1 :].split()
+        value = _number(fields[0]) if fields else None
+        if reason is None or value is None or len(reason) > 32:
+            continue
+        if reason in found or len(found) < 16:
+            found[reason] = found.get(reason, 0.0) + value
+    return found
 
 
 def _ratio(hits: float | None, queries: float | None) -> float | None:
@@ -228,6 +272,19 @@ _LLAMACPP = frozenset(
 )
 
 
+_VLLM_HISTOGRAMS = frozenset(
+    f"vllm:{name}{part}"
+    for name in (
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "time_per_output_token_seconds",
+        "request_prompt_tokens",
+        "request_generation_tokens",
+    )
+    for part in ("", "_sum", "_count")
+)
+
+
 class VllmAdapter(_OpenAIModels):
     name = "vllm"
 
@@ -260,6 +317,22 @@ class VllmAdapter(_OpenAIModels):
                 s.get("vllm:prefix_cache_hits_total"), s.get("vllm:prefix_cache_queries_total")
             ),
         )
+
+    def parse_histograms(self, text: str) -> EngineHistograms | None:
+        s = _Samples.parse(text, _VLLM_HISTOGRAMS)
+        itl = (
+            "vllm:inter_token_latency_seconds"
+            if "vllm:inter_token_latency_seconds" in s.buckets
+            else "vllm:time_per_output_token_seconds"
+        )
+        found = EngineHistograms(
+            ttft_seconds=_histogram(s, "vllm:time_to_first_token_seconds"),
+            itl_seconds=_histogram(s, itl),
+            request_prompt_tokens=_histogram(s, "vllm:request_prompt_tokens"),
+            request_generation_tokens=_histogram(s, "vllm:request_generation_tokens"),
+            finished=_finish_reasons(text, "vllm:request_success_total"),
+        )
+        return found if found != EngineHistograms() else None
 
 
 class SglangAdapter(_OpenAIModels):
@@ -343,6 +416,9 @@ class OllamaAdapter:
 
     def parse_metrics(self, text: str) -> EngineSnapshot:
         return EngineSnapshot()
+
+    def parse_histograms(self, text: str) -> EngineHistograms | None:
+        return None
 
     def models_path(self) -> str:
         return "/api/tags"

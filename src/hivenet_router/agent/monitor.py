@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from hivenet_router.agent.engines import EngineAdapter
 from hivenet_router.agent.hardware import HardwareSampler
-from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot
+from hivenet_router.domain.agent import EngineHistograms, EngineSnapshot, HardwareSnapshot
 from hivenet_router.http1.client import EngineClient, EngineError
 
 log = logging.getLogger("hivenet.agent")
@@ -64,6 +64,7 @@ class BackendMonitor:
         self._failures = 0
         self._scrape_failing = False
         self.engine: EngineSnapshot | None = None
+        self._metrics_text = ""  # the last good metrics page, read again for heartbeats
         self.hardware: HardwareSnapshot | None = None
         self.changed = asyncio.Event()
 
@@ -176,7 +177,9 @@ class BackendMonitor:
             status, raw = await self._get(self._engine, path, self._headers)
             if status != 200:
                 raise EngineError(f"HTTP {status}")
-            self.engine = self._adapter.parse_metrics(raw.decode("utf-8", "replace"))
+            text = raw.decode("utf-8", "replace")
+            self.engine = self._adapter.parse_metrics(text)
+            self._metrics_text = text
             if self._scrape_failing:
                 log.info("engine metrics scrape recovered")
                 self._scrape_failing = False
@@ -188,6 +191,13 @@ class BackendMonitor:
                     exc,
                 )
                 self._scrape_failing = True
+
+    def histograms(self) -> EngineHistograms | None:
+        """The engine's histograms and finish reasons from the last page scraped (read
+        only when a heartbeat goes out, not at every scrape)."""
+        if not self._metrics_text:
+            return None
+        return self._adapter.parse_histograms(self._metrics_text)
 
     async def sample_hardware_forever(self, sampler: HardwareSampler, interval: float) -> None:
         skipped = 0

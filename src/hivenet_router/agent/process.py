@@ -289,6 +289,7 @@ class AgentProcess:
                 active_requests=proxy.active,
                 engine=monitor.engine,
                 hardware=monitor.hardware,
+                histograms=monitor.histograms(),
             )
             try:
                 status, _ = await link.call(

@@ -100,7 +100,10 @@ def build_parser(config_type: type[Any], prog: str, description: str) -> argpars
             metavar="BOOL" if is_bool else "VALUE",
             nargs="?" if is_bool else None,
             const="true" if is_bool else None,
-            help=f"{spec.help} (default: {spec.default_text or 'empty'}){env_note}",
+            # argparse formats help with %: a literal one ("20%") must be doubled.
+            help=f"{spec.help} (default: {spec.default_text or 'empty'}){env_note}".replace(
+                "%", "%%"
+            ),
         )
     return parser
 

@@ -100,11 +100,35 @@ class Renewal(msgspec.Struct, forbid_unknown_fields=True):
     signature: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
+class Histogram(msgspec.Struct):
+    """An engine histogram as its /metrics page had it: cumulative counts per upper bound
+    (+Inf excluded), the total count and the sum."""
+
+    bounds: Annotated[list[float], msgspec.Meta(max_length=64)]
+    counts: Annotated[list[float], msgspec.Meta(max_length=64)]
+    count: float
+    sum: float
+
+
+class EngineHistograms(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
+    """What the engine's histograms and finish reasons say, for monitoring only: sent with
+    heartbeats (they change with every request, so routing signals leave them out)."""
+
+    ttft_seconds: Histogram | None = None
+    itl_seconds: Histogram | None = None
+    request_prompt_tokens: Histogram | None = None
+    request_generation_tokens: Histogram | None = None
+    finished: Annotated[
+        dict[Annotated[str, msgspec.Meta(max_length=32)], float], msgspec.Meta(max_length=16)
+    ] = msgspec.field(default_factory=dict)
+
+
 class Heartbeat(msgspec.Struct):
     backend_healthy: bool
     active_requests: int = 0
     engine: EngineSnapshot | None = None
     hardware: HardwareSnapshot | None = None
+    histograms: EngineHistograms | None = None
 
 
 class RoutingSignal(msgspec.Struct):

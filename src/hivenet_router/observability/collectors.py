@@ -11,10 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
+from hivenet_router.domain.agent import (
+    EngineHistograms,
+    EngineSnapshot,
+    HardwareSnapshot,
+    Histogram,
+    Registration,
+)
 
 # Label sets, as the reference names them.
 ROUTING = ("peer_id", "region", "engine", "model", "capacity", "organization", "machine")
@@ -33,6 +44,12 @@ ENGINE_GAUGES = (
     "p90_itl_seconds",
     "predicted_tps",
     "prompt_tps",
+)
+_ENGINE_HISTOGRAMS = (
+    ("ttft_seconds", "Engine-reported time to first token"),
+    ("itl_seconds", "Engine-reported time between output tokens"),
+    ("request_prompt_tokens", "Engine-reported prompt tokens per request"),
+    ("request_generation_tokens", "Engine-reported generated tokens per request"),
 )
 _HOST_GAUGES = (
     ("cpu_usage_percent", "Host CPU use, percent"),
@@ -72,6 +89,7 @@ class AgentView(Protocol):
     rttvar_ms: float | None
     engine: EngineSnapshot | None
     hardware: HardwareSnapshot | None
+    histograms: EngineHistograms | None
     last_seen_wall: float | None
 
 
@@ -178,6 +196,15 @@ class AgentCollector(Collector):
             for f in ENGINE_GAUGES
         }
         host = {f: _gauge(f"hivenet_agent_{f}", text, HOST) for f, text in _HOST_GAUGES}
+        histograms = {
+            f: HistogramMetricFamily(f"hivenet_agent_engine_{f}", text, labels=list(AGENT))
+            for f, text in _ENGINE_HISTOGRAMS
+        }
+        finished = _counter(
+            "hivenet_agent_engine_request_success",
+            "Requests the engine finished, by finish reason",
+            (*AGENT, "finished_reason"),
+        )
         gpus = {f: _gauge(f"hivenet_agent_{name}", text, GPU) for name, f, text in _GPU_GAUGES}
         for agent, open_streams in self._agents():
             reg = agent.reg
@@ -201,9 +228,11 @@ class AgentCollector(Collector):
                     family.add_metric(ids, number)
             streams.add_metric(ids, open_streams)
             _engine(agent.engine, ids, engine)
+            _histograms(agent.histograms, ids, histograms, finished)
             _hardware(agent, host, gpus)
         yield from (info, healthy, seen, *(family for family, _ in per_agent), streams)
-        yield from (*engine.values(), *host.values(), *gpus.values())
+        yield from (*engine.values(), *histograms.values(), finished)
+        yield from (*host.values(), *gpus.values())
 
 
 def _engine(snapshot: EngineSnapshot | None, ids: list[str], families: dict[str, Any]) -> None:
@@ -213,6 +242,28 @@ def _engine(snapshot: EngineSnapshot | None, ids: list[str], families: dict[str,
         value = getattr(snapshot, name, None)
         if value is not None:
             family.add_metric(ids, value)
+
+
+def _histograms(
+    found: EngineHistograms | None,
+    ids: list[str],
+    families: dict[str, HistogramMetricFamily],
+    finished: CounterMetricFamily,
+) -> None:
+    """The engine's own histograms, as the agent last forwarded them (cumulative, so they
+    pass through unchanged: Prometheus computes rates and quantiles from them)."""
+    if found is None:
+        return
+    for name, family in families.items():
+        histogram: Histogram | None = getattr(found, name)
+        if histogram is not None and len(histogram.bounds) == len(histogram.counts):
+            buckets = [
+                (repr(b), c) for b, c in zip(histogram.bounds, histogram.counts, strict=True)
+            ]
+            buckets.append(("+Inf", histogram.count))
+            family.add_metric(ids, buckets, histogram.sum)
+    for reason, count in found.finished.items():
+        finished.add_metric([*ids, reason], count)
 
 
 def _hardware(agent: AgentView, host: dict[str, Any], gpus: dict[str, Any]) -> None:

@@ -118,6 +118,7 @@ class MetricsObserver:
         self.quota_errors = c(
             "hivenet_quota_backend_errors", "Failures to save or restore quota state", ()
         )
+        self.quota_errors.inc((), 0)  # present from the start, so the first error is a rise
         self.tenants = TenantGauges()
         self.registry.register(
             SeriesCollector(v for v in vars(self).values() if isinstance(v, c | h))

@@ -11,25 +11,26 @@ so a slow terminal or journal never stalls a request.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import orjson
 
-from hivenet_router.observability.audit import SKIPPED, answered_by, error_code
+from hivenet_router.observability.audit import SKIPPED, answered_by, error_code, start_time
 from hivenet_router.observability.events import AgentEvent, Ended, Event
 from hivenet_router.observability.linewriter import LineWriter
 from hivenet_router.pipeline.ticket import Ticket
 
 LOGGER = "hivenet.access"
-_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@+")
+_PLAIN = re.compile(r"[A-Za-z0-9._:/@+-]+")
 
 
 def _text_value(value: str) -> str:
     """A value as it appears after `key=`: bare when it is plain, JSON-quoted otherwise, so
     a client's model name can neither split the line nor forge another field."""
-    if value and _PLAIN.issuperset(value):
+    if _PLAIN.fullmatch(value):
         return value
-    return orjson.dumps(value).decode()
+    return orjson.dumps(value).decode() if value else '""'
 
 
 class RequestLog:
@@ -50,24 +51,34 @@ class RequestLog:
 
     def line(self, ticket: Ticket, event: Ended, now: float) -> bytes:
         principal = ticket.principal
-        fields = {
-            "request_id": ticket.request_id,
-            "trace_id": ticket.trace_id,
-            "endpoint": ticket.endpoint,
-            "status": event.status,
-            "error_code": error_code(event),
-            "duration_ms": round(event.seconds * 1000, 1),
-            "tenant": principal.tenant if principal is not None else "",
-            "model": ticket.model[:256],
-            "peer_id": answered_by(ticket),
-            "source_ip": ticket.source_ip,
-        }
-        level = "warning" if event.status >= 500 else "info"
+        tenant = principal.tenant if principal is not None else ""
+        model, peer, code = ticket.model[:256], answered_by(ticket), error_code(event)
+        level = "WARNING" if event.status >= 500 else "INFO"
+        stamp = start_time(0.0, now)  # the line's own time, as the log formatter writes it
         if self.json:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now))
-            head = {"ts": stamp, "level": level, "logger": LOGGER, "msg": "request"}
-            return orjson.dumps(head | fields, option=orjson.OPT_APPEND_NEWLINE)
-        millis = int(now * 1000) % 1000
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-        text = " ".join(f"{key}={_text_value(str(value))}" for key, value in fields.items())
-        return f"{stamp},{millis:03d} {level.upper()} {LOGGER}: {text}\n".encode()
+            entry = {
+                "ts": stamp[:19],
+                "level": level.lower(),
+                "logger": LOGGER,
+                "msg": "request",
+                "request_id": ticket.request_id,
+                "trace_id": ticket.trace_id,
+                "endpoint": ticket.endpoint,
+                "status": event.status,
+                "error_code": code,
+                "duration_ms": round(event.seconds * 1000, 1),
+                "tenant": tenant,
+                "model": model,
+                "peer_id": peer,
+                "source_ip": ticket.source_ip,
+            }
+            return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
+        # IDs, routes and numbers are plain by construction; the rest is quoted when needed.
+        q = _text_value
+        return (
+            f"{stamp[:10]} {stamp[11:19]},{stamp[20:23]} {level} {LOGGER}: "
+            f"request_id={ticket.request_id} trace_id={q(ticket.trace_id)} "
+            f"endpoint={q(ticket.endpoint)} status={event.status} error_code={q(code)} "
+            f"duration_ms={event.seconds * 1000:.1f} tenant={q(tenant)} model={q(model)} "
+            f"peer_id={q(peer)} source_ip={q(ticket.source_ip)}\n"
+        ).encode()

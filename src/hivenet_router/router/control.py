@@ -232,6 +232,8 @@ class ControlPlane:
             self.observers.on_agent(AgentEvent("backend_down", record.peer_id, record.model))
         record.backend_healthy = beat.backend_healthy
         self._snapshots(record, beat.engine, beat.hardware)
+        if beat.histograms is not None:
+            record.histograms = beat.histograms
         record.last_seen_wall = self.clock.wall()
         if was_healthy != (record.process_healthy and record.backend_healthy):
             self.registry.announce("unhealthy" if was_healthy else "healthy", record)

@@ -15,7 +15,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot, Registration
+from hivenet_router.domain.agent import (
+    EngineHistograms,
+    EngineSnapshot,
+    HardwareSnapshot,
+    Registration,
+)
 from hivenet_router.domain.request import Usage
 from hivenet_router.storage.history import AgentHistory
 from hivenet_router.transport.link import Link
@@ -49,6 +54,7 @@ class AgentRecord:
     backend_healthy: bool = True
     engine: EngineSnapshot | None = None
     hardware: HardwareSnapshot | None = None
+    histograms: EngineHistograms | None = None  # from heartbeats, for metrics only
     last_assigned: int = field(default_factory=lambda: next(_order))
     disconnected_at: float | None = None
     last_seen_wall: float | None = None

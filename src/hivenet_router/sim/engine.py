@@ -39,6 +39,8 @@ TTFT_BUCKETS = (
     7.5,
     10.0,
 )
+# Tokens per request, as vLLM buckets them (1, 2, 5 and their powers of ten).
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(5) for m in (1, 2, 5))
 ITL_BUCKETS = (
     0.001,
     0.005,
@@ -127,6 +129,8 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    prompt: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
+    generation: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,8 @@ class Engine:
         self.kv_used -= seq.kv_tokens
         self.stats.generation_tokens += generated
         self.stats.finished[finish_reason] = self.stats.finished.get(finish_reason, 0) + 1
+        self.stats.prompt.observe(seq.prompt_tokens)
+        self.stats.generation.observe(generated)
         self._wake()
 
     def _wake(self) -> None:

@@ -43,4 +43,6 @@ def render_metrics(engine: Engine, model: str, requests: int) -> str:
     _histogram(lines, "vllm:time_to_first_token_seconds", labels, stats.ttft)
     _histogram(lines, "vllm:time_per_output_token_seconds", labels, stats.itl)
     _histogram(lines, "vllm:inter_token_latency_seconds", labels, stats.itl)
+    _histogram(lines, "vllm:request_prompt_tokens", labels, stats.prompt)
+    _histogram(lines, "vllm:request_generation_tokens", labels, stats.generation)
     return "\n".join(lines) + "\n"

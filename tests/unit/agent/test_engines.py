@@ -31,14 +31,18 @@ llamacpp:predicted_tokens_seconds 48.25
 """
 
 
-async def test_vllm_adapter_reads_the_simulator() -> None:
-    engine = Engine(
+def small_engine() -> Engine:
+    return Engine(
         max_num_seqs=4,
         kv_cache_tokens=1000,
         block_size=4,
         timing=Timing(0.01, 0.0, 0.01, 0.0),
         zero_latency=True,
     )
+
+
+async def test_vllm_adapter_reads_the_simulator() -> None:
+    engine = small_engine()
     seq = await engine.admit(b"x" * 400, 50)
     for value in (0.01, 0.02, 0.03, 0.5):
         engine.stats.ttft.observe(value)
@@ -49,6 +53,36 @@ async def test_vllm_adapter_reads_the_simulator() -> None:
     assert snap.p90_ttft_seconds is not None and 0.25 < snap.p90_ttft_seconds <= 0.5
     assert snap.prompt_tokens_total == 100
     engine.release(seq, "stop", 50)
+
+
+async def test_vllm_histograms_and_finish_reasons_pass_through() -> None:
+    engine = small_engine()
+    for reason, generated in (("stop", 30), ("length", 50), ("stop", 7)):
+        engine.release(await engine.admit(b"x" * 400, 50), reason, generated)
+    for value in (0.01, 0.5):
+        engine.stats.ttft.observe(value)
+    found = adapter_for("vllm").parse_histograms(render_metrics(engine, "m", 3))
+    assert found is not None
+    assert found.finished == {"stop": 2, "length": 1, "abort": 0}
+    ttft = found.ttft_seconds
+    assert ttft is not None and (ttft.count, ttft.sum) == (2, pytest.approx(0.51))
+    assert ttft.counts == sorted(ttft.counts)  # cumulative, bounds ascending
+    generation = found.request_generation_tokens
+    assert generation is not None and generation.count == 3 and generation.sum == 87
+    prompt = found.request_prompt_tokens
+    assert prompt is not None and prompt.count == 3
+    assert adapter_for("llamacpp").parse_histograms(LLAMACPP) is None
+
+
+def test_finish_reasons_are_bounded() -> None:
+    page = "\n".join(
+        f'vllm:request_success_total{{finished_reason="r{n}",model_name="m"}} 1' for n in range(40)
+    )
+    page += '\nvllm:request_success_total{finished_reason="' + "x" * 100 + '"} 5'
+    found = adapter_for("vllm").parse_histograms(page)
+    assert found is not None
+    assert len(found.finished) == 16
+    assert all(len(reason) <= 32 for reason in found.finished)
 
 
 def test_sglang_adapter() -> None:

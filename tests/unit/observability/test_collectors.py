@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hivenet_router.domain.agent import GpuSnapshot, HardwareSnapshot, Registration
+from hivenet_router.domain.agent import (
+    EngineHistograms,
+    GpuSnapshot,
+    HardwareSnapshot,
+    Histogram,
+    Registration,
+)
 from hivenet_router.domain.request import Usage
 from hivenet_router.observability.collectors import (
     AgentCollector,
@@ -84,6 +90,20 @@ def test_hardware_is_one_series_per_gpu() -> None:
     assert metric(text, "hivenet_agent_gpu_vram_free_bytes", gpu_index="0") == 5
     assert metric(text, "hivenet_agent_gpu_power_watts", gpu_index="3") == 250.0
     assert metric(text, "hivenet_agent_gpu_power_watts", gpu_index="0") is None
+
+
+def test_engine_histograms_pass_through_per_agent() -> None:
+    agent = record()
+    agent.histograms = EngineHistograms(
+        ttft_seconds=Histogram(bounds=[0.1, 1.0], counts=[3, 5], count=6, sum=4.5),
+        finished={"stop": 5, "length": 1},
+    )
+    text = page(AgentCollector(lambda: [(agent, 0)]))
+    assert metric(text, "hivenet_agent_engine_ttft_seconds_bucket", le="1.0", engine="vllm") == 5
+    assert metric(text, "hivenet_agent_engine_ttft_seconds_bucket", le="+Inf") == 6
+    assert metric(text, "hivenet_agent_engine_ttft_seconds_sum", peer_id="p") == 4.5
+    assert metric(text, "hivenet_agent_engine_request_success_total", finished_reason="stop") == 5
+    assert metric(text, "hivenet_agent_engine_itl_seconds_count") is None  # not reported
 
 
 def test_state_and_requests_in_flight() -> None:

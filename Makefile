@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-vllm lint unit integration conformance engines clients bench bench-peers bench-routing bench-overhead bench-bad-input soak docs clean
+.PHONY: run test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-bad-input soak docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -17,7 +17,7 @@ run: $(STAMP)
 	$(BIN)/python scripts/run_local.py
 
 ## Lint, type-check and run every test (real llama.cpp engines included).
-test: $(STAMP) lint engines clients
+test: $(STAMP) lint engines clients prometheus
 	HIVENET_REQUIRE_REAL_ENGINES=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 ## Build llama-server and the two test models once per version, cached outside the repo.
@@ -27,6 +27,10 @@ engines:
 ## Install the real clients the tests run (Claude Code), once per version, cached outside.
 clients:
 	scripts/claude_code.sh >/dev/null
+
+## Install Prometheus and promtool (Debian package) for the dashboard and alert-rule tests.
+prometheus:
+	scripts/prometheus.sh >/dev/null
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts

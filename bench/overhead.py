@@ -77,6 +77,8 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
         (),
         {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
     ),
+    # Every span sampled, to a collector that is not there (connections refused).
+    "tracing-down": ((), {"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:9"}),
 }
 
 
@@ -153,7 +155,7 @@ def main() -> int:
     receiver: Receiver | None = None
     for variant in filter(None, args.variants.split(",")):
         extra, env = VARIANTS[variant]
-        if variant.startswith("tracing"):
+        if variant.startswith("tracing") and "OTEL_EXPORTER_OTLP_ENDPOINT" not in env:
             receiver = receiver or Receiver()  # a local OTLP collector, in this process
             env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
         v_http, v_grpc = free_port(), free_port()

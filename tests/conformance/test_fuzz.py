@@ -14,6 +14,7 @@ the CI run short; raise it for a longer run.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -373,3 +374,21 @@ def test_the_shapes_real_clients_send(
         router.url + specs.PREFIX[spec] + path, json=body, headers=headers, timeout=15
     )
     assert reply.status_code == 200, reply.text[:500]
+
+
+def test_no_metric_label_takes_a_value_the_fuzzing_chose(router: Router) -> None:
+    """Runs after the fuzzing above (same module-scoped router): thousands of generated
+    bodies, model names and headers later, every label value is still one the router,
+    the operator or an agent chose, so the number of series stays bounded."""
+    text = router.metrics()
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert series
+    models = set(re.findall(r'\bmodel="([^"]*)"', text))
+    assert models <= {CHAT, EMBED}, models - {CHAT, EMBED}
+    methods = set(re.findall(r'\bmethod="([^"]*)"', text))
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "OTHER"}
+    routes = set(re.findall(r'\broute="([^"]*)"', text))
+    assert all(
+        route.startswith(("/v1/", "/admin/", "/health")) or route == "unmatched" for route in routes
+    ), routes
+    assert len(series) < 3000, len(series)  # bounded by routes, statuses and agents

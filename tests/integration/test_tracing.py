@@ -203,3 +203,24 @@ def test_a_collector_that_hangs_or_is_down_costs_requests_nothing(
             assert time.monotonic() - started < 30  # a bounded shutdown, not a target
     finally:
         hole.stop()
+
+
+def test_a_trace_the_client_does_not_sample_is_passed_on_unrecorded(
+    traced: tuple[Router, Sim, Receiver],
+) -> None:
+    router, sim, receiver = traced
+    trace_id, client_span = new_ids()
+    reply = httpx.post(
+        router.url + "/v1/chat/completions",
+        headers={"traceparent": f"00-{trace_id}-{client_span}-00"},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+        timeout=10,
+    )
+    assert reply.status_code == 200
+    version, answered_trace, _, flags = reply.headers["traceparent"].split("-")
+    assert (version, answered_trace, flags) == ("00", trace_id, "00")
+    seen = httpx.get(sim.url + "/admin/traceparents", timeout=5).json()
+    assert any(v.startswith(f"00-{trace_id}-") and v.endswith("-00") for v in seen)
+    # A sampled request sent afterwards is exported; by then this one would have been too.
+    test_streams_and_refusals_are_traced(traced)
+    assert receiver.of_trace(trace_id) == []

@@ -24,6 +24,7 @@ requests nothing: past the buffer's bound spans are dropped, and counted.
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 import time
@@ -195,6 +196,40 @@ class SpanBuffer:
                     self.failed += len(batch)
 
 
+class Sampler:
+    """The standard samplers `OTEL_TRACES_SAMPLER` names, decided before any span exists:
+    a request the sampler drops costs two random numbers, not an SDK span per step.
+    `parentbased_*` follow a client's sampled flag when it sent a valid traceparent."""
+
+    NAMES = (
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    )
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        name = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+        if name not in self.NAMES:
+            log.warning("OTEL_TRACES_SAMPLER=%s is not a standard sampler; sampling all", name)
+            name = "parentbased_always_on"
+        rate = 1.0
+        if name.endswith("traceidratio"):
+            try:
+                rate = min(max(float(environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0")), 0.0), 1.0)
+            except ValueError:
+                log.warning("OTEL_TRACES_SAMPLER_ARG is not a number; sampling all")
+        self.follow_parent = name.startswith("parentbased_")
+        self.rate = 0.0 if name.endswith("always_off") else rate
+
+    def sampled(self, parent: tuple[int, int, int] | None) -> bool:
+        if parent is not None and self.follow_parent:
+            return bool(parent[2] & 1)
+        return self.rate >= 1.0 or (self.rate > 0.0 and random.random() < self.rate)
+
+
 class _Trace:
     """One request's spans while it runs."""
 
@@ -217,6 +252,7 @@ class Tracing:
 
         self.provider, self.buffer = _provider(environ, service)
         self.tracer = self.provider.get_tracer("hivenet_router")
+        self.sampler = Sampler(environ)
         self._trace = trace
         self._remote = (NonRecordingSpan, SpanContext, TraceFlags)
         self._server, self._client = SpanKind.SERVER, SpanKind.CLIENT
@@ -233,6 +269,15 @@ class Tracing:
             return
         parent = None
         found = parse_traceparent(supplied)
+        if not self.sampler.sampled(found):
+            # Not recorded, but still one trace: the request gets an ID of its own, answers
+            # with it and passes it on unsampled (flags 00), so no one downstream records.
+            trace_id = found[0] if found is not None else random.getrandbits(128) or 1
+            value = traceparent(trace_id, random.getrandbits(64) or 1, False)
+            ticket.trace_id = f"{trace_id:032x}"
+            ticket.headers_out["traceparent"] = value
+            ticket.trace = value  # a string: what the stage hands the agent
+            return
         if found is not None:
             span_class, context_class, flags = self._remote
             remote = context_class(found[0], found[1], is_remote=True, trace_flags=flags(found[2]))
@@ -254,8 +299,11 @@ class Tracing:
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
         state = ticket.trace
-        if state is not None:
+        if isinstance(state, _Trace):
             state.admission_from = time.time_ns()
+        elif state is not None and ticket.job is not None:
+            _hand_on(ticket.job.headers, state)  # unsampled: the agent sees flags 00
+            ticket.trace = None
         return await next(ticket)
 
     # -- the observer -------------------------------------------------------------------------
@@ -264,8 +312,8 @@ class Tracing:
         return None
 
     def on_event(self, ticket: Ticket, event: Event) -> None:
-        state: _Trace | None = ticket.trace
-        if state is None:
+        state = ticket.trace
+        if not isinstance(state, _Trace):
             return
         now = time.time_ns()
         if isinstance(event, Admitted):
@@ -275,10 +323,14 @@ class Tracing:
         elif isinstance(event, Queued):
             self._child(state.routing, "queue wait", now - _ns(event.seconds), now)
         elif isinstance(event, Attempt):
-            span = self._child(state.routing, "attempt", now - _ns(event.seconds), now)
-            if span is not None:
-                span.set_attribute("hivenet.peer_id", event.agent)
-                _fail(span, event.code.value)
+            self._child(
+                state.routing,
+                "attempt",
+                now - _ns(event.seconds),
+                now,
+                event.code.value,
+                attributes={"hivenet.peer_id": event.agent},
+            )
         elif isinstance(event, AnswerHead):
             self._head(state, event, now)
         elif isinstance(event, Exhausted):
@@ -297,17 +349,16 @@ class Tracing:
             # The agent (and the engine behind it) continue the trace from here.
             context = routing.get_span_context()
             value = traceparent(context.trace_id, context.span_id, context.trace_flags.sampled)
-            job.headers[:] = [(k, v) for k, v in job.headers if k != "traceparent"]
-            job.headers.append(("traceparent", value))
+            _hand_on(job.headers, value)
 
     def _head(self, state: _Trace, event: AnswerHead, now: int) -> None:
         name = f"provider {event.origin}" if event.provider else "agent forward"
         parent = state.routing or state.root  # provider fallback comes after routing gave up
-        span = self._child(parent, name, now - _ns(event.seconds), now, kind=self._client)
-        if span is not None:
-            span.set_attribute("hivenet.peer_id", event.origin)
-            if event.step_name:
-                span.set_attribute("hivenet.policy_step", event.step_name)
+        attributes = {"hivenet.peer_id": event.origin}
+        if event.step_name:
+            attributes["hivenet.policy_step"] = event.step_name
+        start = now - _ns(event.seconds)
+        self._child(parent, name, start, now, kind=self._client, attributes=attributes)
         self._end_routing(state, now)
 
     def _end_routing(self, state: _Trace, now: int, error: str = "") -> None:
@@ -337,20 +388,35 @@ class Tracing:
         root.end(end_time=now)
 
     def _child(
-        self, parent: Any, name: str, start: int, end: int, error: str = "", kind: Any = None
-    ) -> Any:
+        self,
+        parent: Any,
+        name: str,
+        start: int,
+        end: int,
+        error: str = "",
+        kind: Any = None,
+        attributes: dict[str, str] | None = None,
+    ) -> None:
+        """A finished child span of `parent` (nothing when the parent is not sampled).
+        Everything is set before it ends: an ended span takes no more attributes."""
         if parent is None or not parent.is_recording():
-            return None
+            return
         span = self.tracer.start_span(
             name,
             context=self._trace.set_span_in_context(parent),
             start_time=start,
+            attributes=attributes,
             **({"kind": kind} if kind is not None else {}),
         )
         if error:
             _fail(span, error)
         span.end(end_time=end)
-        return span
+
+
+def _hand_on(headers: list[tuple[str, str]], value: str) -> None:
+    """Replace the forwarded request's traceparent (the client's, if any) with `value`."""
+    headers[:] = [(k, v) for k, v in headers if k.lower() != "traceparent"]
+    headers.append(("traceparent", value))
 
 
 def _ns(seconds: float) -> int:
@@ -373,8 +439,12 @@ def _provider(environ: Mapping[str, str], service: str) -> tuple[Any, SpanBuffer
     resource = Resource.create({})
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource.create({"service.name": service}))
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
     buffer = SpanBuffer(exporter_from_env(environ))
-    provider = TracerProvider(resource=resource)
+    # Sampling is decided before a span is made (Sampler, or the router's flag for the
+    # agent): every span that reaches the SDK is kept.
+    provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
     provider.add_span_processor(buffer)  # type: ignore[arg-type]
     return provider, buffer
 
@@ -398,8 +468,8 @@ class AgentTracing:
         (in place of the router's). None when the request carries no valid trace."""
         supplied = next((v for k, v in headers if k.lower() == "traceparent"), None)
         found = parse_traceparent(supplied)
-        if found is None:
-            return None
+        if found is None or not found[2] & 1:
+            return None  # no trace, or one the router does not record: passed on as it is
         span_class, context_class, flags = self._remote
         remote = context_class(found[0], found[1], is_remote=True, trace_flags=flags(found[2]))
         span = self.tracer.start_span(

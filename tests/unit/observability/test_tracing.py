@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from hivenet_router.observability.tracing import (
+    Sampler,
     SpanBuffer,
     configured,
     parse_traceparent,
@@ -96,3 +97,22 @@ def test_a_stuck_collector_drops_and_counts_but_never_blocks() -> None:
     wait_until(lambda: buffer.dropped == 101, timeout=5)  # the refused batches count too
     assert buffer.exported == 0
     provider.shutdown()
+
+
+def test_the_standard_samplers() -> None:
+    sampled_parent, unsampled_parent = (1, 1, 1), (1, 1, 0)
+    default = Sampler({})
+    assert default.sampled(None) and default.sampled(sampled_parent)
+    assert not default.sampled(unsampled_parent)  # parent-based: the client said no
+    off = Sampler({"OTEL_TRACES_SAMPLER": "always_off"})
+    assert not any(off.sampled(None) for _ in range(100))
+    on = Sampler({"OTEL_TRACES_SAMPLER": "always_on"})
+    assert on.sampled(unsampled_parent)  # not parent-based: samples whatever the client said
+    tenth = Sampler(
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    )
+    share = sum(tenth.sampled(None) for _ in range(20_000)) / 20_000
+    assert 0.08 < share < 0.12
+    assert tenth.sampled(sampled_parent)
+    odd = Sampler({"OTEL_TRACES_SAMPLER": "jaeger_remote", "OTEL_TRACES_SAMPLER_ARG": "x"})
+    assert odd.sampled(None)  # unknown: sample all, with a warning

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hivenet_router.config import values as v
-from hivenet_router.config.options import ConfigError, duration_option, option, specs
+from hivenet_router.config.options import ConfigError, duration_option, option
 
 ENGINES = ("vllm", "sglang", "llamacpp", "llama-cpp", "ollama", "infinity", "custom", "openai")
 CAPABILITIES = ("llm", "embedding", "reranker")
@@ -232,15 +232,6 @@ class AgentConfig:
         env="GOLOG_LOG_FMT",
         help="Log format: text or json",
     )
-
-    def __repr__(self) -> str:
-        # Secrets stay out of reprs (tracebacks, debug logs) as describe() keeps them out
-        # of the banner.
-        fields = ", ".join(
-            f"{name}={'<redacted>' if spec.secret else repr(getattr(self, name))}"
-            for name, spec in specs(type(self))
-        )
-        return f"{type(self).__name__}({fields})"
 
     def validate(self) -> None:
         if self.engine == "custom" and not (self.model and self.health_url):

@@ -57,7 +57,9 @@ def option(
         secret=secret,
         show=show,
     )
-    field: T = dataclasses.field(default=default, metadata={"option": spec})
+    # A secret stays out of the config's repr (tracebacks, debug logs), as describe()
+    # keeps it out of the startup banner.
+    field: T = dataclasses.field(default=default, metadata={"option": spec}, repr=not secret)
     return field
 
 

@@ -113,3 +113,21 @@ def test_every_option_is_documented() -> None:
         "--jwt-secret-file",
     ):
         assert f"`{flag}`" in table
+
+
+def test_no_secret_reaches_a_config_repr() -> None:
+    router = load(
+        RouterConfig,
+        [],
+        {
+            "HIVENET_ROUTER_JWT_SECRET": "jwt-secret-value-0123456789abcdef",
+            "HIVENET_ROUTER_ADMIN_API_KEYS": "admin-key-value",
+            "HIVENET_ROUTER_OPENAI_API_KEY": "sk-openai-value",
+        },
+        "hivenet-router",
+    )
+    agent = load(AgentConfig, [], {"HIVENET_AGENT_BACKEND_API_KEY": "engine-key-value"}, "a")
+    sim = load(SimConfig, ["--api-key", "sim-key-value"], {}, "hivenet-sim")
+    for config in (router, agent, sim):
+        shown = repr(config)
+        assert "value" not in shown, shown

@@ -231,31 +231,78 @@ class Sampler:
 
 
 class _Trace:
-    """One request's spans while it runs."""
+    """One sampled request's spans while it runs: IDs, start times and the finished
+    children, turned into spans for the exporter in one go when the request ends."""
 
-    __slots__ = ("admission_from", "root", "routing")
+    __slots__ = (
+        "admission_from",
+        "children",
+        "name",
+        "parent",
+        "root_id",
+        "routing_from",
+        "routing_id",
+        "started",
+        "trace_id",
+    )
 
-    def __init__(self, root: Any) -> None:
-        self.root = root
-        self.routing: Any = None
+    def __init__(self, trace_id: int, parent: int, name: str) -> None:
+        self.trace_id = trace_id
+        self.parent = parent  # the client's span, or 0
+        self.root_id = _span_id()
+        self.name = name
+        self.started = time.time_ns()
         self.admission_from = 0
+        self.routing_id = 0  # set while routing is open
+        self.routing_from = 0
+        # (name, span ID, parent span ID, start, end, kind, attributes, error)
+        self.children: list[tuple[str, int, int, int, int, int, dict[str, Any], str]] = []
+
+    def child(
+        self,
+        name: str,
+        parent: int,
+        start: int,
+        end: int,
+        error: str = "",
+        kind: int = 0,
+        attributes: dict[str, Any] | None = None,
+    ) -> int:
+        span_id = _span_id()
+        self.children.append((name, span_id, parent, start, end, kind, attributes or {}, error))
+        return span_id
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
 
 
 class Tracing:
-    """The stage, the observer and the edge's hook in one: they share the tracer."""
+    """The stage, the observer and the edge's hook in one: they share the tracer.
+
+    Spans are not made through the SDK's tracer, whose per-span machinery (sampler calls,
+    locks, attribute checks) cost about 70 us a span here: the request's timings are kept
+    as plain tuples and become the SDK's finished-span objects when it ends, handed
+    straight to the export buffer."""
 
     name = "tracing"
 
     def __init__(self, environ: Mapping[str, str], service: str = "hivenet-router") -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
         self.provider, self.buffer = _provider(environ, service)
-        self.tracer = self.provider.get_tracer("hivenet_router")
         self.sampler = Sampler(environ)
-        self._trace = trace
-        self._remote = (NonRecordingSpan, SpanContext, TraceFlags)
-        self._server, self._client = SpanKind.SERVER, SpanKind.CLIENT
+        self._resource = self.provider.resource
+        self._scope = InstrumentationScope("hivenet_router")
+        self._make = (ReadableSpan, SpanContext, TraceFlags(1), TraceFlags(0))
+        self._kinds = (SpanKind.INTERNAL, SpanKind.SERVER, SpanKind.CLIENT)
+        self._ok, self._error, self._status = (
+            Status(StatusCode.UNSET),
+            StatusCode.ERROR,
+            Status,
+        )
 
     def close(self) -> None:
         self.provider.shutdown()
@@ -263,37 +310,26 @@ class Tracing:
     # -- the edge: a request arrives ----------------------------------------------------------
 
     def begin(self, ticket: Ticket, method: str, supplied: str | None) -> None:
-        """Open the request's span (in the client's trace when its traceparent is valid) and
-        answer with the request's own traceparent. Liveness probes are not traced."""
+        """Open the request's trace (the client's when its traceparent is valid) and answer
+        with the request's own traceparent. Liveness probes are not traced."""
         if ticket.endpoint in SKIPPED:
             return
-        parent = None
         found = parse_traceparent(supplied)
+        trace_id = found[0] if found is not None else random.getrandbits(128) or 1
         if not self.sampler.sampled(found):
-            # Not recorded, but still one trace: the request gets an ID of its own, answers
-            # with it and passes it on unsampled (flags 00), so no one downstream records.
-            trace_id = found[0] if found is not None else random.getrandbits(128) or 1
-            value = traceparent(trace_id, random.getrandbits(64) or 1, False)
+            # Not recorded, but still one trace: the request answers with it and passes it
+            # on unsampled (flags 00), so no one downstream records either.
+            value = traceparent(trace_id, _span_id(), False)
             ticket.trace_id = f"{trace_id:032x}"
             ticket.headers_out["traceparent"] = value
             ticket.trace = value  # a string: what the stage hands the agent
             return
-        if found is not None:
-            span_class, context_class, flags = self._remote
-            remote = context_class(found[0], found[1], is_remote=True, trace_flags=flags(found[2]))
-            parent = self._trace.set_span_in_context(span_class(remote))
-        root = self.tracer.start_span(
-            f"{method} {ticket.endpoint}",
-            context=parent,
-            kind=self._server,
-            attributes={"http.request.method": method, "http.route": ticket.endpoint},
+        state = _Trace(
+            trace_id, found[1] if found is not None else 0, f"{method} {ticket.endpoint}"
         )
-        context = root.get_span_context()
-        ticket.trace = _Trace(root)
-        ticket.trace_id = f"{context.trace_id:032x}"
-        ticket.headers_out["traceparent"] = traceparent(
-            context.trace_id, context.span_id, context.trace_flags.sampled
-        )
+        ticket.trace = state
+        ticket.trace_id = f"{trace_id:032x}"
+        ticket.headers_out["traceparent"] = traceparent(trace_id, state.root_id, True)
 
     # -- the stage: before admission ----------------------------------------------------------
 
@@ -317,20 +353,20 @@ class Tracing:
             return
         now = time.time_ns()
         if isinstance(event, Admitted):
-            self._admitted(ticket, state, now)
+            state.child("admission", state.root_id, state.admission_from or now, now)
+            state.routing_id, state.routing_from = _span_id(), now
+            if ticket.job is not None:
+                # The agent (and the engine behind it) continue the trace from here.
+                _hand_on(ticket.job.headers, traceparent(state.trace_id, state.routing_id, True))
         elif isinstance(event, Refused):
-            self._child(state.root, "admission", state.admission_from or now, now, event.code.value)
-        elif isinstance(event, Queued):
-            self._child(state.routing, "queue wait", now - _ns(event.seconds), now)
-        elif isinstance(event, Attempt):
-            self._child(
-                state.routing,
-                "attempt",
-                now - _ns(event.seconds),
-                now,
-                event.code.value,
-                attributes={"hivenet.peer_id": event.agent},
-            )
+            start = state.admission_from or now
+            state.child("admission", state.root_id, start, now, event.code.value)
+        elif isinstance(event, Queued) and state.routing_id:
+            state.child("queue wait", state.routing_id, now - _ns(event.seconds), now)
+        elif isinstance(event, Attempt) and state.routing_id:
+            start = now - _ns(event.seconds)
+            attributes = {"hivenet.peer_id": event.agent}
+            state.child("attempt", state.routing_id, start, now, event.code.value, 0, attributes)
         elif isinstance(event, AnswerHead):
             self._head(state, event, now)
         elif isinstance(event, Exhausted):
@@ -338,79 +374,66 @@ class Tracing:
         elif isinstance(event, Ended):
             self._ended(ticket, state, event, now)
 
-    def _admitted(self, ticket: Ticket, state: _Trace, now: int) -> None:
-        root = state.root
-        self._child(root, "admission", state.admission_from or now, now)
-        routing = state.routing = self.tracer.start_span(
-            "routing", context=self._trace.set_span_in_context(root), start_time=now
-        )
-        job = ticket.job
-        if job is not None:
-            # The agent (and the engine behind it) continue the trace from here.
-            context = routing.get_span_context()
-            value = traceparent(context.trace_id, context.span_id, context.trace_flags.sampled)
-            _hand_on(job.headers, value)
-
     def _head(self, state: _Trace, event: AnswerHead, now: int) -> None:
         name = f"provider {event.origin}" if event.provider else "agent forward"
-        parent = state.routing or state.root  # provider fallback comes after routing gave up
         attributes = {"hivenet.peer_id": event.origin}
         if event.step_name:
             attributes["hivenet.policy_step"] = event.step_name
-        start = now - _ns(event.seconds)
-        self._child(parent, name, start, now, kind=self._client, attributes=attributes)
+        # Provider fallback comes after routing gave up: its span hangs off the request's.
+        parent = state.routing_id or state.root_id
+        state.child(name, parent, now - _ns(event.seconds), now, "", 2, attributes)
         self._end_routing(state, now)
 
     def _end_routing(self, state: _Trace, now: int, error: str = "") -> None:
-        routing, state.routing = state.routing, None
-        if routing is not None:
-            if error:
-                _fail(routing, error)
-            routing.end(end_time=now)
+        if state.routing_id:
+            start, state.routing_from = state.routing_from, 0
+            span_id, state.routing_id = state.routing_id, 0
+            state.children.append(("routing", span_id, state.root_id, start, now, 0, {}, error))
 
     def _ended(self, ticket: Ticket, state: _Trace, event: Ended, now: int) -> None:
         ticket.trace = None
-        root = state.root
         code = event.code.value if event.code is not None else ""
         self._end_routing(state, now, code)
-        if root.is_recording():
-            root.set_attribute("http.response.status_code", event.status)
-            root.set_attribute("hivenet.request_id", ticket.request_id)
-            if ticket.facts is not None and ticket.job is not None:
-                root.set_attribute("hivenet.model", ticket.model)
-            if ticket.origin:
-                root.set_attribute("hivenet.peer_id", ticket.origin)
-            if event.usage is not None:
-                root.set_attribute("hivenet.input_tokens", event.usage.input_tokens)
-                root.set_attribute("hivenet.output_tokens", event.usage.output_tokens)
-            if code or event.status >= 500:
-                _fail(root, code or str(event.status))
-        root.end(end_time=now)
+        attributes: dict[str, Any] = {
+            "http.request.method": ticket.method,
+            "http.route": ticket.endpoint,
+            "http.response.status_code": event.status,
+            "hivenet.request_id": ticket.request_id,
+        }
+        if ticket.facts is not None and ticket.job is not None:
+            attributes["hivenet.model"] = ticket.model
+        if ticket.origin:
+            attributes["hivenet.peer_id"] = ticket.origin
+        if event.usage is not None:
+            attributes["hivenet.input_tokens"] = event.usage.input_tokens
+            attributes["hivenet.output_tokens"] = event.usage.output_tokens
+        error = code or (str(event.status) if event.status >= 500 else "")
+        root = (state.name, state.root_id, state.parent, state.started, now, 1, attributes, error)
+        for span in (root, *state.children):
+            self.buffer.on_end(self._span(state.trace_id, span, remote=span is root))
 
-    def _child(
+    def _span(
         self,
-        parent: Any,
-        name: str,
-        start: int,
-        end: int,
-        error: str = "",
-        kind: Any = None,
-        attributes: dict[str, str] | None = None,
-    ) -> None:
-        """A finished child span of `parent` (nothing when the parent is not sampled).
-        Everything is set before it ends: an ended span takes no more attributes."""
-        if parent is None or not parent.is_recording():
-            return
-        span = self.tracer.start_span(
-            name,
-            context=self._trace.set_span_in_context(parent),
-            start_time=start,
-            attributes=attributes,
-            **({"kind": kind} if kind is not None else {}),
-        )
+        trace_id: int,
+        span: tuple[str, int, int, int, int, int, dict[str, Any], str],
+        remote: bool,
+    ) -> Any:
+        readable, context, sampled, _ = self._make
+        name, span_id, parent_id, start, end, kind, attributes, error = span
         if error:
-            _fail(span, error)
-        span.end(end_time=end)
+            attributes = {**attributes, "error.type": error}
+        return readable(
+            name=name,
+            context=context(trace_id, span_id, False, sampled),
+            parent=context(trace_id, parent_id, remote, sampled) if parent_id else None,
+            resource=self._resource,
+            attributes=attributes,
+            kind=self._kinds[kind],
+            status=self._status(self._error, error) if error else self._ok,
+            start_time=start,
+            end_time=end,
+            instrumentation_scope=self._scope,
+        )
 
 
 def _hand_on(headers: list[tuple[str, str]], value: str) -> None:
@@ -421,13 +444,6 @@ def _hand_on(headers: list[tuple[str, str]], value: str) -> None:
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
-
-
-def _fail(span: Any, description: str) -> None:
-    from opentelemetry.trace import Status, StatusCode
-
-    span.set_status(Status(StatusCode.ERROR, description))
-    span.set_attribute("error.type", description)
 
 
 def _provider(environ: Mapping[str, str], service: str) -> tuple[Any, SpanBuffer]:

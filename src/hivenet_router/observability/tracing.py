@@ -15,10 +15,10 @@ One request is one trace (or joins the client's, from a valid W3C `traceparent`)
         └── agent forward            CLIENT, the forward that answered; the agent's own
                                      span and the engine's continue from `routing`
 
-Spans are made when the events that end them arrive, with their true start times; the
-request path only emits the events it emits anyway. Finished spans go to a bounded buffer
-that a thread drains into the OTLP exporter, so a collector that is down or slow costs
-requests nothing: past the buffer's bound spans are dropped, and counted.
+A span's times are noted when the events that end it arrive (the request path only emits
+the events it emits anyway); when the request ends its spans are built at once and go to
+a bounded buffer that a thread drains into the OTLP exporter, so a collector that is down
+or slow costs requests nothing: past the buffer's bound spans are dropped, and counted.
 """
 
 from __future__ import annotations

@@ -467,41 +467,63 @@ def _provider(environ: Mapping[str, str], service: str) -> tuple[Any, SpanBuffer
 
 class AgentTracing:
     """The agent's span around the engine call, a child of the trace the router sent;
-    the engine is handed this span's context, so an instrumented engine continues it."""
+    the engine is handed this span's context, so an instrumented engine continues it.
+    Like the router's, the span is built once, when it ends, not through the SDK tracer."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
         self.provider, self.buffer = _provider(environ, "hivenet-agent")
-        self.tracer = self.provider.get_tracer("hivenet_router.agent")
-        self._trace = trace
-        self._remote = (NonRecordingSpan, SpanContext, TraceFlags)
-        self._client = SpanKind.CLIENT
+        self._resource = self.provider.resource
+        self._scope = InstrumentationScope("hivenet_router.agent")
+        self._make = (ReadableSpan, SpanContext, TraceFlags(1), SpanKind.CLIENT)
+        self._ok = Status(StatusCode.UNSET)
 
-    def start(self, path: str, headers: list[tuple[str, str]]) -> Any:
+    def start(self, path: str, headers: list[tuple[str, str]]) -> _AgentSpan | None:
         """Open the span for one forwarded request and put its traceparent in `headers`
         (in place of the router's). None when the request carries no valid trace."""
         supplied = next((v for k, v in headers if k.lower() == "traceparent"), None)
         found = parse_traceparent(supplied)
         if found is None or not found[2] & 1:
             return None  # no trace, or one the router does not record: passed on as it is
-        span_class, context_class, flags = self._remote
-        remote = context_class(found[0], found[1], is_remote=True, trace_flags=flags(found[2]))
-        span = self.tracer.start_span(
-            "agent backend proxy",
-            context=self._trace.set_span_in_context(span_class(remote)),
-            kind=self._client,
-            attributes={"url.path": path},
-        )
-        context = span.get_span_context()
-        value = traceparent(context.trace_id, context.span_id, context.trace_flags.sampled)
-        headers[:] = [(k, v) for k, v in headers if k.lower() != "traceparent"]
-        headers.append(("traceparent", value))
+        span = _AgentSpan(self, found[0], found[1], path)
+        _hand_on(headers, traceparent(found[0], span.span_id, True))
         return span
+
+    def finish(self, span: _AgentSpan) -> None:
+        readable, context, sampled, kind = self._make
+        self.buffer.on_end(
+            readable(
+                name="agent backend proxy",
+                context=context(span.trace_id, span.span_id, False, sampled),
+                parent=context(span.trace_id, span.parent_id, True, sampled),
+                resource=self._resource,
+                attributes={"url.path": span.path},
+                kind=kind,
+                status=self._ok,
+                start_time=span.started,
+                end_time=time.time_ns(),
+                instrumentation_scope=self._scope,
+            )
+        )
 
     def close(self) -> None:
         self.provider.shutdown()
+
+
+class _AgentSpan:
+    __slots__ = ("parent_id", "path", "span_id", "started", "trace_id", "tracing")
+
+    def __init__(self, tracing: AgentTracing, trace_id: int, parent_id: int, path: str) -> None:
+        self.tracing = tracing
+        self.trace_id, self.parent_id, self.path = trace_id, parent_id, path
+        self.span_id = _span_id()
+        self.started = time.time_ns()
+
+    def end(self) -> None:
+        self.tracing.finish(self)
 
 
 class TracingCollector(Collector):

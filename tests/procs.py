@@ -172,8 +172,20 @@ class Cluster:
         """Start any program (an absolute path, or one of this venv's commands)."""
         return self._proc(name, args, env)
 
-    def sim(self, model: str = "sim-model", *extra: str, name: str = "sim", port: int = 0) -> Sim:
+    def sim(
+        self,
+        model: str = "sim-model",
+        *extra: str,
+        name: str = "sim",
+        port: int = 0,
+        api_key: str = "",
+    ) -> Sim:
+        """A simulator; with `api_key` it refuses requests without that bearer key, as an
+        engine started with --api-key does."""
         port = port or free_port()
+        if api_key:
+            extra = (*extra, "--api-key", api_key)
+        ready = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         proc = self._proc(
             name,
             [
@@ -190,7 +202,9 @@ class Cluster:
             ],
         )
         sim = Sim(proc, port, model)
-        wait_until(lambda: httpx.get(sim.url + "/health", timeout=1).status_code == 200)
+        wait_until(
+            lambda: httpx.get(sim.url + "/health", headers=ready, timeout=1).status_code == 200
+        )
         return sim
 
     def router(

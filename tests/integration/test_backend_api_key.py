@@ -16,7 +16,6 @@ from tests.procs import (
     Proc,
     Router,
     Sim,
-    free_port,
     wait_registered,
     wait_until,
 )
@@ -27,25 +26,7 @@ BEARER = {"Authorization": f"Bearer {KEY}"}
 
 
 def keyed_sim(c: Cluster) -> Sim:
-    port = free_port()
-    proc = c.spawn(
-        "sim",
-        [
-            "hivenet-sim",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--model",
-            MODEL,
-            "--zero-latency",
-            "--api-key",
-            KEY,
-        ],
-    )
-    sim = Sim(proc, port, MODEL)
-    wait_until(lambda: httpx.get(sim.url + "/health", headers=BEARER, timeout=1).status_code == 200)
-    return sim
+    return c.sim(MODEL, "--zero-latency", api_key=KEY)
 
 
 def refusals(sim: Sim) -> int:

@@ -218,7 +218,7 @@ class MetricsObserver:
         deployment = (agent.deployment_id or UNSET) if agent is not None else UNSET
         labels = (tenant, key, deployment, model)
         (self.tenant_success if answered else self.tenant_failed).inc(labels)
-        self.tenants.seen(ticket, self._replicas(model))
+        self.tenants.seen(ticket, self._replicas)
         if not ticket.dispatched:
             return
         self.tenant_duration.observe(labels, event.seconds)
@@ -248,7 +248,9 @@ class TenantGauges(Collector):
         self.model_tpd: dict[tuple[str, str], int] = {}
         self.last: dict[tuple[str, str, str], float] = {}
 
-    def seen(self, ticket: Ticket, replicas: int) -> None:
+    def seen(self, ticket: Ticket, replicas: Callable[[str], int]) -> None:
+        """Note the request's tenant; `replicas(model)` is asked only for a per-model
+        quota, whose ceiling scales with the healthy agents (a registry walk)."""
         principal = ticket.principal
         tenant, quota, model = principal.tenant, principal.quota, ticket.model
         agent = ticket.agent
@@ -262,7 +264,7 @@ class TenantGauges(Collector):
             return
         entry = quota.per_model.get(model)
         if entry is not None:
-            self.model_rpm[(tenant, model)] = entry.rpm_per_replica * replicas
+            self.model_rpm[(tenant, model)] = entry.rpm_per_replica * replicas(model)
             self.model_tpd[(tenant, model)] = entry.tokens_per_day
 
     def collect(self) -> list[Metric]:

@@ -125,8 +125,8 @@ def exporter_from_env(environ: Mapping[str, str]) -> SpanExporter:
 
 
 class SpanBuffer:
-    """A span processor: finished spans into a bounded deque, exported in batches by one
-    thread. Spans past the bound, and batches the exporter refused, are counted."""
+    """Finished spans into a bounded deque, exported in batches by one thread. Spans past
+    the bound, and batches the exporter refused, are counted."""
 
     def __init__(
         self, exporter: SpanExporter, *, limit: int = 4096, batch: int = 512, delay: float = 1.0
@@ -148,12 +148,6 @@ class SpanBuffer:
     def dropped(self) -> int:
         return self._full + self.failed
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        return None
-
-    def _on_ending(self, span: Any) -> None:
-        return None
-
     def on_end(self, span: ReadableSpan) -> None:
         spans = self._spans
         if len(spans) >= self.limit:
@@ -168,10 +162,6 @@ class SpanBuffer:
         self._wake.set()
         self._thread.join(5.0)
         self.exporter.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self._wake.set()
-        return True
 
     def _run(self) -> None:
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -277,35 +267,71 @@ def _span_id() -> int:
     return random.getrandbits(64) or 1
 
 
-class Tracing:
-    """The stage, the observer and the edge's hook in one: they share the tracer.
+class Spans:
+    """What the router's and the agent's tracing share: the service's resource, the
+    export buffer, and finished spans built from plain timings. (Not the SDK's tracer,
+    whose per-span machinery of sampler calls, locks and attribute checks cost about 70 us
+    a span here.)"""
 
-    Spans are not made through the SDK's tracer, whose per-span machinery (sampler calls,
-    locks, attribute checks) cost about 70 us a span here: the request's timings are kept
-    as plain tuples and become the SDK's finished-span objects when it ends, handed
-    straight to the export buffer."""
-
-    name = "tracing"
-
-    def __init__(self, environ: Mapping[str, str], service: str = "hivenet-router") -> None:
+    def __init__(self, environ: Mapping[str, str], service: str, scope: str) -> None:
+        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-        self.provider, self.buffer = _provider(environ, service)
-        self.sampler = Sampler(environ)
-        self._resource = self.provider.resource
-        self._scope = InstrumentationScope("hivenet_router")
-        self._make = (ReadableSpan, SpanContext, TraceFlags(1), TraceFlags(0))
+        resource = Resource.create({})  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+            resource = resource.merge(Resource.create({"service.name": service}))
+        self.buffer = SpanBuffer(exporter_from_env(environ))
+        self._resource = resource
+        self._scope = InstrumentationScope(scope)
+        self._make = (ReadableSpan, SpanContext, TraceFlags(1))
         self._kinds = (SpanKind.INTERNAL, SpanKind.SERVER, SpanKind.CLIENT)
-        self._ok, self._error, self._status = (
-            Status(StatusCode.UNSET),
-            StatusCode.ERROR,
-            Status,
-        )
+        self._ok, self._failed = Status(StatusCode.UNSET), (Status, StatusCode.ERROR)
 
     def close(self) -> None:
-        self.provider.shutdown()
+        """Send what is queued (one last, bounded, try) and stop the export thread."""
+        self.buffer.shutdown()
+
+    def emit(
+        self,
+        trace_id: int,
+        span: tuple[str, int, int, int, int, int, dict[str, Any], str],
+        remote_parent: bool = False,
+    ) -> None:
+        """Queue one finished span: (name, span ID, parent span ID or 0, start, end, kind
+        index (internal, server, client), attributes, error code or "")."""
+        readable, context, sampled = self._make
+        name, span_id, parent_id, start, end, kind, attributes, error = span
+        status = self._ok
+        if error:
+            attributes = {**attributes, "error.type": error}
+            status = self._failed[0](self._failed[1], error)
+        self.buffer.on_end(
+            readable(
+                name=name,
+                context=context(trace_id, span_id, False, sampled),
+                parent=context(trace_id, parent_id, remote_parent, sampled) if parent_id else None,
+                resource=self._resource,
+                attributes=attributes,
+                kind=self._kinds[kind],
+                status=status,
+                start_time=start,
+                end_time=end,
+                instrumentation_scope=self._scope,
+            )
+        )
+
+
+class Tracing(Spans):
+    """The stage, the observer and the edge's hook in one. A request's timings are kept as
+    plain tuples while it runs and become finished spans when it ends."""
+
+    name = "tracing"
+
+    def __init__(self, environ: Mapping[str, str], service: str = "hivenet-router") -> None:
+        super().__init__(environ, service, "hivenet_router")
+        self.sampler = Sampler(environ)
 
     # -- the edge: a request arrives ----------------------------------------------------------
 
@@ -409,31 +435,9 @@ class Tracing:
             attributes["hivenet.output_tokens"] = event.usage.output_tokens
         error = code or (str(event.status) if event.status >= 500 else "")
         root = (state.name, state.root_id, state.parent, state.started, now, 1, attributes, error)
-        for span in (root, *state.children):
-            self.buffer.on_end(self._span(state.trace_id, span, remote=span is root))
-
-    def _span(
-        self,
-        trace_id: int,
-        span: tuple[str, int, int, int, int, int, dict[str, Any], str],
-        remote: bool,
-    ) -> Any:
-        readable, context, sampled, _ = self._make
-        name, span_id, parent_id, start, end, kind, attributes, error = span
-        if error:
-            attributes = {**attributes, "error.type": error}
-        return readable(
-            name=name,
-            context=context(trace_id, span_id, False, sampled),
-            parent=context(trace_id, parent_id, remote, sampled) if parent_id else None,
-            resource=self._resource,
-            attributes=attributes,
-            kind=self._kinds[kind],
-            status=self._status(self._error, error) if error else self._ok,
-            start_time=start,
-            end_time=end,
-            instrumentation_scope=self._scope,
-        )
+        self.emit(state.trace_id, root, remote_parent=True)
+        for span in state.children:
+            self.emit(state.trace_id, span)
 
 
 def _hand_on(headers: list[tuple[str, str]], value: str) -> None:
@@ -446,40 +450,12 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
 
 
-def _provider(environ: Mapping[str, str], service: str) -> tuple[Any, SpanBuffer]:
-    """A tracer provider named `service` (unless OTEL_SERVICE_NAME says otherwise), its
-    sampler from OTEL_TRACES_SAMPLER, exporting through a SpanBuffer."""
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-
-    resource = Resource.create({})
-    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-        resource = resource.merge(Resource.create({"service.name": service}))
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-
-    buffer = SpanBuffer(exporter_from_env(environ))
-    # Sampling is decided before a span is made (Sampler, or the router's flag for the
-    # agent): every span that reaches the SDK is kept.
-    provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
-    provider.add_span_processor(buffer)  # type: ignore[arg-type]
-    return provider, buffer
-
-
-class AgentTracing:
+class AgentTracing(Spans):
     """The agent's span around the engine call, a child of the trace the router sent;
-    the engine is handed this span's context, so an instrumented engine continues it.
-    Like the router's, the span is built once, when it ends, not through the SDK tracer."""
+    the engine is handed this span's context, so an instrumented engine continues it."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
-        self.provider, self.buffer = _provider(environ, "hivenet-agent")
-        self._resource = self.provider.resource
-        self._scope = InstrumentationScope("hivenet_router.agent")
-        self._make = (ReadableSpan, SpanContext, TraceFlags(1), SpanKind.CLIENT)
-        self._ok = Status(StatusCode.UNSET)
+        super().__init__(environ, "hivenet-agent", "hivenet_router.agent")
 
     def start(self, path: str, headers: list[tuple[str, str]]) -> _AgentSpan | None:
         """Open the span for one forwarded request and put its traceparent in `headers`
@@ -492,26 +468,6 @@ class AgentTracing:
         _hand_on(headers, traceparent(found[0], span.span_id, True))
         return span
 
-    def finish(self, span: _AgentSpan) -> None:
-        readable, context, sampled, kind = self._make
-        self.buffer.on_end(
-            readable(
-                name="agent backend proxy",
-                context=context(span.trace_id, span.span_id, False, sampled),
-                parent=context(span.trace_id, span.parent_id, True, sampled),
-                resource=self._resource,
-                attributes={"url.path": span.path},
-                kind=kind,
-                status=self._ok,
-                start_time=span.started,
-                end_time=time.time_ns(),
-                instrumentation_scope=self._scope,
-            )
-        )
-
-    def close(self) -> None:
-        self.provider.shutdown()
-
 
 class _AgentSpan:
     __slots__ = ("parent_id", "path", "span_id", "started", "trace_id", "tracing")
@@ -523,7 +479,20 @@ class _AgentSpan:
         self.started = time.time_ns()
 
     def end(self) -> None:
-        self.tracing.finish(self)
+        self.tracing.emit(
+            self.trace_id,
+            (
+                "agent backend proxy",
+                self.span_id,
+                self.parent_id,
+                self.started,
+                time.time_ns(),
+                2,
+                {"url.path": self.path},
+                "",
+            ),
+            remote_parent=True,
+        )
 
 
 class TracingCollector(Collector):

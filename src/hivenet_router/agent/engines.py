@@ -82,6 +82,10 @@ class _OpenAIModels:
         return openai_models(raw)
 
 
+# Most lines of one info gauge kept from a page; one per engine core is what engines write.
+_MAX_INFO_LINES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class _Samples:
     """The samples of the wanted metric families, summed over label sets; histogram
@@ -90,15 +94,21 @@ class _Samples:
     Read with a line scanner rather than a full exposition parser: an engine's page has
     hundreds of series and the router uses a dozen, so every other line is skipped after
     comparing its name. (prometheus_client's parser was a quarter of an idle agent's work.)
+    An info gauge named in `labelled` (its facts are labels, its value 1) keeps the raw
+    label set of each of its lines instead, for the caller to read the labels it needs.
     """
 
     scalars: dict[str, float]
     buckets: dict[str, list[tuple[float, float]]]
+    labels: dict[str, list[str]]
 
     @classmethod
-    def parse(cls, text: str, wanted: frozenset[str]) -> _Samples:
+    def parse(
+        cls, text: str, wanted: frozenset[str], labelled: frozenset[str] = frozenset()
+    ) -> _Samples:
         scalars: dict[str, float] = defaultdict(float)
         buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        labels: dict[str, list[str]] = defaultdict(list)
         for line in text.splitlines():
             if not line or line[0] == "#":
                 continue
@@ -112,6 +122,10 @@ class _Samples:
             if family not in wanted and name not in wanted:
                 continue
             close = line.rfind("}")
+            if name in labelled:
+                if close > cut and len(labels[name]) < _MAX_INFO_LINES:
+                    labels[name].append(line[cut : close + 1])
+                continue
             fields = line[close + 1 if close >= 0 else cut :].split()
             if not fields:
                 continue
@@ -125,7 +139,9 @@ class _Samples:
                 continue
             scalars[name] += value
         return cls(
-            dict(scalars), {name: sorted(bounds.items()) for name, bounds in buckets.items()}
+            dict(scalars),
+            {name: sorted(bounds.items()) for name, bounds in buckets.items()},
+            dict(labels),
         )
 
     def get(self, *names: str) -> float | None:
@@ -174,8 +190,12 @@ def _label(labels: str, key: str) -> float | None:
 
 def _text_label(labels: str, key: str) -> str | None:
     """One label's raw value from a `{a="x",le="0.5"}` label set."""
-    at = labels.find(f'{key}="')
-    if at < 0 or (at > 0 and labels[at - 1] not in "{, "):
+    needle = f'{key}="'
+    at = labels.find(needle)
+    # Skip a match inside a longer name: block_size in mamba_block_size, say.
+    while at > 0 and labels[at - 1] not in "{, ":
+        at = labels.find(needle, at + 1)
+    if at < 0:
         return None
     start = at + len(key) + 2
     end = labels.find('"', start)
@@ -214,6 +234,29 @@ def _finish_reasons(text: str, family: str) -> dict[str, float]:
     return found
 
 
+def _vllm_cache_tokens(s: _Samples) -> float | None:
+    """The KV cache size in tokens from `vllm:cache_config_info`: num_gpu_blocks times
+    block_size, summed over its lines (one per engine core when vLLM runs data parallel,
+    each with a cache of its own). None unless every line gives both as positive numbers."""
+    lines = s.labels.get(_VLLM_CACHE_INFO)
+    if not lines:
+        return None
+    total = 0.0
+    for labels in lines:
+        blocks = _label(labels, "num_gpu_blocks")
+        size = _label(labels, "block_size")
+        tokens = _size(blocks * size) if blocks is not None and size is not None else None
+        if tokens is None:
+            return None
+        total += tokens
+    return _size(total)
+
+
+def _size(value: float | None) -> float | None:
+    """A cache size fit to route by: positive and finite, else unknown."""
+    return value if value is not None and 0 < value < math.inf else None
+
+
 def _ratio(hits: float | None, queries: float | None) -> float | None:
     if hits is None or not queries:
         return None
@@ -241,8 +284,11 @@ _VLLM = frozenset(
         "generation_tokens_total",
         "prefix_cache_hits_total",
         "prefix_cache_queries_total",
+        "cache_config_info",
     )
 )
+_VLLM_CACHE_INFO = "vllm:cache_config_info"
+_VLLM_INFO = frozenset({_VLLM_CACHE_INFO})
 _SGLANG = frozenset(
     f"sglang:{name}"
     for name in (
@@ -255,6 +301,7 @@ _SGLANG = frozenset(
         "prompt_tokens_total",
         "generation_tokens_total",
         "cache_hit_rate",
+        "max_total_num_tokens",
     )
 )
 _LLAMACPP = frozenset(
@@ -295,7 +342,7 @@ class VllmAdapter(_OpenAIModels):
         return "/metrics"
 
     def parse_metrics(self, text: str) -> EngineSnapshot:
-        s = _Samples.parse(text, _VLLM)
+        s = _Samples.parse(text, _VLLM, _VLLM_INFO)
         ttft = "vllm:time_to_first_token_seconds"
         itl = (
             "vllm:inter_token_latency_seconds"
@@ -316,6 +363,7 @@ class VllmAdapter(_OpenAIModels):
             prefix_cache_hit_rate=_ratio(
                 s.get("vllm:prefix_cache_hits_total"), s.get("vllm:prefix_cache_queries_total")
             ),
+            kv_cache_tokens=_vllm_cache_tokens(s),
         )
 
     def parse_histograms(self, text: str) -> EngineHistograms | None:
@@ -356,6 +404,7 @@ class SglangAdapter(_OpenAIModels):
             prompt_tokens_total=s.get("sglang:prompt_tokens_total"),
             generation_tokens_total=s.get("sglang:generation_tokens_total"),
             prefix_cache_hit_rate=s.get("sglang:cache_hit_rate"),
+            kv_cache_tokens=_size(s.get("sglang:max_total_num_tokens")),
         )
 
 

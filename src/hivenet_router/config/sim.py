@@ -8,6 +8,18 @@ from hivenet_router.config import values as v
 from hivenet_router.config.options import ConfigError, duration_option, option
 
 
+def _factor(text: str) -> float:
+    """A slowdown factor: a finite number of at least 1."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    # A factor below 1 would speed the engine up; infinity would stop it without saying so.
+    if not 1.0 <= value < float("inf"):
+        raise ValueError(f"{value} must be at least 1 (and finite)")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     host: str = option("127.0.0.1", parse=v.text, flag="--host", help="Address to listen on")
@@ -136,6 +148,14 @@ class SimConfig:
         parse=v.non_negative_int,
         flag="--fault-crash-after",
         help="Exit the process abruptly after this many requests; 0 never",
+    )
+    fault_slowdown: float = option(
+        1.0,
+        parse=_factor,
+        flag="--fault-slowdown",
+        default_text="1",
+        help="Multiply every engine delay (time to first token, prefill, time per output "
+        "token) by this factor; 1 leaves them as configured",
     )
 
     def validate(self) -> None:

@@ -29,6 +29,7 @@ class EngineSnapshot(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=F
     prefix_cache_hit_rate: float | None = None
     predicted_tps: float | None = None  # llama.cpp: generation throughput, tokens per second
     prompt_tps: float | None = None  # llama.cpp: prompt processing, tokens per second
+    kv_cache_tokens: float | None = None  # the engine's KV/prefix cache size in tokens
 
 
 class GpuSnapshot(msgspec.Struct, omit_defaults=True):

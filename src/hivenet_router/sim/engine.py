@@ -7,7 +7,8 @@ What it models, and why it matters to a router:
 - decode slows per sequence as the batch grows;
 - at most `max_num_seqs` sequences run; others wait in FIFO order;
 - each running sequence holds KV-cache tokens (prompt plus its output budget) out of a fixed
-  budget, which is what `vllm:kv_cache_usage_perc` reports.
+  budget, which is what `vllm:kv_cache_usage_perc` reports;
+- the `slowdown` fault multiplies every delay, to play an engine that has become slow.
 
 Tokens are approximated as 4 bytes of UTF-8 text; that is enough for timing and caching.
 """
@@ -18,6 +19,8 @@ import asyncio
 import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+
+from hivenet_router.sim.faults import Faults
 
 BYTES_PER_TOKEN = 4
 
@@ -159,12 +162,16 @@ class Engine:
         block_size: int,
         timing: Timing,
         zero_latency: bool,
+        faults: Faults | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.kv_cache_tokens = kv_cache_tokens
         self.block_size = block_size
         self.timing = timing
         self.zero_latency = zero_latency
+        # Shared with the fault admin route and read at every delay, so a slowdown set
+        # mid-run applies to the very next prefill or token.
+        self.faults = faults if faults is not None else Faults()
         self.cache = PrefixCache(kv_cache_tokens // block_size)
         self.stats = EngineStats()
         self.running = 0
@@ -237,10 +244,11 @@ class Engine:
         if self.zero_latency:
             return 0.0
         uncached = seq.prompt_tokens - seq.cached_tokens
-        return self.timing.ttft_base + uncached * self.timing.prefill_per_token
+        base = self.timing.ttft_base + uncached * self.timing.prefill_per_token
+        return base * self.faults.slowdown
 
     def token_delay(self) -> float:
         if self.zero_latency:
             return 0.0
         extra = max(0, self.running - 1) * self.timing.batch_slowdown
-        return self.timing.itl * (1.0 + extra)
+        return self.timing.itl * (1.0 + extra) * self.faults.slowdown

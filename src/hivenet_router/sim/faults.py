@@ -15,22 +15,34 @@ class Faults:
     stall_rate: float = 0.0
     repeat_rate: float = 0.0
     crash_after: int = 0
+    # Multiplies every delay of the engine model; 1 leaves them as configured. A benchmark
+    # raises it mid-run to see whether the router moves traffic off a slowed engine.
+    slowdown: float = 1.0
 
     def update(self, changes: dict[str, Any]) -> None:
-        """Apply a partial update; raises ValueError naming the bad field."""
+        """Apply a partial update; raises ValueError naming the bad field. Every field is
+        checked before any is set, so a refused update changes nothing."""
         for name, value in changes.items():
-            if name not in self.__dataclass_fields__:
-                raise ValueError(f"unknown fault {name!r}")
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"fault {name!r} must be a number")
-            if name.endswith("_rate") and not 0.0 <= value <= 1.0:
-                raise ValueError(f"fault {name!r} must be between 0 and 1")
-            if value < 0:
-                raise ValueError(f"fault {name!r} must not be negative")
+            _check(name, value, self.__dataclass_fields__)
+        for name, value in changes.items():
             setattr(self, name, int(value) if name == "crash_after" else float(value))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _check(name: str, value: Any, fields: dict[str, Any]) -> None:
+    if name not in fields:
+        raise ValueError(f"unknown fault {name!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"fault {name!r} must be a number")
+    if name.endswith("_rate") and not 0.0 <= value <= 1.0:
+        raise ValueError(f"fault {name!r} must be between 0 and 1")
+    # Below 1 would make the engine faster than configured, which is no fault.
+    if name == "slowdown" and not 1.0 <= value < float("inf"):
+        raise ValueError(f"fault {name!r} must be a finite number of at least 1")
+    if value < 0:
+        raise ValueError(f"fault {name!r} must not be negative")
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,15 @@ class Simulator:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self.faults = Faults(
+            error_rate=config.fault_error_rate,
+            latency=config.fault_latency,
+            hang_rate=config.fault_hang_rate,
+            stall_rate=config.fault_stall_rate,
+            repeat_rate=config.fault_repeat_rate,
+            crash_after=config.fault_crash_after,
+            slowdown=config.fault_slowdown,
+        )
         self.engine = Engine(
             max_num_seqs=config.max_num_seqs,
             kv_cache_tokens=config.kv_cache_tokens,
@@ -60,14 +69,7 @@ class Simulator:
                 config.ttft_base, config.prefill_per_token, config.itl, config.batch_slowdown
             ),
             zero_latency=config.zero_latency,
-        )
-        self.faults = Faults(
-            error_rate=config.fault_error_rate,
-            latency=config.fault_latency,
-            hang_rate=config.fault_hang_rate,
-            stall_rate=config.fault_stall_rate,
-            repeat_rate=config.fault_repeat_rate,
-            crash_after=config.fault_crash_after,
+            faults=self.faults,
         )
         self.dice = FaultDice(self.faults, config.seed)
         self.corpus = Corpus(config.seed)

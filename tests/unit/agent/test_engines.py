@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from hivenet_router.agent.engines import adapter_for
+from hivenet_router.agent.monitor import signal_key
 from hivenet_router.sim.engine import Engine, Timing
 from hivenet_router.sim.metrics import render_metrics
 
@@ -105,3 +107,86 @@ def test_engines_without_metrics(engine: str) -> None:
     adapter = adapter_for(engine)
     assert adapter.metrics_path() is None
     assert adapter.parse_metrics("whatever") == adapter.parse_metrics("")
+
+
+# A vLLM page, trimmed: the info gauge carries its facts as labels, whose order differs
+# between versions (here block_size comes last, after a `mamba_block_size` that must not be
+# read as it).
+VLLM = """
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.031
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{cache_dtype="auto",calculate_kv_scales="False",cpu_offload_gb="0",\
+enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",is_attention_free="False",\
+mamba_block_size="8",num_cpu_blocks="None",num_gpu_blocks="27616",\
+num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",\
+swap_space="4",block_size="16"} 1.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 512.0
+"""
+
+SGLANG_CACHE = """
+# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="Qwen/Qwen2.5-7B-Instruct"} 1048576.0
+"""
+
+
+def test_vllm_cache_size_from_its_info_gauge() -> None:
+    snap = adapter_for("vllm").parse_metrics(VLLM)
+    assert snap.kv_cache_tokens == 27616 * 16
+    assert snap.running_requests == 2  # the other lines read as before
+
+
+def test_vllm_cache_size_sums_engine_cores() -> None:
+    line = 'vllm:cache_config_info{{block_size="16",engine="{n}",num_gpu_blocks="100"}} 1.0'
+    page = "\n".join(line.format(n=n) for n in range(2))
+    assert adapter_for("vllm").parse_metrics(page).kv_cache_tokens == 3200
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0',
+        'vllm:cache_config_info{block_size="16"} 1.0',
+        'vllm:cache_config_info{num_gpu_blocks="100",mamba_block_size="16"} 1.0',
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="0"} 1.0',
+        'vllm:cache_config_info{block_size="sixteen",num_gpu_blocks="100"} 1.0',
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="1e400"} 1.0',
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="100" 1.0',
+        'vllm:cache_config_info{block_size="16,num_gpu_blocks="100} 1.0',
+        "vllm:cache_config_info 1.0",
+        "vllm:cache_config_info",
+    ],
+)
+def test_a_bad_vllm_cache_line_leaves_the_size_unknown(line: str) -> None:
+    kept = [row for row in VLLM.splitlines() if not row.startswith("vllm:cache_config_info")]
+    snap = adapter_for("vllm").parse_metrics("\n".join([*kept, line, ""]))
+    assert snap.kv_cache_tokens is None
+    assert snap.running_requests == 2
+
+
+def test_sglang_cache_size() -> None:
+    snap = adapter_for("sglang").parse_metrics(SGLANG + SGLANG_CACHE)
+    assert snap.kv_cache_tokens == 1048576
+    assert adapter_for("sglang").parse_metrics(SGLANG).kv_cache_tokens is None
+    bad = SGLANG_CACHE.replace("1048576.0", "NaN")
+    assert adapter_for("sglang").parse_metrics(bad).kv_cache_tokens is None
+
+
+def test_vllm_adapter_reads_the_simulators_cache_size() -> None:
+    snap = adapter_for("vllm").parse_metrics(render_metrics(small_engine(), "m", 0))
+    assert snap.kv_cache_tokens == 1000  # 250 blocks of 4 tokens
+
+
+def test_a_new_cache_size_is_a_routing_change() -> None:
+    known = adapter_for("vllm").parse_metrics(VLLM)
+    unknown = msgspec.structs.replace(known, kv_cache_tokens=None)
+    assert signal_key(known, None) != signal_key(unknown, None)
+    assert signal_key(known, None) == signal_key(adapter_for("vllm").parse_metrics(VLLM), None)

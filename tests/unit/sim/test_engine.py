@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from hivenet_router.sim.engine import Engine, PrefixCache, Timing, block_hashes
 from hivenet_router.sim.faults import Faults
 
@@ -94,3 +96,45 @@ def test_fault_updates_are_validated() -> None:
         except ValueError:
             continue
         raise AssertionError(f"accepted {bad}")
+
+
+async def test_slowdown_scales_every_delay_from_its_next_use() -> None:
+    faults = Faults()
+    eng = Engine(
+        max_num_seqs=2,
+        kv_cache_tokens=1000,
+        block_size=4,
+        timing=TIMING,
+        zero_latency=False,
+        faults=faults,
+    )
+    seq = await eng.admit(b"q" * 400, 10)
+    prefill, token = eng.prefill_delay(seq), eng.token_delay()
+    assert prefill == 0.02 + 100 * 0.001  # the fixed part and every uncached token
+    faults.update({"slowdown": 3})
+    assert eng.prefill_delay(seq) == 3 * prefill
+    assert eng.token_delay() == 3 * token
+    faults.update({"slowdown": 1})
+    assert (eng.prefill_delay(seq), eng.token_delay()) == (prefill, token)
+    eng.release(seq, "stop", 10)
+
+
+def test_slowdown_is_a_factor_of_at_least_one() -> None:
+    faults = Faults()
+    assert faults.slowdown == 1.0
+    for bad in (0.5, 0, -1, "x", True, None):
+        try:
+            faults.update({"slowdown": bad})
+        except ValueError as exc:
+            assert "slowdown" in str(exc)
+            continue
+        raise AssertionError(f"accepted slowdown {bad!r}")
+    faults.update({"slowdown": 2.5})
+    assert faults.slowdown == 2.5
+
+
+def test_a_refused_update_changes_nothing() -> None:
+    faults = Faults()
+    with pytest.raises(ValueError, match="error_rate"):
+        faults.update({"slowdown": 3, "error_rate": 2})
+    assert faults == Faults()

@@ -41,6 +41,8 @@ class Quota:
     input_tokens_per_minute: int = 0
     output_tokens_per_minute: int = 0
     per_model: dict[str, ModelQuota] | None = None
+    # The tenant's share in a model's wait queue against other tenants' (1: an equal share).
+    queue_weight: float = 1.0
 
 
 def _count(value: Any, where: str) -> int:
@@ -56,7 +58,8 @@ def parse_quota(value: Any, where: str) -> Quota:
         "input_tokens_per_minute",
         "output_tokens_per_minute",
     )
-    raw = mapping(value, where, (*flat_fields, "per_model"))
+    raw = mapping(value, where, (*flat_fields, "per_model", "queue_weight"))
+    weight = _weight(raw.get("queue_weight", 1.0), f"{where}.queue_weight")
     if "per_model" in raw:
         if any(f in raw for f in flat_fields):
             raise AuthConfigError(f"{where}: use either flat limits or per_model, not both")
@@ -75,14 +78,21 @@ def parse_quota(value: Any, where: str) -> Quota:
                 ),
                 _count(fields["tokens_per_day"], f"{at}.tokens_per_day"),
             )
-        return Quota(per_model=per_model)
+        return Quota(per_model=per_model, queue_weight=weight)
     limits = {f: _count(raw.get(f, 0), f"{where}.{f}") for f in flat_fields}
     return Quota(
         requests_per_minute=limits["requests_per_minute"],
         tokens_per_day=limits["tokens_per_day"],
         input_tokens_per_minute=limits["input_tokens_per_minute"],
         output_tokens_per_minute=limits["output_tokens_per_minute"],
+        queue_weight=weight,
     )
+
+
+def _weight(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1000:
+        raise AuthConfigError(f"{where}: must be a number above 0 and at most 1000")
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

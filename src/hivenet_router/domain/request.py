@@ -18,6 +18,10 @@ class RequestFacts:
     text_bytes: int = 0  # prompt text, system prompt and raw tool JSON, for the estimate
     messages: int = 0
     images: int = 0
+    # The prompt's text pieces in the order the model reads them (system, then each
+    # message's role and text), for prefix-aware routing. References to the decoded
+    # strings, not copies.
+    prompt: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

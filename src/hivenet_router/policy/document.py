@@ -8,17 +8,30 @@ sucess_rate: unknown signal ...`). The accepted shape is also published as a JSO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from hivenet_router.policy import options as step_options
 from hivenet_router.policy.gates import OPERATORS, ThresholdGate
-from hivenet_router.policy.plugins import STRATEGIES
+from hivenet_router.policy.plugins import Strategy
 from hivenet_router.policy.signals import SHED_SIGNALS, SIGNALS, AgentFacts
+from hivenet_router.policy.strategies import NAMES, Options, build
+from hivenet_router.routing.breaker import BreakerSettings
+from hivenet_router.routing.breaker import check_settings as check_breaker
+from hivenet_router.routing.vegas import VegasSettings
+from hivenet_router.routing.vegas import check_settings as check_vegas
 
 MATCH_FIELDS = ("region", "engine", "organization", "machine", "gpu_model", "deployment_id")
-STEP_FIELDS = ("name", "match", "exclude_if", "strategy", "max_tries")
+STEP_FIELDS = (
+    "name",
+    "match",
+    "exclude_if",
+    "strategy",
+    "max_tries",
+    *step_options.BLOCKS,
+)
 TOP_FIELDS = (
     "models",
     "mode",
@@ -30,6 +43,8 @@ TOP_FIELDS = (
     "routing_policy",
     "fallback_chain",
     "fallback_provider",
+    "circuit_breaker",
+    "adaptive_concurrency",
 )
 PROVIDERS = ("openai", "anthropic")
 MODES = ("reserved", "serverless")
@@ -61,6 +76,9 @@ class Step:
     gates: tuple[ThresholdGate, ...]
     strategy: str
     max_tries: int | None  # None: the router-wide --max-tries-per-step
+    options: Options = Options()
+    # What the executor runs: built once from strategy and options when the policy is read.
+    plan: Strategy = field(default=build("least-loaded", Options()), compare=False)
 
     def excluded_by(self, agent: AgentFacts) -> ThresholdGate | None:
         for gate in self.gates:
@@ -87,6 +105,8 @@ class Policy:
     max_inflight: int = 0
     shed_if: tuple[ThresholdGate, ...] = ()
     fallback_provider: Provider | None = None
+    breaker: BreakerSettings = BreakerSettings()
+    adaptive: VegasSettings = VegasSettings()
     source: str = "built-in"
 
 
@@ -191,12 +211,13 @@ class _Reader:
         if "strategy" not in items:
             raise self.fail(node, f"{path}.strategy", "is required")
         strategy = self.string(items["strategy"], f"{path}.strategy")
-        if strategy not in STRATEGIES:
+        if strategy not in NAMES:
             raise self.fail(
                 items["strategy"],
                 f"{path}.strategy",
-                f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})",
+                f"unknown strategy {strategy!r} (known: {', '.join(NAMES)})",
             )
+        options = step_options.parse(self, items, path, strategy)
         tries = self.count(items["max_tries"], f"{path}.max_tries") if "max_tries" in items else 0
         return Step(
             name=self.string(items["name"], f"{path}.name", allow_empty=False)
@@ -208,6 +229,8 @@ class _Reader:
             else (),
             strategy=strategy,
             max_tries=tries or None,
+            options=options,
+            plan=build(strategy, options),
         )
 
 
@@ -261,12 +284,25 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         provider = Provider(
             engine, reader.string(fields["model"], "fallback_provider.model", allow_empty=False)
         )
-    limits = {
+    limits: dict[str, Any] = {
         key: reader.count(items[key], key)
         for key in ("max_input_tokens", "images_max", "admit_budget_tokens", "max_inflight")
         if key in items
     }
     shed = reader.gates(items["shed_if"], "shed_if", SHED_SIGNALS) if "shed_if" in items else ()
+    tuning: dict[str, Any] = {}
+    if "circuit_breaker" in items:
+        tuning["breaker"] = step_options.settings(
+            reader, items["circuit_breaker"], "circuit_breaker", BreakerSettings, check_breaker
+        )
+    if "adaptive_concurrency" in items:
+        tuning["adaptive"] = step_options.settings(
+            reader,
+            items["adaptive_concurrency"],
+            "adaptive_concurrency",
+            VegasSettings,
+            check_vegas,
+        )
     return Policy(
         name=name,
         models=models,
@@ -276,4 +312,5 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         fallback_provider=provider,
         source=source,
         **limits,
+        **tuning,
     )

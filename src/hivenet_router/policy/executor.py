@@ -3,20 +3,21 @@ registry, a clock or a network.
 
 Candidates are filtered in the documented order (the agents given are those registered
 for the model): health, capability, the step's static match, agents that already failed
-this request in this step, declared capacity, then the step's dynamic filters (its
-gates); the survivors are scored and one is picked. Taking the chosen agent's slot is the
-caller's job, in the same synchronous step.
+this request in this step, the circuit breaker, usable slots (the declared capacity, or
+the adaptive limit below it), then the step's dynamic filters (its gates); the survivors
+are scored and one is picked. Taking the chosen agent's slot is the caller's job, in the
+same synchronous step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
-from hivenet_router.domain.request import RequestFacts
 from hivenet_router.policy.document import Step
-from hivenet_router.policy.plugins import STRATEGIES, A, GateFilter
+from hivenet_router.policy.plugins import A, GateFilter, RouteInput
+from hivenet_router.policy.signals import AgentFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +29,20 @@ class Choice(Generic[A]):
     full: bool = False
 
 
+def _everyone(agent: AgentFacts) -> bool:
+    return True
+
+
 def run_step(
-    step: Step, facts: RequestFacts, agents: Sequence[A], failed: Collection[str]
+    step: Step,
+    inp: RouteInput,
+    agents: Sequence[A],
+    failed: Collection[str],
+    admits: Callable[[AgentFacts], bool] = _everyone,
 ) -> Choice[A]:
+    """`admits` is the circuit breakers' say: False for an agent whose breaker is open (or
+    half-open with its probes out)."""
+    facts = inp.facts
     match = step.match
     pool = [
         agent
@@ -39,24 +51,15 @@ def run_step(
         and agent.reg.capability == facts.capability
         and match.accepts(agent)
         and agent.peer_id not in failed
+        and admits(agent)
     ]
     if not pool:
         return Choice(None)
-    free: Sequence[A] = [agent for agent in pool if agent.active < agent.reg.capacity]
+    free: Sequence[A] = [agent for agent in pool if agent.active < agent.limit]
     if not free:
         return Choice(None, full=True)
     if step.gates:
-        free = GateFilter(step.gates).filter(facts, free)
+        free = GateFilter(step.gates).filter(inp, free)
         if not free:
             return Choice(None)
-    strategy = STRATEGIES[step.strategy]
-    if len(strategy.scorers) == 1:
-        scorer, _ = strategy.scorers[0]
-        scores = scorer.score(facts, free)
-    else:
-        totals = [0.0] * len(free)
-        for scorer, weight in strategy.scorers:
-            for index, value in enumerate(scorer.score(facts, free)):
-                totals[index] += weight * value
-        scores = totals
-    return Choice(strategy.picker.pick(free, scores))
+    return Choice(step.plan.choose(inp, free))

@@ -7,8 +7,71 @@ from typing import Any
 
 from hivenet_router.policy.document import MATCH_FIELDS, MODES, PROVIDERS
 from hivenet_router.policy.gates import OPERATORS
-from hivenet_router.policy.plugins import STRATEGIES
+from hivenet_router.policy.options import HASH_KEYS, MAX_TEMPERATURE, MAX_WEIGHT
 from hivenet_router.policy.signals import SHED_SIGNALS, SIGNALS
+from hivenet_router.policy.strategies import NAMES, PRESETS, SCORERS
+from hivenet_router.routing import breaker, vegas
+
+
+def _settings(ranges: Any, open_bounds: Any, ints: frozenset[str]) -> dict[str, Any]:
+    properties: dict[str, Any] = {"enabled": {"type": "boolean"}}
+    for name, (low, high) in ranges.items():
+        above, below = open_bounds.get(name, (False, False))
+        prop: dict[str, Any] = {"type": "integer" if name in ints else "number"}
+        prop["exclusiveMinimum" if above else "minimum"] = low
+        prop["exclusiveMaximum" if below else "maximum"] = high
+        properties[name] = prop
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+def _options() -> dict[str, Any]:
+    closed = {"type": "object", "additionalProperties": False}
+    return {
+        "affinity": {
+            **closed,
+            "properties": {
+                "min_match": {"type": "number", "minimum": 0, "maximum": 1},
+                "max_imbalance": {"type": "integer", "minimum": 0, "maximum": 100000},
+            },
+        },
+        "hash": {
+            **closed,
+            "properties": {
+                "key": {"enum": list(HASH_KEYS)},
+                "header": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
+                "load_factor": {"type": "number", "minimum": 1, "maximum": 100},
+            },
+        },
+        "scoring": {
+            **closed,
+            "properties": {
+                "preset": {"enum": list(PRESETS)},
+                "weights": {
+                    **closed,
+                    "properties": {
+                        name: {"type": "number", "minimum": 0, "maximum": MAX_WEIGHT}
+                        for name in SCORERS
+                    },
+                },
+                "temperature": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": MAX_TEMPERATURE,
+                },
+                "costs": {
+                    "type": "array",
+                    "items": {
+                        **closed,
+                        "properties": {
+                            "match": {"$ref": "#/$defs/match"},
+                            "usd_per_million_tokens": {"type": "number", "minimum": 0},
+                        },
+                        "required": ["usd_per_million_tokens"],
+                    },
+                },
+            },
+        },
+    }
 
 
 def policy_schema() -> dict[str, Any]:
@@ -28,21 +91,23 @@ def policy_schema() -> dict[str, Any]:
         }
 
     count = {"type": "integer", "minimum": 0}
+    match = {
+        "type": "object",
+        "properties": {
+            **{f: {"type": "string"} for f in MATCH_FIELDS},
+            "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        },
+        "additionalProperties": False,
+    }
     step = {
         "type": "object",
         "properties": {
             "name": {"type": "string", "minLength": 1},
-            "match": {
-                "type": "object",
-                "properties": {
-                    **{f: {"type": "string"} for f in MATCH_FIELDS},
-                    "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
-                },
-                "additionalProperties": False,
-            },
+            "match": {"$ref": "#/$defs/match"},
             "exclude_if": gates(tuple(SIGNALS)),
-            "strategy": {"enum": list(STRATEGIES)},
+            "strategy": {"enum": list(NAMES)},
             "max_tries": count,
+            **_options(),
         },
         "required": ["strategy"],
         "additionalProperties": False,
@@ -52,7 +117,7 @@ def policy_schema() -> dict[str, Any]:
         "$id": "https://hivenet-router.invalid/policy.schema.json",
         "title": "Hivenet Router routing policy",
         "type": "object",
-        "$defs": {"rule": rule, "step": step},
+        "$defs": {"rule": rule, "step": step, "match": match},
         "properties": {
             "models": {"type": "array", "items": {"type": "string", "minLength": 1}},
             "mode": {"enum": list(MODES)},
@@ -72,6 +137,14 @@ def policy_schema() -> dict[str, Any]:
                 "required": ["engine", "model"],
                 "additionalProperties": False,
             },
+            "circuit_breaker": _settings(
+                breaker.RANGES,
+                breaker.OPEN_BOUNDS,
+                frozenset({"consecutive_failures", "window", "min_requests", "half_open_probes"}),
+            ),
+            "adaptive_concurrency": _settings(
+                vegas.RANGES, vegas.OPEN_BOUNDS, frozenset({"initial_limit", "rebase_samples"})
+            ),
         },
         "required": ["routing_policy"],
         "additionalProperties": False,

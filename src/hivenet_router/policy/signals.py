@@ -31,6 +31,12 @@ class AgentFacts(Protocol):
     def active(self) -> int: ...
 
     @property
+    def limit(self) -> int:
+        """Slots routing may fill now: the declared capacity, or fewer while adaptive
+        concurrency holds the agent back."""
+        ...
+
+    @property
     def last_assigned(self) -> int:
         """Order in which agents were last chosen (lower: longer ago)."""
         ...

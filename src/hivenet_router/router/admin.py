@@ -135,7 +135,14 @@ class AdminApi:
     async def routing_table(self, request: Request) -> Response:
         now = self.clock.monotonic()
         agents = self.registry.all()
-        return _json({"total": len(agents), "agents": [routing_entry(a, now) for a in agents]})
+        return _json({"total": len(agents), "agents": [self._entry(a, now) for a in agents]})
+
+    def _entry(self, record: AgentRecord, now: float) -> dict[str, Any]:
+        """The routing table's entry with what routing learnt: breaker, adaptive limit,
+        prefixes held."""
+        settings = self.policies.current.for_model(record.model).breaker
+        learnt = self.dispatcher.routing.agent_view(record.peer_id, settings)
+        return routing_entry(record, now) | {"limit": record.limit, **learnt}
 
     async def models(self, request: Request) -> Response:
         """The whole catalog, as /v1/models shows it but unfiltered (`object`, `data`); the

@@ -78,45 +78,66 @@ _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 _TEXT_FIELDS = ("text", "thinking", "arguments")
 
 
-def _content(content: Any, tally: list[int], depth: int = 0) -> None:
-    """Add a message content's text bytes to tally[0] and its images to tally[1].
+class _Tally:
+    """What a prompt holds: its text bytes, its images and its text pieces in order."""
+
+    __slots__ = ("images", "pieces", "text_bytes")
+
+    def __init__(self) -> None:
+        self.text_bytes = 0
+        self.images = 0
+        self.pieces: list[str] = []
+
+    def text(self, value: str) -> None:
+        self.text_bytes += len(value.encode())
+        self.pieces.append(value)
+
+
+def _content(content: Any, tally: _Tally, depth: int = 0) -> None:
+    """Tally a message content's text and images.
 
     Reads OpenAI content parts and Anthropic blocks alike, including what an agentic client
     sends most of: tool results (nested blocks) and tool calls (JSON arguments).
     """
     if isinstance(content, str):
-        tally[0] += len(content.encode())
+        tally.text(content)
     elif isinstance(content, list) and depth < _NEST_LIMIT:
         for part in content:
             if isinstance(part, dict):
                 _part(part, tally, depth)
             elif isinstance(part, str):
-                tally[0] += len(part.encode())
+                tally.text(part)
 
 
-def _part(part: dict[str, Any], tally: list[int], depth: int) -> None:
+def _part(part: dict[str, Any], tally: _Tally, depth: int) -> None:
     kind = part.get("type")
     if kind in _IMAGE_PARTS:
-        tally[1] += 1
+        tally.images += 1
         return
     for name in _TEXT_FIELDS:
         text = part.get(name)
         if isinstance(text, str):
-            tally[0] += len(text.encode())
+            tally.text(text)
     if kind == "tool_result":
         _content(part.get("content"), tally, depth + 1)
     elif kind == "tool_use":
-        tally[0] += len(msgspec.json.encode(part.get("input")))
+        tally.text(msgspec.json.encode(part.get("input")).decode())
 
 
-def _measure(decoded: Any) -> tuple[int, int, int]:
-    tally = [0, 0]
+def _measure(decoded: Any) -> tuple[_Tally, int]:
+    tally = _Tally()
+    # The system prompt first: pieces follow the order the model reads, so that prompts
+    # sharing a system prompt share a prefix.
+    _content(getattr(decoded, "system", None), tally)
     messages = getattr(decoded, "messages", None)
     count = 0
     if isinstance(messages, list):
         count = len(messages)
         for message in messages:
             if isinstance(message, dict):
+                role = message.get("role")
+                if isinstance(role, str):
+                    tally.pieces.append(role)
                 _content(message.get("content"), tally)
                 calls = message.get("tool_calls")
                 if isinstance(calls, list):
@@ -124,14 +145,13 @@ def _measure(decoded: Any) -> tuple[int, int, int]:
                         function = call.get("function") if isinstance(call, dict) else None
                         if isinstance(function, dict):
                             _part(function, tally, 0)
-    _content(getattr(decoded, "system", None), tally)
     prompt = getattr(decoded, "prompt", None)
     if prompt is not None:
         _content(prompt if isinstance(prompt, str) else [str(p) for p in prompt], tally)
     tools = getattr(decoded, "tools", None)
     if tools is not None:
-        tally[0] += len(tools)
-    return tally[0], count, tally[1]
+        tally.text_bytes += len(tools)
+    return tally, count
 
 
 def _declared(value: float | None) -> int | None:
@@ -156,9 +176,17 @@ def parse(route: str, body: bytes) -> RequestFacts:
     max_out = _declared(getattr(decoded, "max_completion_tokens", None))
     if max_out is None:
         max_out = _declared(getattr(decoded, "max_tokens", None))
-    text_bytes, messages, images = _measure(decoded)
+    tally, messages = _measure(decoded)
     return RequestFacts(
-        route, decoded.model, ROUTE_CAPABILITY[route], stream, max_out, text_bytes, messages, images
+        route,
+        decoded.model,
+        ROUTE_CAPABILITY[route],
+        stream,
+        max_out,
+        tally.text_bytes,
+        messages,
+        tally.images,
+        tuple(tally.pieces),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,10 +25,12 @@ from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, 
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.executor import run_step
+from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.providers import Providers
 from hivenet_router.router.registry import AgentRecord, Registry
-from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue
+from hivenet_router.router.routing_state import RoutingState, queue_cost
+from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue, Place
 from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream, StreamReset
 
 log = logging.getLogger("hivenet.router")
@@ -100,10 +103,12 @@ class Dispatcher:
         limits: DispatchLimits,
         policies: PolicyStore,
         providers: Providers | None = None,
+        routing: RoutingState | None = None,
     ) -> None:
         self.policies = policies
         self.providers = providers or Providers({})
         self.registry = registry
+        self.routing = routing or RoutingState(clock, registry)
         self.clock = clock
         self.limits = limits
         self.pending = PendingQueue(limits.queue_size, limits.max_concurrent)
@@ -176,22 +181,27 @@ class Dispatcher:
         last: ApiError | None = None
         redialed = False
         full = False
+        routing = self.routing
+        inp = routing.input(ticket, policy, _session_header(policy))
         for index, step in enumerate(policy.steps):
             failed: set[str] = set()
             tries = 0
             budget = step.max_tries or self.limits.max_tries
             while tries < budget:
                 ticket.phase = "agent"
-                agent, step_full = await self._acquire(ticket, step, failed)
+                agent, step_full = await self._acquire(ticket, step, failed, inp, policy)
                 full = full or step_full
                 if agent is None:
                     break
+                # Still in the synchronous step that took the slot.
+                breaker = routing.chosen(inp, step, agent, policy)
                 ticket.phase = "forward"
                 sent = self.clock.monotonic()
                 try:
-                    answer = await self._attempt(ticket, job, agent)
+                    answer = await self._attempt(ticket, job, agent, policy, breaker)
                 except _Retry as retry:
                     agent.finished(False, None, None)
+                    routing.settled(agent, policy, False, None, None, job.stream, breaker)
                     self._release(agent)
                     failed.add(agent.peer_id)
                     last = retry.error
@@ -216,6 +226,7 @@ class Dispatcher:
                     tries += 1
                     continue
                 except BaseException:
+                    routing.settled(agent, policy, None, None, None, job.stream, breaker)
                     self._release(agent)
                     raise
                 ticket.origin, ticket.agent = agent.peer_id, agent.reg
@@ -226,12 +237,24 @@ class Dispatcher:
                 )
                 return answer
         ticket.emit(Exhausted())
-        raise self._exhausted(job, policy, last, full)
+        raise self._exhausted(ticket, job, policy, last, full)
 
-    def _exhausted(self, job: Job, policy: Policy, last: ApiError | None, full: bool) -> ApiError:
-        if not self.registry.for_model(job.model):
+    def _exhausted(
+        self, ticket: Ticket, job: Job, policy: Policy, last: ApiError | None, full: bool
+    ) -> ApiError:
+        agents = self.registry.for_model(job.model)
+        if not agents:
             return ApiError(
                 ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}"
+            )
+        wait = self.routing.all_open(policy, [a for a in agents if a.eligible])
+        if wait is not None and not full:
+            # Every healthy agent is being given time to recover: say when to come back.
+            ticket.headers_out["Retry-After"] = str(max(1, math.ceil(wait)))
+            return ApiError(
+                ErrorCode.NO_AGENTS_AVAILABLE,
+                f"every agent for model {job.model} has its circuit breaker open after "
+                "repeated failures; retry later",
             )
         if last is not None:
             # Only the code: the failure's own text names internal addresses and libraries
@@ -251,22 +274,25 @@ class Dispatcher:
         )
 
     async def _acquire(
-        self, ticket: Ticket, step: Step, failed: set[str]
+        self, ticket: Ticket, step: Step, failed: set[str], inp: RouteInput, policy: Policy
     ) -> tuple[AgentRecord | None, bool]:
         """Take a slot on the step's best candidate; while every candidate is full, wait in
-        the model's FIFO queue. (None, full) when the step can do nothing more: full says
-        its candidates were all busy and the queue was full or disabled."""
-        facts = ticket.facts
-        assert facts is not None
-        front = False
+        the model's queue, where tenants take turns by their share of tokens. (None, full)
+        when the step can do nothing more: full says its candidates were all busy and the
+        queue was full or disabled."""
+        facts = inp.facts
+        place: Place | None = None
         waited_from: float | None = None
+        routing = self.routing
         while True:
             agents = self.registry.for_model(facts.model)
             if not agents:
                 raise ApiError(
                     ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {facts.model}"
                 )
-            choice = run_step(step, facts, agents, failed)
+            routing.adapt(policy, agents)
+            inp.now = self.clock.monotonic()
+            choice = run_step(step, inp, agents, failed, routing.admits(policy))
             # Choice and take happen in one synchronous step: no other request can take
             # the slot in between.
             if choice.agent is not None and choice.agent.try_acquire():
@@ -277,15 +303,20 @@ class Dispatcher:
                 return None, False
             if waited_from is None:
                 for agent in agents:  # each full candidate turned this request away once
-                    if agent.eligible and agent.active >= agent.capacity:
+                    if agent.eligible and agent.active >= agent.limit:
                         agent.rejected += 1
             queue = self._queue(facts.model)
-            if self.limits.queue_depth == 0 or (not front and queue.full):
+            if self.limits.queue_depth == 0 or (place is None and queue.full):
                 return None, True
-            if waited_from is None:
+            if place is None:
                 waited_from = self.clock.monotonic()
-            await queue.wait(front=front)
-            front = True
+                principal = ticket.principal
+                place = queue.place(
+                    principal.tenant if principal is not None else "",
+                    principal.quota.queue_weight if principal is not None else 1.0,
+                    queue_cost(ticket),
+                )
+            await queue.wait(place)
 
     def _release(self, agent: AgentRecord) -> None:
         self.registry.release(agent)
@@ -293,7 +324,9 @@ class Dispatcher:
         if queue is not None:
             queue.wake_one()
 
-    async def _attempt(self, ticket: Ticket, job: Job, agent: AgentRecord) -> Answer:
+    async def _attempt(
+        self, ticket: Ticket, job: Job, agent: AgentRecord, policy: Policy, breaker: int
+    ) -> Answer:
         link = agent.link
         if link is None or link.closed:
             raise _Retry(
@@ -322,7 +355,8 @@ class Dispatcher:
         except BaseException:
             stream.reset(StreamReset("cancelled", "request cancelled"))
             raise
-        answer.on_close(self._settle(agent, answer, (self.clock.monotonic() - sent) * 1000))
+        rtt_ms = (self.clock.monotonic() - sent) * 1000
+        answer.on_close(self._settle(agent, answer, rtt_ms, policy, breaker))
         return answer
 
     @staticmethod
@@ -342,8 +376,12 @@ class Dispatcher:
         body = await stream.read_all(MAX_RESPONSE_BYTES)
         return Answer(head.status, head.headers, source, body=body, origin=peer)
 
-    def _settle(self, agent: AgentRecord, answer: Answer, rtt_ms: float) -> Closer:
-        """When the answer closes: the agent's statistics, then its slot back."""
+    def _settle(
+        self, agent: AgentRecord, answer: Answer, rtt_ms: float, policy: Policy, breaker: int
+    ) -> Closer:
+        """When the answer closes: the agent's statistics and what routing learns, then its
+        slot back."""
+        stream = answer.streamed
 
         def settle(outcome: Outcome, usage: Usage | None) -> None:
             ok: bool | None
@@ -354,6 +392,7 @@ class Dispatcher:
             else:
                 ok = outcome is Outcome.OK
             agent.finished(ok, rtt_ms if ok else None, usage)
+            self.routing.settled(agent, policy, ok, rtt_ms, usage, stream, breaker)
             self._release(agent)
 
         return settle
@@ -372,6 +411,14 @@ class Dispatcher:
             or (local.code is ErrorCode.MODEL_NOT_FOUND and job.model not in policy.models)
         ):
             raise local
+        routing = self.routing
+        if not routing.provider_allows(provider.engine, policy):
+            log.warning(
+                "model %s: provider %s skipped, its circuit breaker is open",
+                job.model,
+                provider.engine,
+            )
+            raise local
         log.info(
             "model %s: local steps exhausted (%s); falling back to %s/%s",
             job.model,
@@ -382,13 +429,32 @@ class Dispatcher:
         ticket.leave_pool()  # the provider does not use the local pool's occupancy
         ticket.provider, ticket.origin = True, provider.engine
         sent = self.clock.monotonic()
-        answer = await self.providers.forward(
-            provider.engine, provider.model, job.route, job.body, job.headers, job.stream
-        )
+        breaker = routing.provider_started(provider.engine, policy)
+        try:
+            answer = await self.providers.forward(
+                provider.engine, provider.model, job.route, job.body, job.headers, job.stream
+            )
+        except ApiError as exc:
+            failed = False if exc.http_status >= 500 or exc.http_status == 429 else None
+            routing.provider_settled(provider.engine, policy, failed, breaker)
+            raise
+        except BaseException:
+            routing.provider_settled(provider.engine, policy, None, breaker)
+            raise
+        ok = None if 400 <= answer.status < 500 and answer.status != 429 else answer.status < 400
+        routing.provider_settled(provider.engine, policy, ok, breaker)
         ticket.emit(
             AnswerHead(provider.engine, provider=True, seconds=self.clock.monotonic() - sent)
         )
         return answer
+
+
+def _session_header(policy: Policy) -> str | None:
+    """The header a consistent-hash step keys on, when the policy has such a step."""
+    for step in policy.steps:
+        if step.strategy == "consistent-hash" and step.options.hash_key == "session":
+            return step.options.hash_header
+    return None
 
 
 def _message(raw: bytes) -> str:

@@ -70,6 +70,8 @@ class AgentRecord:
     health_failures: int = 0
     backend_failures: int = 0  # times it reported its backend unhealthy
     rejected: int = 0  # times a request wanted a slot while it was full
+    # Adaptive concurrency's limit below the declared capacity; 0 when it is off.
+    slot_limit: int = 0
 
     def history(self) -> AgentHistory:
         return AgentHistory(
@@ -107,6 +109,7 @@ class AgentRecord:
         self.input_tokens, self.output_tokens = old.input_tokens, old.output_tokens
         self.disconnects, self.health_failures = old.disconnects, old.health_failures
         self.backend_failures, self.rejected = old.backend_failures, old.rejected
+        self.slot_limit = old.slot_limit
 
     def finished(self, ok: bool | None, rtt_ms: float | None, usage: Usage | None) -> None:
         """The one writer of per-request statistics: `ok` True for a success, False for a
@@ -148,12 +151,18 @@ class AgentRecord:
         )
 
     @property
+    def limit(self) -> int:
+        """Slots routing may fill now: the capacity, or the adaptive limit below it."""
+        limit = self.slot_limit
+        return limit if 0 < limit < self.capacity else self.capacity
+
+    @property
     def load(self) -> float:
         return self.active / self.capacity
 
     def try_acquire(self) -> bool:
-        """Take one capacity slot if one is free. Synchronous, so check and take are atomic."""
-        if self.active >= self.capacity:
+        """Take one slot if one is free. Synchronous, so check and take are atomic."""
+        if self.active >= self.limit:
             self.rejected += 1
             return False
         self.active += 1

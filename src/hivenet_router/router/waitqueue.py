@@ -1,58 +1,263 @@
-"""Bounded FIFO queues: the global pending-request queue and the per-model capacity queues."""
+"""Bounded queues: the global pending-request queue and the per-model capacity queues."""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import math
 from collections import deque
 
 
+class Place:
+    """One request's place in a model's queue; keeps its turn across re-waits.
+
+    Made by `CapacityQueue.place`. `tag` is the place's virtual finish time: None until the
+    place reaches the front of its tenant's line, then kept for good once the place is woken,
+    so a re-wait after a wake-up that found no slot goes ahead of everyone who came later.
+    """
+
+    __slots__ = ("_owner", "_seq", "_waiting", "cost", "tag", "tenant", "weight")
+
+    def __init__(self, owner: CapacityQueue, tenant: str, weight: float, cost: float) -> None:
+        self.tenant = tenant
+        self.weight = weight
+        self.cost = cost
+        self.tag: float | None = None
+        self._owner = owner
+        self._seq = 0
+        self._waiting = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Place(tenant={self.tenant!r}, weight={self.weight}, cost={self.cost}, tag={self.tag})"
+        )
+
+
+class _Waiter:
+    """One call of `CapacityQueue.wait`: a place and the future its caller sleeps on."""
+
+    __slots__ = ("future", "in_heap", "in_line", "place", "queued")
+
+    def __init__(self, place: Place, future: asyncio.Future[None], in_line: bool) -> None:
+        self.place = place
+        self.future = future
+        self.in_line = in_line
+        self.queued = True  # counts in len(queue) until woken or cancelled
+        self.in_heap = False
+
+
+class _Line:
+    """One tenant's first-time waiters in arrival order. Its first entry is always queued
+    and is the only one of them in the heap; cancelled ones behind it are skipped later."""
+
+    __slots__ = ("entries", "live")
+
+    def __init__(self) -> None:
+        self.entries: deque[_Waiter] = deque()
+        self.live = 0
+
+
 class CapacityQueue:
-    """Requests waiting for an agent slot on one model, first come first served.
+    """Requests waiting for an agent slot on one model, shared fairly between tenants.
+
+    Self-clocked weighted fair queueing on token cost: the front request of each tenant's
+    line gets the finish tag V + cost / weight, where V is the tag of the latest place woken,
+    and `wake_one` wakes the smallest tag. A tenant backlogged with weight w therefore gets
+    a share of service proportional to w, and a tenant that was idle starts at V: it gets no
+    credit for the idle time.
+
+    Tags are given when a place reaches the front of its tenant's line rather than when it
+    arrives, so a request cancelled before its turn (a deadline) costs its tenant nothing:
+    had every arrival been tagged, the tenant's later requests would queue behind service
+    it never received. Nothing per tenant is kept once the tenant has nobody waiting.
 
     `wake_one` runs when a slot frees, `wake_all` when an agent joins. A woken request that
-    still finds no slot goes back to the front, so waiting never loses its place.
+    still finds no slot waits again with the same place and keeps its tag, which is never
+    above V, so it goes ahead of every request that has not been woken yet.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._virtual = 0.0
+        self._live = 0
+        # (tag, arrival, push, waiter): the push number keeps tuples from comparing waiters.
+        self._heap: list[tuple[float, int, int, _Waiter]] = []
+        self._stale = 0  # heap entries whose waiter is no longer queued
+        self._lines: dict[str, _Line] = {}
+        self._counts: dict[str, int] = {}
+        # The tag of each waiting tenant's latest woken place: its next request starts after
+        # it even when the virtual time has not moved (wake_all does not move it).
+        self._last: dict[str, float] = {}
+        self._arrivals = itertools.count()
+        self._pushes = itertools.count()
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return self._live
 
     @property
     def full(self) -> bool:
-        return len(self._waiters) >= self.limit
+        return self._live >= self.limit
 
-    async def wait(self, front: bool = False) -> None:
+    def place(self, tenant: str = "", weight: float = 1.0, cost: float = 1.0) -> Place:
+        """A place for one request: `cost` is its estimated tokens (at least 1 counts)."""
+        if not (weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"weight must be a finite number above 0, not {weight}")
+        if not math.isfinite(cost):
+            raise ValueError(f"cost must be a finite number, not {cost}")
+        cost = max(float(cost), 1.0)
+        if not math.isfinite(cost / weight):
+            raise ValueError(f"cost {cost} over weight {weight} is out of range")
+        return Place(self, tenant, weight, cost)
+
+    async def wait(self, place: Place) -> None:
         """Wait to be woken. Cancellation (the deadline) leaves no entry behind."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if front:
-            self._waiters.appendleft(waiter)
-        else:
-            self._waiters.append(waiter)
+        if place._owner is not self:
+            raise ValueError("the place belongs to another queue")
+        if place._waiting:
+            raise RuntimeError("the place is already waiting")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = self._enter(place, future)
+        place._waiting = True
         try:
-            await waiter
+            await future
         except BaseException:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-            elif waiter.done() and not waiter.cancelled():
+            if waiter.queued:
+                self._leave(waiter)
+            elif not future.cancelled():
                 # Woken and cancelled at once: pass the wake-up on so no slot goes unclaimed.
                 self.wake_one()
+            if future.cancelled() and waiter.in_line:
+                # Never woken: a later wait is a new arrival, not a re-wait.
+                place.tag = None
             raise
+        finally:
+            place._waiting = False
 
     def wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        """Wake the waiter with the smallest tag (ties: the earliest arrival)."""
+        self._wake_next()
 
     def wake_all(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        # One at a time, so the woken run (and re-wait) in their fair order. A wake-up for
+        # everyone (an agent joined, or a heartbeat may have changed what gates allow) is
+        # not service: at most one of them gets a slot, so the virtual time stays where it
+        # is. Moving it to the largest tag woken would put every later arrival, of any
+        # tenant, behind the whole backlog.
+        while self._live and self._wake_next(advance=False):
+            pass
+
+    def waiting_by_tenant(self) -> dict[str, int]:
+        """Requests waiting now, per tenant with any."""
+        return dict(self._counts)
+
+    def _wake_next(self, advance: bool = True) -> bool:
+        while self._heap:
+            tag, _, _, waiter = heapq.heappop(self._heap)
+            waiter.in_heap = False
+            if not waiter.queued:
+                self._stale -= 1
+                continue
+            if waiter.future.done():
+                # Its task was cancelled and has not run yet: it cannot take the wake-up.
+                self._drop(waiter)
+                continue
+            if advance and tag > self._virtual:
+                self._virtual = tag
+                if self._last:
+                    self._forget_idle()
+            tenant = waiter.place.tenant
+            self._last[tenant] = max(self._last.get(tenant, tag), tag)
+            self._drop(waiter)
+            waiter.future.set_result(None)
+            return True
+        return False
+
+    def _forget_idle(self) -> None:
+        """Drop the tags of tenants with nobody waiting that V has now passed. (A tenant
+        woken by a wake-up for everyone may go idle with a tag above V; it keeps it until V
+        passes, so that it cannot come back below its own earlier requests.)"""
+        virtual, counts = self._virtual, self._counts
+        for tenant in [t for t, tag in self._last.items() if tag <= virtual and t not in counts]:
+            del self._last[tenant]
+
+    def _enter(self, place: Place, future: asyncio.Future[None]) -> _Waiter:
+        tenant = place.tenant
+        self._live += 1
+        self._counts[tenant] = self._counts.get(tenant, 0) + 1
+        if place.tag is not None:
+            # A re-wait: its tenant's later arrivals still start after its tag.
+            self._last[tenant] = max(self._last.get(tenant, place.tag), place.tag)
+            waiter = _Waiter(place, future, in_line=False)
+            self._push(waiter, place.tag)
+            return waiter
+        waiter = _Waiter(place, future, in_line=True)
+        place._seq = next(self._arrivals)
+        line = self._lines.get(tenant)
+        if line is None:
+            line = self._lines[tenant] = _Line()
+            line.entries.append(waiter)
+            line.live = 1
+            self._start(waiter)
+        else:
+            line.entries.append(waiter)
+            line.live += 1
+        return waiter
+
+    def _start(self, waiter: _Waiter) -> None:
+        """Tag a place that has reached the front of its tenant's line."""
+        place = waiter.place
+        start = max(self._virtual, self._last.get(place.tenant, self._virtual))
+        place.tag = start + place.cost / place.weight
+        self._push(waiter, place.tag)
+
+    def _push(self, waiter: _Waiter, tag: float) -> None:
+        heapq.heappush(self._heap, (tag, waiter.place._seq, next(self._pushes), waiter))
+        waiter.in_heap = True
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """Take out a waiter cancelled before it was woken."""
+        if waiter.in_heap:
+            self._stale += 1
+        self._drop(waiter)
+        if self._stale > 32 and self._stale > self._live:
+            # Lazy deletion would otherwise let a stream of cancellations grow the heap.
+            self._heap = [entry for entry in self._heap if entry[3].queued]
+            heapq.heapify(self._heap)
+            self._stale = 0
+
+    def _drop(self, waiter: _Waiter) -> None:
+        """Stop counting a waiter; if it led its tenant's line, the next one takes the lead."""
+        waiter.queued = False
+        self._live -= 1
+        tenant = waiter.place.tenant
+        left = self._counts[tenant] - 1
+        if left:
+            self._counts[tenant] = left
+        else:
+            del self._counts[tenant]
+            if self._last.get(tenant, 0.0) <= self._virtual:
+                # Idle and owed nothing: it will start at V like any newcomer.
+                self._last.pop(tenant, None)
+        if not self._live:
+            # Only stale entries can remain: drop them rather than wait for wake-ups.
+            self._heap.clear()
+            self._stale = 0
+        if not waiter.in_line:
+            return
+        line = self._lines[tenant]
+        line.live -= 1
+        if not line.live:
+            del self._lines[tenant]
+            return
+        entries = line.entries
+        if entries[0] is waiter:
+            entries.popleft()
+            while not entries[0].queued:
+                entries.popleft()
+            self._start(entries[0])
+        elif len(entries) > 2 * line.live + 16:
+            line.entries = deque(entry for entry in entries if entry.queued)
 
 
 class PendingQueue:

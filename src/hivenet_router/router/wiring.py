@@ -27,6 +27,7 @@ from hivenet_router.observability.events import Observers, RequestObserver
 from hivenet_router.observability.linewriter import STDERR, LineWriter, WriterCollector
 from hivenet_router.observability.metrics import MetricsObserver
 from hivenet_router.observability.requestlog import RequestLog
+from hivenet_router.observability.routing_metrics import RoutingCollector
 from hivenet_router.observability.tracing import Tracing, TracingCollector, configured
 from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import Policy
@@ -294,6 +295,14 @@ def _collect(router: Router) -> None:
             limits=lambda: list(admission.limits.items()),
             waiting=router.dispatcher.waiting,
             pending=lambda: (pending.waiting, pending.forwarding),
+        )
+    )
+    routing = router.dispatcher.routing
+    router.metrics.add(
+        RoutingCollector(
+            breakers=routing.breakers,
+            limits=routing.limits,
+            prefixes=routing.prefix_blocks,
         )
     )
     router.metrics.add(

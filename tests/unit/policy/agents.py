@@ -24,6 +24,10 @@ class Agent:
     def peer_id(self) -> str:
         return self.reg.peer_id
 
+    @property
+    def limit(self) -> int:
+        return self.reg.capacity
+
 
 def agent(
     region: str = "eu",
@@ -31,6 +35,7 @@ def agent(
     tags: tuple[str, ...] = ("production",),
     peer: str = "p",
     capability: str = "llm",
+    capacity: int = 4,
     **state: object,
 ) -> Agent:
     reg = Registration(
@@ -38,7 +43,7 @@ def agent(
         model="m1",
         capability=capability,
         engine=engine,
-        capacity=4,
+        capacity=capacity,
         region=region,
         tags=list(tags),
     )

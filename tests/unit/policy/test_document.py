@@ -50,7 +50,7 @@ def test_a_full_document() -> None:
     [
         ("routing_policy: {strategy: least-loaded}\nbogus: 1\n", "p.yaml:2: policy.bogus: unknown"),
         ("routing_policy:\n  match: {}\n", "routing_policy.strategy: is required"),
-        ("routing_policy:\n  strategy: round-robin\n", "unknown strategy 'round-robin'"),
+        ("routing_policy:\n  strategy: random\n", "unknown strategy 'random'"),
         (
             "routing_policy:\n  strategy: least-loaded\n  max_tries: -1\n",
             "p.yaml:3: routing_policy.max_tries: must not be negative",

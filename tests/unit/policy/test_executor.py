@@ -6,10 +6,11 @@ from hivenet_router.domain.agent import EngineSnapshot
 from hivenet_router.domain.request import RequestFacts
 from hivenet_router.policy.document import BUILT_IN, parse_policy
 from hivenet_router.policy.executor import run_step
-from hivenet_router.policy.plugins import STRATEGIES, BestPicker, GateFilter, LoadScorer
+from hivenet_router.policy.plugins import BestPicker, GateFilter, LoadScorer, RouteInput
+from hivenet_router.policy.strategies import NAMES
 from tests.unit.policy.agents import Agent, agent
 
-FACTS = RequestFacts("/v1/chat/completions", "m1", "llm", False, None)
+FACTS = RouteInput(RequestFacts("/v1/chat/completions", "m1", "llm", False, None))
 STEP = BUILT_IN.steps[0]
 
 
@@ -59,8 +60,8 @@ def test_static_match() -> None:
 def test_the_plugins_on_their_own() -> None:
     agents = [agent(peer="a", active=0), agent(peer="b", active=2)]
     assert LoadScorer().score(FACTS, agents) == [1.0, 0.5]
-    assert BestPicker().pick(agents, [0.2, 0.9]) is agents[1]
-    assert BestPicker().pick([], []) is None
+    assert BestPicker().pick(FACTS, agents, [0.2, 0.9]) is agents[1]
+    assert BestPicker().pick(FACTS, [], []) is None
     hot = Agent(agent(peer="hot").reg, engine=EngineSnapshot(kv_cache_utilization=0.9))
     gate = (
         parse_policy(
@@ -74,4 +75,4 @@ def test_the_plugins_on_their_own() -> None:
         .gates
     )
     assert GateFilter(gate).filter(FACTS, [hot, *agents]) == agents
-    assert "least-loaded" in STRATEGIES
+    assert "least-loaded" in NAMES

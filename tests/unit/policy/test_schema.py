@@ -31,7 +31,7 @@ def test_documented_examples_load_and_validate(path: Path) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "routing_policy: {strategy: round-robin}\n",
+        "routing_policy: {strategy: random}\n",
         "routing_policy: {strategy: least-loaded, exclude_if: {sucess_rate: {lt: 1}}}\n",
         "routing_policy: {strategy: least-loaded, exclude_if: {srtt: {lt: 1, gt: 2}}}\n",
         "routing_policy: {strategy: least-loaded}\nextra: 1\n",

@@ -1,0 +1,178 @@
+"""Reading a step's strategy options and a policy's breaker and concurrency settings.
+
+Each value is checked where it is read, so a mistake is refused at start and at reload with
+the file, line and field: an unknown scorer, a negative weight, a temperature of zero, a
+breaker window of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
+
+from hivenet_router.policy.strategies import PRESETS, SCORERS, CostRule, Options
+
+if TYPE_CHECKING:
+    from hivenet_router.policy.document import _Reader
+
+# Option blocks a step may carry, and the strategies that read each.
+BLOCKS = ("affinity", "hash", "scoring")
+READERS = {"affinity": ("prefix-affinity",), "hash": ("consistent-hash",), "scoring": ("scored",)}
+HASH_KEYS = ("session", "prefix")
+MAX_WEIGHT = 1000.0
+MAX_TEMPERATURE = 100.0
+
+
+def parse(reader: _Reader, items: dict[str, yaml.Node], path: str, strategy: str) -> Options:
+    values: dict[str, Any] = {}
+    for block in BLOCKS:
+        if block not in items:
+            continue
+        where = f"{path}.{block}"
+        if strategy not in READERS[block]:
+            readers = " or ".join(READERS[block])
+            raise reader.fail(items[block], where, f"is read only by strategy {readers}")
+        values.update(_BLOCK_PARSERS[block](reader, items[block], where))
+    return Options(**values)
+
+
+def _bounded(
+    reader: _Reader, node: yaml.Node, path: str, low: float, high: float, *, above: bool = False
+) -> float:
+    value = reader.number(node, path)
+    if math.isnan(value) or value > high or value < low or (above and value <= low):
+        floor = f"more than {low:g}" if above else f"at least {low:g}"
+        raise reader.fail(node, path, f"must be {floor} and at most {high:g}")
+    return value
+
+
+def _affinity(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+    fields = reader.mapping(node, path, ("min_match", "max_imbalance"))
+    out: dict[str, Any] = {}
+    if "min_match" in fields:
+        out["min_match"] = _bounded(reader, fields["min_match"], f"{path}.min_match", 0.0, 1.0)
+    if "max_imbalance" in fields:
+        imbalance = reader.count(fields["max_imbalance"], f"{path}.max_imbalance")
+        if imbalance > 100_000:
+            raise reader.fail(fields["max_imbalance"], f"{path}.max_imbalance", "is too large")
+        out["max_imbalance"] = imbalance
+    return out
+
+
+def _hash(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+    fields = reader.mapping(node, path, ("key", "header", "load_factor"))
+    out: dict[str, Any] = {}
+    if "key" in fields:
+        key = reader.string(fields["key"], f"{path}.key")
+        if key not in HASH_KEYS:
+            raise reader.fail(
+                fields["key"], f"{path}.key", f"must be one of {', '.join(HASH_KEYS)}"
+            )
+        out["hash_key"] = key
+    if "header" in fields:
+        header = reader.string(fields["header"], f"{path}.header", allow_empty=False)
+        if not all(c.isalnum() or c in "-_" for c in header):
+            raise reader.fail(fields["header"], f"{path}.header", "is not a header name")
+        out["hash_header"] = header.lower()
+    if "load_factor" in fields:
+        out["load_factor"] = _bounded(
+            reader, fields["load_factor"], f"{path}.load_factor", 1.0, 100.0
+        )
+    return out
+
+
+def _scoring(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+    fields = reader.mapping(node, path, ("preset", "weights", "temperature", "costs"))
+    out: dict[str, Any] = {}
+    preset = "load-balanced"
+    if "preset" in fields:
+        preset = reader.string(fields["preset"], f"{path}.preset")
+        if preset not in PRESETS:
+            raise reader.fail(
+                fields["preset"], f"{path}.preset", f"must be one of {', '.join(PRESETS)}"
+            )
+        out["preset"] = preset
+    if "weights" in fields:
+        weights = []
+        for name, value in reader.mapping(fields["weights"], f"{path}.weights", ()).items():
+            where = f"{path}.weights.{name}"
+            if name not in SCORERS:
+                raise reader.fail(value, where, f"unknown scorer (known: {', '.join(SCORERS)})")
+            weight = reader.number(value, where)
+            if not 0.0 <= weight <= MAX_WEIGHT:
+                raise reader.fail(value, where, f"must be between 0 and {MAX_WEIGHT:g}")
+            weights.append((name, weight))
+        out["weights"] = tuple(weights)
+        if not any(
+            w > 0 for w in Options(preset=preset, weights=out["weights"]).scored_weights().values()
+        ):
+            raise reader.fail(fields["weights"], f"{path}.weights", "at least one must be positive")
+    if "temperature" in fields:
+        out["temperature"] = _bounded(
+            reader, fields["temperature"], f"{path}.temperature", 0.0, MAX_TEMPERATURE, above=True
+        )
+    if "costs" in fields:
+        out["costs"] = _costs(reader, fields["costs"], f"{path}.costs")
+    return out
+
+
+def _costs(reader: _Reader, node: yaml.Node, path: str) -> tuple[CostRule, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        raise reader.fail(node, path, "must be a list of {match, usd_per_million_tokens}")
+    rules = []
+    for index, item in enumerate(node.value):
+        where = f"{path}[{index}]"
+        fields = reader.mapping(item, where, ("match", "usd_per_million_tokens"))
+        if "usd_per_million_tokens" not in fields:
+            raise reader.fail(item, f"{where}.usd_per_million_tokens", "is required")
+        price = _bounded(
+            reader, fields["usd_per_million_tokens"], f"{where}.usd_per_million_tokens", 0, 1e6
+        )
+        match = reader.match(fields["match"], f"{where}.match") if "match" in fields else None
+        rules.append(CostRule(match.fields if match else (), match.tags if match else (), price))
+    return tuple(rules)
+
+
+_BLOCK_PARSERS = {"affinity": _affinity, "hash": _hash, "scoring": _scoring}
+
+
+S = TypeVar("S")
+
+
+def settings(
+    reader: _Reader,
+    node: yaml.Node,
+    path: str,
+    kind: type[S],
+    check: Callable[[S], str | None],
+) -> S:
+    """A frozen settings dataclass from a mapping of its fields, range-checked by `check`
+    (which names the first bad field as `<block>.<field>: <why>`)."""
+    declared = {f.name: f for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    items = reader.mapping(node, path, tuple(declared))
+    values: dict[str, Any] = {}
+    for name, value in items.items():
+        where = f"{path}.{name}"
+        wanted = declared[name].type
+        raw = reader.scalar(value, where)
+        if wanted == "bool":
+            if not isinstance(raw, bool):
+                raise reader.fail(value, where, "must be true or false")
+            values[name] = raw
+        elif wanted == "int":
+            if isinstance(raw, bool) or not isinstance(raw, int):
+                raise reader.fail(value, where, "must be an integer")
+            values[name] = raw
+        else:
+            values[name] = reader.number(value, where)
+    made = kind(**values)
+    problem = check(made)
+    if problem:
+        field, _, why = problem.partition(": ")
+        name = field.rpartition(".")[2]
+        raise reader.fail(items.get(name, node), f"{path}.{name}", why)
+    return made

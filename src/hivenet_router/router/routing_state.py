@@ -1,0 +1,287 @@
+"""What routing learns from traffic: a circuit breaker per agent and per provider, an
+adaptive (Vegas) concurrency limit per agent, and each model's index of the prompt
+prefixes sent to each agent.
+
+Dispatch tells it three things and asks it one: `input` builds a request's routing input,
+`chosen` records where a request went, `settled` how it ended, and `admits` says whether
+an agent's breaker lets a request through. The settings come with the policy of the
+request's model at each call, so a policy reload takes effect on the next request.
+Everything here is in-process and per router.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from hivenet_router.clock import Clock
+from hivenet_router.domain.request import Usage
+from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.policy.document import Policy, Step
+from hivenet_router.policy.plugins import RouteInput
+from hivenet_router.policy.signals import AgentFacts
+from hivenet_router.router.registry import AgentRecord, Registry
+from hivenet_router.routing.breaker import Breaker, BreakerSettings, BreakerState
+from hivenet_router.routing.prefix import BLOCK_CHARS, PrefixIndex
+from hivenet_router.routing.vegas import VegasLimiter
+
+# The simulator and the engines count about four characters per token.
+CHARS_PER_TOKEN = 4
+# A request's cost in the fair queue when it declares no output limit.
+DEFAULT_OUTPUT_TOKENS = 256
+
+
+@dataclass(slots=True)
+class _Target:
+    """A breaker and what the admin view says about it."""
+
+    breaker: Breaker
+    settings: BreakerSettings  # the last the policy gave it, for views between requests
+    since_closed: int = 0  # outcomes recorded since it was last closed
+    opened_after: int | None = None  # outcomes it took to open it, the last time
+
+
+class RoutingState:
+    def __init__(self, clock: Clock, registry: Registry, seed: int | None = None) -> None:
+        self.clock = clock
+        self.registry = registry
+        self.rng = random.Random(seed)
+        self._agents: dict[str, _Target] = {}
+        self._providers: dict[str, _Target] = {}
+        self._limiters: dict[str, VegasLimiter] = {}
+        self._indexes: dict[str, PrefixIndex] = {}
+        registry.listen(self._registration)
+
+    # -- a request -------------------------------------------------------------------------
+
+    def input(self, ticket: Ticket, policy: Policy, header: str | None) -> RouteInput:
+        facts = ticket.facts
+        job = ticket.job
+        assert facts is not None and job is not None
+        session = None
+        if header is not None:
+            for name, value in job.headers:
+                if name.lower() == header:
+                    session = value
+                    break
+        now = self.clock.monotonic()
+        settings = policy.breaker
+        return RouteInput(
+            facts,
+            now=now,
+            session=session,
+            affinity=self._index(facts.model),
+            rng=self.rng,
+            health=lambda peer: self._health(peer, now, settings),
+        )
+
+    def admits(self, policy: Policy) -> Callable[[AgentFacts], bool]:
+        settings = policy.breaker
+        if not settings.enabled or not self._agents:
+            return _everyone
+        now = self.clock.monotonic()
+        targets = self._agents
+
+        def admits(agent: AgentFacts) -> bool:
+            target = targets.get(agent.peer_id)
+            return target is None or target.breaker.allows(now, settings)
+
+        return admits
+
+    def adapt(self, policy: Policy, agents: list[AgentRecord]) -> None:
+        """Hold each agent to its adaptive limit when the policy asks for one, and give the
+        whole capacity back when it does not."""
+        settings = policy.adaptive
+        for agent in agents:
+            if settings.enabled:
+                limiter = self._limiters.get(agent.peer_id)
+                if limiter is None:
+                    limiter = self._limiters[agent.peer_id] = VegasLimiter(agent.capacity, settings)
+                agent.slot_limit = limiter.limit
+            elif agent.slot_limit:
+                agent.slot_limit = 0
+
+    def chosen(self, inp: RouteInput, step: Step, agent: AgentRecord, policy: Policy) -> int:
+        """The request goes to `agent`: note it, and return the breaker's ticket."""
+        if step.plan.uses_prefix:
+            index = inp.affinity
+            blocks = inp.blocks()
+            if index is not None and blocks:
+                tokens = agent.engine.kv_cache_tokens if agent.engine is not None else None
+                if tokens:
+                    index.set_capacity(agent.peer_id, int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS)
+                index.learn(blocks, agent.peer_id, inp.now)
+        if not policy.breaker.enabled:
+            return 0
+        target = self._target(self._agents, agent.peer_id, policy.breaker)
+        return target.breaker.started(self.clock.monotonic(), policy.breaker)
+
+    def settled(
+        self,
+        agent: AgentRecord,
+        policy: Policy,
+        ok: bool | None,
+        latency_ms: float | None,
+        usage: Usage | None,
+        stream: bool,
+        ticket: int,
+    ) -> None:
+        """How a request sent to `agent` ended: `ok` None when it was the client's doing.
+        `latency_ms` is the time to the answer's head (with a stream's first chunk)."""
+        if policy.breaker.enabled:
+            self._record(self._agents, agent.peer_id, ok, policy.breaker, ticket)
+        settings = policy.adaptive
+        limiter = self._limiters.get(agent.peer_id)
+        if limiter is None or not settings.enabled:
+            if agent.slot_limit:
+                agent.slot_limit = 0
+            return
+        if ok is False:
+            agent.slot_limit = limiter.dropped(agent.capacity, settings)
+        elif ok and latency_ms is not None:
+            if not stream and usage is not None and usage.output_tokens > 0:
+                # A whole answer's time grows with its length; per token it compares.
+                latency_ms /= usage.output_tokens
+            agent.slot_limit = limiter.sample(latency_ms, agent.active, agent.capacity, settings)
+
+    def all_open(self, policy: Policy, agents: list[AgentRecord]) -> float | None:
+        """Seconds until the first of these agents' breakers lets a probe through, when
+        every one of them is refusing requests; None when some agent takes requests."""
+        settings = policy.breaker
+        if not settings.enabled or not agents:
+            return None
+        now = self.clock.monotonic()
+        soonest: float | None = None
+        for agent in agents:
+            target = self._agents.get(agent.peer_id)
+            if target is None or target.breaker.allows(now, settings):
+                return None
+            opened = target.breaker.opened_at
+            wait = 0.0 if opened is None else max(0.0, opened + settings.open_seconds - now)
+            soonest = wait if soonest is None else min(soonest, wait)
+        return soonest
+
+    # -- providers -------------------------------------------------------------------------
+
+    def provider_allows(self, name: str, policy: Policy) -> bool:
+        target = self._providers.get(name)
+        return target is None or target.breaker.allows(self.clock.monotonic(), policy.breaker)
+
+    def provider_started(self, name: str, policy: Policy) -> int:
+        if not policy.breaker.enabled:
+            return 0
+        target = self._target(self._providers, name, policy.breaker)
+        return target.breaker.started(self.clock.monotonic(), policy.breaker)
+
+    def provider_settled(self, name: str, policy: Policy, ok: bool | None, ticket: int) -> None:
+        if policy.breaker.enabled:
+            self._record(self._providers, name, ok, policy.breaker, ticket)
+
+    # -- views -----------------------------------------------------------------------------
+
+    def agent_view(self, peer: str, settings: BreakerSettings) -> dict[str, object]:
+        """The admin routing table's routing section of one agent."""
+        view: dict[str, object] = {}
+        target = self._agents.get(peer)
+        now = self.clock.monotonic()
+        breaker = target.breaker if target is not None else Breaker()
+        view["breaker"] = {
+            **breaker.snapshot(now, settings),
+            "opened_after": target.opened_after if target is not None else None,
+        }
+        limiter = self._limiters.get(peer)
+        if limiter is not None:
+            view["adaptive_concurrency"] = limiter.snapshot()
+        held = sum(index.size(peer) for index in self._indexes.values())
+        view["prefix_blocks"] = held
+        return view
+
+    def breakers(self) -> Iterator[BreakerRow]:
+        """(kind, target, state, transitions) for every breaker, for metrics."""
+        now = self.clock.monotonic()
+        for kind, targets in (("agent", self._agents), ("provider", self._providers)):
+            for name, target in list(targets.items()):
+                state = target.breaker.state(now, target.settings)
+                yield kind, name, state.value, dict(target.breaker.transitions)
+
+    def limits(self) -> Iterator[tuple[str, int]]:
+        for peer, limiter in list(self._limiters.items()):
+            yield peer, limiter.limit
+
+    def prefix_blocks(self) -> Iterator[tuple[str, int]]:
+        for model, index in list(self._indexes.items()):
+            yield model, index.total()
+
+    # -- inside ----------------------------------------------------------------------------
+
+    def _index(self, model: str) -> PrefixIndex:
+        index = self._indexes.get(model)
+        if index is None:
+            index = self._indexes[model] = PrefixIndex()
+        return index
+
+    @staticmethod
+    def _target(targets: dict[str, _Target], name: str, settings: BreakerSettings) -> _Target:
+        target = targets.get(name)
+        if target is None:
+            target = targets[name] = _Target(Breaker(), settings)
+        target.settings = settings
+        return target
+
+    def _record(
+        self,
+        targets: dict[str, _Target],
+        name: str,
+        ok: bool | None,
+        settings: BreakerSettings,
+        ticket: int,
+    ) -> None:
+        target = targets.get(name)
+        if target is None:
+            return
+        if ok is not None:
+            target.since_closed += 1
+        changed = target.breaker.record(ok, self.clock.monotonic(), settings, ticket)
+        if changed is BreakerState.OPEN and target.opened_after is None:
+            target.opened_after = target.since_closed
+        elif changed is BreakerState.CLOSED:
+            target.since_closed = 0
+
+    def _health(self, peer: str, now: float, settings: BreakerSettings) -> float:
+        target = self._agents.get(peer)
+        if target is None:
+            return 1.0
+        breaker = target.breaker
+        if breaker.state(now, settings) is not BreakerState.CLOSED:
+            return 0.0
+        outcomes = breaker.outcomes_in_window
+        return 1.0 - breaker.failures_in_window / outcomes if outcomes else 1.0
+
+    def _registration(self, change: str, record: AgentRecord) -> None:
+        if change != "unregistered":
+            limiter = self._limiters.get(record.peer_id)
+            if limiter is not None:
+                limiter.resize(record.capacity)
+            return
+        # Gone for good: what was learnt about it would only mislead a newcomer.
+        self._agents.pop(record.peer_id, None)
+        self._limiters.pop(record.peer_id, None)
+        for index in self._indexes.values():
+            index.forget(record.peer_id)
+
+
+BreakerRow = tuple[str, str, str, dict[str, int]]
+
+
+def _everyone(agent: AgentFacts) -> bool:
+    return True
+
+
+def queue_cost(ticket: Ticket) -> float:
+    """A waiting request's weight in the fair queue: its tokens, estimated."""
+    facts = ticket.facts
+    if facts is None:
+        return 1.0
+    output = facts.max_output_tokens or DEFAULT_OUTPUT_TOKENS
+    return max(1.0, facts.text_bytes / CHARS_PER_TOKEN + output)

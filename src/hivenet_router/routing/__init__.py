@@ -1,0 +1,1 @@
+"""Stateful routing parts: circuit breakers, adaptive concurrency, prefix affinity."""

@@ -1,0 +1,167 @@
+"""What routing learns from traffic, through its public calls, in virtual time."""
+
+from __future__ import annotations
+
+from hivenet_router.clock import ManualClock
+from hivenet_router.domain.agent import EngineSnapshot, Registration
+from hivenet_router.domain.request import Job, RequestFacts, Usage
+from hivenet_router.observability.events import Observers
+from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.policy.document import Policy, parse_policy
+from hivenet_router.router.registry import AgentRecord, Registry
+from hivenet_router.router.routing_state import RoutingState, queue_cost
+
+SYSTEM = "You are a careful assistant. " * 40
+
+
+def policy(extra: str = "", strategy: str = "least-loaded") -> Policy:
+    return parse_policy(
+        f"routing_policy: {{strategy: {strategy}}}\n{extra}", "p.yaml", "p", require_models=False
+    )
+
+
+def record(registry: Registry, peer: str, capacity: int = 8) -> AgentRecord:
+    reg = Registration(peer_id=peer, model="m", capability="llm", engine="vllm", capacity=capacity)
+    agent = AgentRecord(reg=reg, link=None, last_heartbeat=0.0, registered_at=0.0)
+    registry.upsert(agent)
+    return agent
+
+
+def ticket(headers: list[tuple[str, str]] | None = None, max_out: int | None = 64) -> Ticket:
+    t = Ticket("r1", "/v1/chat/completions", 0.0, Observers([]))
+    t.facts = RequestFacts(
+        "/v1/chat/completions", "m", "llm", True, max_out, text_bytes=400, prompt=(SYSTEM,)
+    )
+    t.job = Job("/v1/chat/completions", "m", "llm", True, b"{}", headers or [])
+    return t
+
+
+def test_agent_breaker_opens_blocks_and_reports_when_to_come_back() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(
+        "circuit_breaker: {consecutive_failures: 2, open_seconds: 5, half_open_probes: 1}\n"
+    )
+    agent = record(registry, "a")
+    inp = state.input(ticket(), rules, None)
+    step = rules.steps[0]
+    for _ in range(2):
+        breaker = state.chosen(inp, step, agent, rules)
+        state.settled(agent, rules, False, None, None, True, breaker)
+    assert not state.admits(rules)(agent)
+    assert state.all_open(rules, [agent]) == 5.0
+    clock.advance(2.0)
+    assert state.all_open(rules, [agent]) == 3.0
+    view = state.agent_view("a", rules.breaker)
+    assert view["breaker"]["state"] == "open" and view["breaker"]["opened_after"] == 2  # type: ignore[index]
+    rows = list(state.breakers())
+    assert rows == [("agent", "a", "open", {"closed": 0, "open": 1, "half_open": 0})]
+    clock.advance(3.0)  # half-open: one probe, then closed on success
+    assert state.admits(rules)(agent) and state.all_open(rules, [agent]) is None
+    breaker = state.chosen(inp, step, agent, rules)
+    state.settled(agent, rules, True, 12.0, None, True, breaker)
+    assert state.agent_view("a", rules.breaker)["breaker"]["state"] == "closed"  # type: ignore[index]
+
+
+def test_a_client_gone_releases_a_half_open_probe() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(
+        "circuit_breaker: {consecutive_failures: 1, open_seconds: 1, half_open_probes: 1}\n"
+    )
+    agent = record(registry, "a")
+    inp = state.input(ticket(), rules, None)
+    state.settled(
+        agent, rules, False, None, None, True, state.chosen(inp, rules.steps[0], agent, rules)
+    )
+    clock.advance(1.0)
+    probe = state.chosen(inp, rules.steps[0], agent, rules)
+    assert not state.admits(rules)(agent)  # its one probe is out
+    state.settled(agent, rules, None, None, None, True, probe)
+    assert state.admits(rules)(agent)
+
+
+def test_disabled_breakers_admit_everyone() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy("circuit_breaker: {enabled: false}\n")
+    agent = record(registry, "a")
+    inp = state.input(ticket(), rules, None)
+    for _ in range(10):
+        state.settled(
+            agent, rules, False, None, None, True, state.chosen(inp, rules.steps[0], agent, rules)
+        )
+    assert state.admits(rules)(agent) and state.all_open(rules, [agent]) is None
+
+
+def test_provider_breaker() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy("circuit_breaker: {consecutive_failures: 2, open_seconds: 10}\n")
+    for _ in range(2):
+        assert state.provider_allows("openai", rules)
+        state.provider_settled("openai", rules, False, state.provider_started("openai", rules))
+    assert not state.provider_allows("openai", rules)
+    assert next(iter(state.breakers()))[:3] == ("provider", "openai", "open")
+    clock.advance(10.0)
+    assert state.provider_allows("openai", rules)
+
+
+def test_adaptive_limit_follows_latency_and_goes_away_when_turned_off() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    on = policy("adaptive_concurrency: {enabled: true, initial_limit: 4, alpha: 1, beta: 2}\n")
+    agent = record(registry, "a", capacity=8)
+    state.adapt(on, [agent])
+    assert agent.limit == 4 and agent.try_acquire()
+    inp = state.input(ticket(), on, None)
+    breaker = state.chosen(inp, on.steps[0], agent, on)
+    agent.active = 4
+    state.settled(agent, on, True, 10.0, None, True, breaker)  # the no-load latency
+    for _ in range(5):  # then far slower: a queue inside the engine
+        state.settled(agent, on, True, 80.0, None, True, breaker)
+    assert 1 <= agent.limit < 4
+    assert dict(state.limits()) == {"a": agent.limit}
+    state.adapt(policy(), [agent])
+    assert agent.limit == 8
+
+
+def test_whole_answers_are_compared_per_output_token() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    on = policy("adaptive_concurrency: {enabled: true}\n")
+    agent = record(registry, "a")
+    state.adapt(on, [agent])
+    state.settled(agent, on, True, 400.0, Usage(10, 40), False, 0)
+    view = state.agent_view("a", on.breaker)["adaptive_concurrency"]
+    assert view["min_latency"] == 10.0  # type: ignore[index]
+
+
+def test_prefixes_are_learnt_sized_by_the_engine_and_forgotten_with_the_agent() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(strategy="prefix-affinity")
+    agent = record(registry, "a")
+    agent.engine = EngineSnapshot(kv_cache_tokens=128.0)  # 512 characters: two blocks
+    inp = state.input(ticket(), rules, None)
+    assert len(inp.blocks()) > 2
+    state.chosen(inp, rules.steps[0], agent, rules)
+    assert dict(state.prefix_blocks()) == {"m": 2}
+    assert state.agent_view("a", rules.breaker)["prefix_blocks"] == 2
+    # Least-loaded routes by load only: nothing is learnt.
+    plain = policy()
+    other = record(registry, "b")
+    state.chosen(state.input(ticket(), plain, None), plain.steps[0], other, plain)
+    assert dict(state.prefix_blocks()) == {"m": 2}
+    registry.remove("a")
+    assert dict(state.prefix_blocks()) == {"m": 0}
+
+
+def test_session_header_and_queue_cost() -> None:
+    state = RoutingState(ManualClock(), Registry())
+    rules = policy()
+    inp = state.input(ticket([("X-Session-Id", "s-1")]), rules, "x-session-id")
+    assert inp.session == "s-1"
+    assert state.input(ticket(), rules, "x-session-id").session is None
+    assert queue_cost(ticket()) == 400 / 4 + 64
+    assert queue_cost(ticket(max_out=None)) == 400 / 4 + 256

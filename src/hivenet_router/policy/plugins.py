@@ -104,6 +104,16 @@ class LoadScorer:
         return [1.0 - agent.active / agent.limit for agent in agents]
 
 
+class RelativeLoadScorer:
+    """Load against the least busy candidate: 1 for it, (1 + least) / (1 + active) for the
+    others. Unlike the free share of slots, it still tells agents apart when their declared
+    capacity is far above what their engine can run at once."""
+
+    def score(self, inp: RouteInput, agents: Sequence[A]) -> Sequence[float]:
+        least = min((a.active for a in agents), default=0)
+        return [(1 + least) / (1 + a.active) for a in agents]
+
+
 class EvenScorer:
     """Every agent the same: the picker's tie-break (least recently chosen) decides, which
     is round robin over whoever is free."""
@@ -234,14 +244,19 @@ class AffinityPicker:
 
 
 def _fresh(inp: RouteInput, agents: Sequence[A], scores: Sequence[float]) -> A | None:
-    """A prefix nobody holds: least-loaded, ties to the agent holding the fewest cached
+    """A prefix nobody holds, so its whole prompt is prefilled: the agent expected to
+    answer soonest, its smoothed latency times the requests it would then carry (an agent
+    not yet measured counts as the fastest); ties to the one holding the fewest cached
     blocks, so new prefixes spread over the fleet's cache instead of evicting a hot one."""
     index = inp.affinity
+    known = [a.srtt_ms for a in agents if a.srtt_ms is not None and a.srtt_ms > 0]
+    fastest = min(known) if known else 1.0
     best: A | None = None
     best_key = (0.0, 0, 0)
-    for agent, score in zip(agents, scores, strict=True):
+    for agent in agents:
+        srtt = agent.srtt_ms if agent.srtt_ms is not None and agent.srtt_ms > 0 else fastest
         held = index.size(agent.peer_id) if index is not None else 0
-        key = (-score, held, agent.last_assigned)
+        key = (srtt * (agent.active + 1), held, agent.last_assigned)
         if best is None or key < best_key:
             best, best_key = agent, key
     return best

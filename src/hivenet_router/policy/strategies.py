@@ -30,6 +30,7 @@ from hivenet_router.policy.plugins import (
     LoadScorer,
     Picker,
     PowerOfTwoPicker,
+    RelativeLoadScorer,
     Scorer,
     SoftmaxPicker,
     Strategy,
@@ -50,7 +51,7 @@ PRESETS: dict[str, dict[str, float]] = {
     # Weights per scorer. The latency scorer measures the time to an answer's head, which
     # for a stream includes prefill: affinity lowers it too, so latency-first also leans on
     # the cache.
-    "latency-first": {"latency": 0.45, "load": 0.25, "affinity": 0.2, "breaker": 0.1},
+    "latency-first": {"latency": 0.35, "load": 0.35, "affinity": 0.2, "breaker": 0.1},
     "cost-first": {"cost": 0.6, "load": 0.2, "latency": 0.1, "breaker": 0.1},
     "load-balanced": {"load": 0.7, "latency": 0.1, "affinity": 0.1, "breaker": 0.1},
     "speculative": {"affinity": 0.4, "latency": 0.3, "load": 0.2, "breaker": 0.1},
@@ -79,7 +80,7 @@ class Options:
 
     # prefix-affinity
     min_match: float = 0.1
-    max_imbalance: int = 4
+    max_imbalance: int = 8
     # consistent-hash
     hash_key: str = "session"  # "session" (a request header) or "prefix"
     hash_header: str = "x-session-id"
@@ -131,7 +132,7 @@ def build(name: str, options: Options) -> Strategy:
 def _scored(options: Options) -> Strategy:
     weights = options.scored_weights()
     scorers: dict[str, Scorer] = {
-        "load": LoadScorer(),
+        "load": RelativeLoadScorer(),
         "latency": LatencyScorer(),
         "cost": CostScorer(_price(options.costs)),
         "affinity": AffinityScorer(),

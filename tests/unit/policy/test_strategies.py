@@ -34,7 +34,7 @@ STEPS = {
     "lowest-srtt": step_of("{strategy: lowest-srtt}"),
     "consistent-hash": step_of("{strategy: consistent-hash}"),
     "consistent-hash-prefix": step_of("{strategy: consistent-hash, hash: {key: prefix}}"),
-    "prefix-affinity": step_of("{strategy: prefix-affinity}"),
+    "prefix-affinity": step_of("{strategy: prefix-affinity, affinity: {max_imbalance: 4}}"),
     **{
         f"scored-{preset}": step_of(f"{{strategy: scored, scoring: {{preset: {preset}}}}}")
         for preset in ("latency-first", "cost-first", "load-balanced", "speculative")

@@ -19,10 +19,11 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 SYSTEM = "You answer questions about the ocean, briefly and kindly. " * 30
 
 
-def policy(tmp: Path, text: str) -> str:
+def routed(cluster: Cluster, tmp: Path, policy: str) -> Router:
+    """A router started with this global policy."""
     path = tmp / "policy.yaml"
-    path.write_text(text)
-    return str(path)
+    path.write_text(policy)
+    return cluster.router("--policy-file", str(path))
 
 
 def fleet(cluster: Cluster, router: Router, count: int, *sim_flags: str) -> list[Sim]:
@@ -48,9 +49,7 @@ def table(router: Router) -> dict[str, dict[str, Any]]:
 def test_prefix_affinity_keeps_a_conversation_on_one_engine(
     make_cluster: Cluster, tmp_path: Path
 ) -> None:
-    router = make_cluster.router(
-        "--policy-file", policy(tmp_path, "routing_policy: {strategy: prefix-affinity}\n")
-    )
+    router = routed(make_cluster, tmp_path, "routing_policy: {strategy: prefix-affinity}\n")
     sims = fleet(make_cluster, router, 3, "--zero-latency")
     with router.openai() as client:
         for conversation in range(3):
@@ -73,13 +72,11 @@ def test_prefix_affinity_keeps_a_conversation_on_one_engine(
 def test_breaker_opens_on_a_failing_agent_and_closes_after_it_recovers(
     make_cluster: Cluster, tmp_path: Path
 ) -> None:
-    router = make_cluster.router(
-        "--policy-file",
-        policy(
-            tmp_path,
-            "routing_policy: {strategy: round-robin}\n"
-            "circuit_breaker: {consecutive_failures: 3, open_seconds: 1, half_open_probes: 1}\n",
-        ),
+    router = routed(
+        make_cluster,
+        tmp_path,
+        "routing_policy: {strategy: round-robin}\n"
+        "circuit_breaker: {consecutive_failures: 3, open_seconds: 1, half_open_probes: 1}\n",
     )
     _, bad = fleet(make_cluster, router, 2, "--zero-latency")
     bad.set_faults(error_rate=1.0)
@@ -105,13 +102,11 @@ def test_breaker_opens_on_a_failing_agent_and_closes_after_it_recovers(
 
 
 def test_an_open_breaker_on_every_agent_says_so(make_cluster: Cluster, tmp_path: Path) -> None:
-    router = make_cluster.router(
-        "--policy-file",
-        policy(
-            tmp_path,
-            "routing_policy: {strategy: least-loaded}\n"
-            "circuit_breaker: {consecutive_failures: 2, open_seconds: 30}\n",
-        ),
+    router = routed(
+        make_cluster,
+        tmp_path,
+        "routing_policy: {strategy: least-loaded}\n"
+        "circuit_breaker: {consecutive_failures: 2, open_seconds: 30}\n",
     )
     (sim,) = fleet(make_cluster, router, 1, "--zero-latency", "--fault-error-rate", "1")
     for _ in range(2):
@@ -136,13 +131,11 @@ def test_an_open_breaker_on_every_agent_says_so(make_cluster: Cluster, tmp_path:
 async def test_adaptive_concurrency_holds_a_slowing_engine_below_its_capacity(
     make_cluster: Cluster, tmp_path: Path
 ) -> None:
-    router = make_cluster.router(
-        "--policy-file",
-        policy(
-            tmp_path,
-            "routing_policy: {strategy: least-loaded}\n"
-            "adaptive_concurrency: {enabled: true, initial_limit: 16, alpha: 1, beta: 2}\n",
-        ),
+    router = routed(
+        make_cluster,
+        tmp_path,
+        "routing_policy: {strategy: least-loaded}\n"
+        "adaptive_concurrency: {enabled: true, initial_limit: 16, alpha: 1, beta: 2}\n",
     )
     # Two sequences at once, each slowing the other: queueing shows as latency.
     sim = make_cluster.sim(
@@ -224,9 +217,7 @@ async def test_fair_queue_serves_a_quiet_tenant_before_a_bursting_ones_backlog(
 def test_a_reload_with_a_bad_scorer_is_refused_naming_the_field(
     make_cluster: Cluster, tmp_path: Path
 ) -> None:
-    router = make_cluster.router(
-        "--policy-file", policy(tmp_path, "routing_policy: {strategy: scored}\n")
-    )
+    router = routed(make_cluster, tmp_path, "routing_policy: {strategy: scored}\n")
     reply = httpx.put(
         router.url + "/admin/policy",
         headers=ADMIN,

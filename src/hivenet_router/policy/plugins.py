@@ -122,16 +122,31 @@ class EvenScorer:
         return [1.0] * len(agents)
 
 
+# Successes before an agent's SRTT is believed. Its first answers carry cold-start costs
+# (a new engine connection, an empty cache); judged on them alone, an agent that is never
+# chosen again would never be measured again.
+MEASURED_AFTER = 8
+
+
+def _measured(agent: AgentFacts) -> float | None:
+    srtt = agent.srtt_ms
+    if srtt is None or srtt <= 0 or agent.successes < MEASURED_AFTER:
+        return None
+    return srtt
+
+
 class LatencyScorer:
     """Smoothed round-trip time relative to the fastest candidate: 1 for the fastest. An
-    agent with no measurement yet scores as the fastest, so it gets tried."""
+    agent not yet measured (fewer than MEASURED_AFTER successes) scores as the fastest, so
+    it gets tried."""
 
     def score(self, inp: RouteInput, agents: Sequence[A]) -> Sequence[float]:
-        known = [a.srtt_ms for a in agents if a.srtt_ms is not None and a.srtt_ms > 0]
+        srtts = [_measured(a) for a in agents]
+        known = [s for s in srtts if s is not None]
         if not known:
             return [1.0] * len(agents)
         best = min(known)
-        return [1.0 if a.srtt_ms is None or a.srtt_ms <= 0 else best / a.srtt_ms for a in agents]
+        return [1.0 if s is None else best / s for s in srtts]
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,21 +260,36 @@ class AffinityPicker:
 
 def _fresh(inp: RouteInput, agents: Sequence[A], scores: Sequence[float]) -> A | None:
     """A prefix nobody holds, so its whole prompt is prefilled: the agent expected to
-    answer soonest, its smoothed latency times the requests it would then carry (an agent
-    not yet measured counts as the fastest); ties to the one holding the fewest cached
-    blocks, so new prefixes spread over the fleet's cache instead of evicting a hot one."""
+    answer soonest, its pace times the requests it would then carry. Expectations within
+    a quarter of the fastest pace of each other count as equal (measured paces of alike
+    engines never match exactly), and then the agent with the most free room in its
+    prefix cache takes it, so new prefixes land where they will stay."""
     index = inp.affinity
-    known = [a.srtt_ms for a in agents if a.srtt_ms is not None and a.srtt_ms > 0]
+    paces = _paces(agents)
+    known = [p for p in paces if p is not None]
     fastest = min(known) if known else 1.0
+    step = fastest / 4 or 1.0
     best: A | None = None
-    best_key = (0.0, 0, 0)
-    for agent in agents:
-        srtt = agent.srtt_ms if agent.srtt_ms is not None and agent.srtt_ms > 0 else fastest
-        held = index.size(agent.peer_id) if index is not None else 0
-        key = (srtt * (agent.active + 1), held, agent.last_assigned)
+    best_key = (0, 0, 0)
+    for agent, pace in zip(agents, paces, strict=True):
+        room = index.room(agent.peer_id) if index is not None else 0
+        expected = (pace or fastest) * (agent.active + 1)
+        key = (math.floor(expected / step), -room, agent.last_assigned)
         if best is None or key < best_key:
             best, best_key = agent, key
     return best
+
+
+def _paces(agents: Sequence[AgentFacts]) -> list[float | None]:
+    """How fast each agent's engine works, lower is faster: the engines' own mean time per
+    output token when every candidate reports one, else each agent's smoothed time to an
+    answer's head. The engine's figure comes first because the SRTT mixes cache hits in:
+    the engine that was given the cache misses looks slow for it. None when unknown (the
+    agent then counts as the fastest, so it gets tried)."""
+    itls = [a.engine.avg_itl_seconds if a.engine is not None else None for a in agents]
+    if all(itls):
+        return list(itls)
+    return [a.srtt_ms if a.srtt_ms is not None and a.srtt_ms > 0 else None for a in agents]
 
 
 @dataclass(frozen=True, slots=True)

@@ -245,6 +245,10 @@ class PrefixIndex:
         record = self._peers.get(peer)
         return self._default_capacity if record is None else record.capacity
 
+    def room(self, peer: str) -> int:
+        """Blocks the peer's cache can still take before it evicts."""
+        return self.capacity(peer) - self.size(peer)
+
     def last_learned(self, peer: str) -> float | None:
         """The `now` of the last prompt recorded for `peer`, None if none was: a scorer may
         trust an old entry less, since other traffic to the engine may have evicted it."""

@@ -108,11 +108,14 @@ def test_round_robin_visits_everyone_in_turn() -> None:
 
 
 def test_lowest_srtt_prefers_the_fastest_and_tries_the_unmeasured() -> None:
-    fast = Agent(agent(peer="fast").reg, srtt_ms=20.0)
-    slow = Agent(agent(peer="slow").reg, srtt_ms=90.0)
+    fast = Agent(agent(peer="fast").reg, srtt_ms=20.0, successes=50)
+    slow = Agent(agent(peer="slow").reg, srtt_ms=90.0, successes=50)
     assert route(STEPS["lowest-srtt"], [slow, fast]) is fast
     new = Agent(agent(peer="new").reg, srtt_ms=None, last_assigned=-1)
     assert route(STEPS["lowest-srtt"], [slow, fast, new]) is new
+    # A few answers are not yet a measurement: a cold start must not starve it.
+    young = Agent(agent(peer="young").reg, srtt_ms=500.0, successes=3, last_assigned=-1)
+    assert route(STEPS["lowest-srtt"], [slow, fast, young]) is young
 
 
 def test_consistent_hash_keeps_a_session_and_moves_only_the_leavers_keys() -> None:

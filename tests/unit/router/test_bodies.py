@@ -26,3 +26,23 @@ def test_router_validation_follows_the_official_schemas() -> None:
     )
     assert agentic.text_bytes == len("abc") + len("hmm") + len('{"a":1}') + len("result")
     assert agentic.images == 1 and agentic.messages == 2
+
+
+def test_the_prompt_is_read_in_the_order_the_model_reads_it() -> None:
+    """Prefix affinity keys on these pieces: chat, completions and Anthropic messages that
+    share a system prompt must share a leading piece."""
+    chat = parse(
+        "/v1/chat/completions",
+        b'{"model": "m", "messages": [{"role": "system", "content": "S"},'
+        b' {"role": "user", "content": [{"type": "text", "text": "q"},'
+        b' {"type": "image_url", "image_url": {"url": "x"}}]}]}',
+    )
+    assert chat.prompt == ("system", "S", "user", "q")
+    anthropic = parse(
+        "/v1/messages",
+        b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "q"}],'
+        b' "system": [{"type": "text", "text": "S"}]}',
+    )
+    assert anthropic.prompt == ("S", "user", "q")  # the system prompt first, wherever sent
+    assert parse("/v1/completions", b'{"model": "m", "prompt": "P"}').prompt == ("P",)
+    assert parse("/v1/embeddings", b'{"model": "m", "input": "x"}').prompt == ()

@@ -148,9 +148,15 @@ async def test_adaptive_concurrency_holds_a_slowing_engine_below_its_capacity(
     ) as client:
 
         async def one() -> None:
-            await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            # Streams: the limit follows their time to the first chunk.
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4,
+                stream=True,
             )
+            async for _ in stream:
+                pass
 
         for _ in range(4):
             await asyncio.gather(*(one() for _ in range(16)))

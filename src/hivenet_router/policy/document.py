@@ -293,7 +293,12 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
     tuning: dict[str, Any] = {}
     if "circuit_breaker" in items:
         tuning["breaker"] = step_options.settings(
-            reader, items["circuit_breaker"], "circuit_breaker", BreakerSettings, check_breaker
+            reader,
+            items["circuit_breaker"],
+            "circuit_breaker",
+            BreakerSettings,
+            check_breaker,
+            step_options.complete_breaker,
         )
     if "adaptive_concurrency" in items:
         tuning["adaptive"] = step_options.settings(
@@ -302,6 +307,7 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
             "adaptive_concurrency",
             VegasSettings,
             check_vegas,
+            step_options.complete_vegas,
         )
     return Policy(
         name=name,

@@ -149,6 +149,7 @@ def settings(
     path: str,
     kind: type[S],
     check: Callable[[S], str | None],
+    complete: Callable[[dict[str, Any]], None] | None = None,
 ) -> S:
     """A frozen settings dataclass from a mapping of its fields, range-checked by `check`
     (which names the first bad field as `<block>.<field>: <why>`)."""
@@ -169,6 +170,8 @@ def settings(
             values[name] = raw
         else:
             values[name] = reader.number(value, where)
+    if complete is not None:
+        complete(values)  # defaults that follow what was set (a window smaller than 10)
     made = kind(**values)
     problem = check(made)
     if problem:
@@ -176,3 +179,17 @@ def settings(
         name = field.rpartition(".")[2]
         raise reader.fail(items.get(name, node), f"{path}.{name}", why)
     return made
+
+
+def complete_breaker(values: dict[str, Any]) -> None:
+    """A window set below the default `min_requests` brings that default down with it."""
+    window = values.get("window")
+    if isinstance(window, int) and "min_requests" not in values:
+        values["min_requests"] = max(1, min(window, 10))
+
+
+def complete_vegas(values: dict[str, Any]) -> None:
+    """An `alpha` set at or above the default `beta` moves that default to twice it."""
+    alpha = values.get("alpha")
+    if isinstance(alpha, float) and "beta" not in values and alpha >= 6.0:
+        values["beta"] = 2 * alpha

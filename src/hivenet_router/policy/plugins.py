@@ -43,7 +43,9 @@ class RouteInput:
     # 0 for one that fails or is probing in half-open.
     health: Callable[[str], float] = _healthy
     _blocks: tuple[int, ...] | None = None
-    _matches: dict[str, int] | None = None
+    # The last match, with the candidates it was computed for: retries, re-queues and
+    # fallback steps ask again about other agents.
+    _matched: tuple[tuple[str, ...], dict[str, int]] | None = None
 
     def blocks(self) -> tuple[int, ...]:
         if self._blocks is None:
@@ -52,13 +54,13 @@ class RouteInput:
 
     def matches(self, agents: Sequence[AgentFacts]) -> dict[str, int]:
         """Leading prompt blocks each agent was already sent (its likely cache hits)."""
-        if self._matches is None:
+        peers = tuple(a.peer_id for a in agents)
+        if self._matched is None or self._matched[0] != peers:
             blocks = self.blocks()
             index = self.affinity
-            self._matches = (
-                index.match(blocks, [a.peer_id for a in agents]) if index and blocks else {}
-            )
-        return self._matches
+            found = index.match(blocks, peers) if index and blocks else {}
+            self._matched = (peers, found)
+        return self._matched[1]
 
     def affinity_of(self, agents: Sequence[AgentFacts]) -> list[float]:
         """Share of the prompt's blocks each agent holds, 0 to 1."""

@@ -27,7 +27,7 @@ from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.store import PolicyStore
-from hivenet_router.router.providers import Providers
+from hivenet_router.router.providers import ProviderRefused, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.routing_state import RoutingState, queue_cost
 from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue, Place
@@ -193,11 +193,12 @@ class Dispatcher:
                 full = full or step_full
                 if agent is None:
                     break
-                # Still in the synchronous step that took the slot.
-                breaker = routing.chosen(inp, step, agent, policy)
-                ticket.phase = "forward"
-                sent = self.clock.monotonic()
+                breaker = 0
                 try:
+                    # Still in the synchronous step that took the slot.
+                    breaker = routing.chosen(inp, step, agent, policy)
+                    ticket.phase = "forward"
+                    sent = self.clock.monotonic()
                     answer = await self._attempt(ticket, job, agent, policy, breaker)
                 except _Retry as retry:
                     agent.finished(False, None, None)
@@ -226,7 +227,8 @@ class Dispatcher:
                     tries += 1
                     continue
                 except BaseException:
-                    routing.settled(agent, policy, None, None, None, job.stream, breaker)
+                    blame = self._blame(ticket)
+                    routing.settled(agent, policy, blame, None, None, job.stream, breaker)
                     self._release(agent)
                     raise
                 ticket.origin, ticket.agent = agent.peer_id, agent.reg
@@ -238,6 +240,12 @@ class Dispatcher:
                 return answer
         ticket.emit(Exhausted())
         raise self._exhausted(ticket, job, policy, last, full)
+
+    def _blame(self, ticket: Ticket) -> bool | None:
+        """How an attempt cut short before its answer's head counts: a failure of the agent
+        (or provider) when the request's deadline ran out waiting for it, neither when the
+        client went away or the router is stopping."""
+        return False if self.clock.monotonic() >= ticket.deadline else None
 
     def _exhausted(
         self, ticket: Ticket, job: Job, policy: Policy, last: ApiError | None, full: bool
@@ -308,6 +316,11 @@ class Dispatcher:
             queue = self._queue(facts.model)
             if self.limits.queue_depth == 0 or (place is None and queue.full):
                 return None, True
+            elif any(a.eligible and a.active < a.limit for a in agents):
+                # Woken for a slot this request cannot use (an agent it already failed on,
+                # or one its step or breakers exclude): pass the wake-up on, or a request
+                # that could use it would sleep until the next release.
+                queue.wake_one()
             if place is None:
                 waited_from = self.clock.monotonic()
                 principal = ticket.principal
@@ -385,10 +398,10 @@ class Dispatcher:
 
         def settle(outcome: Outcome, usage: Usage | None) -> None:
             ok: bool | None
-            if outcome is Outcome.CLIENT_GONE or (
-                outcome is Outcome.OK and 400 <= answer.status < 500
-            ):
-                ok = None  # the client's doing: neither a success nor the agent's failure
+            if outcome is Outcome.CLIENT_GONE or (outcome is Outcome.OK and answer.status >= 400):
+                # The client's doing, or an error the engine judged final for this request
+                # (retryable ones never reach here): neither a success nor a failure.
+                ok = None
             else:
                 ok = outcome is Outcome.OK
             agent.finished(ok, rtt_ms if ok else None, usage)
@@ -434,12 +447,18 @@ class Dispatcher:
             answer = await self.providers.forward(
                 provider.engine, provider.model, job.route, job.body, job.headers, job.stream
             )
-        except ApiError as exc:
-            failed = False if exc.http_status >= 500 or exc.http_status == 429 else None
+        except ProviderRefused as exc:
+            # A request the provider judged bad (a 4xx other than overload or timeout) is
+            # the client's doing, not the provider's failure.
+            status = exc.upstream
+            failed = False if status >= 500 or status in (408, 429) else None
             routing.provider_settled(provider.engine, policy, failed, breaker)
             raise
+        except ApiError:
+            routing.provider_settled(provider.engine, policy, False, breaker)
+            raise
         except BaseException:
-            routing.provider_settled(provider.engine, policy, None, breaker)
+            routing.provider_settled(provider.engine, policy, self._blame(ticket), breaker)
             raise
         ok = None if 400 <= answer.status < 500 and answer.status != 429 else answer.status < 400
         routing.provider_settled(provider.engine, policy, ok, breaker)

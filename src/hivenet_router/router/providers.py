@@ -31,6 +31,14 @@ MAX_ERROR_BODY = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class ProviderRefused(ApiError):
+    """The provider answered with an error status; `upstream` is that status, so that a
+    request the provider judged bad is not held against the provider itself."""
+
+    upstream: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ProviderConfig:
     name: str
     base_url: str
@@ -146,10 +154,11 @@ class Providers:
                     response.status,
                     raw[:300].decode(errors="replace"),
                 )
-                raise ApiError(
+                raise ProviderRefused(
                     ErrorCode.BACKEND_ERROR,
                     f"provider {name} refused the request (HTTP {response.status})",
                     source="backend",
+                    upstream=response.status,
                 )
             if stream and content_type.startswith("text/event-stream"):
                 source = ProviderStream(response)

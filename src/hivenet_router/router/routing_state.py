@@ -109,8 +109,9 @@ class RoutingState:
             blocks = inp.blocks()
             if index is not None and blocks:
                 tokens = agent.engine.kv_cache_tokens if agent.engine is not None else None
-                if tokens:
-                    index.set_capacity(agent.peer_id, int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS)
+                held = int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS if tokens else 0
+                if held > 0:  # a nonsense (negative, tiny) report leaves the default
+                    index.set_capacity(agent.peer_id, held)
                 index.learn(blocks, agent.peer_id, inp.now)
         if not policy.breaker.enabled:
             return 0
@@ -139,10 +140,10 @@ class RoutingState:
             return
         if ok is False:
             agent.slot_limit = limiter.dropped(agent.capacity, settings)
-        elif ok and latency_ms is not None:
-            if not stream and usage is not None and usage.output_tokens > 0:
-                # A whole answer's time grows with its length; per token it compares.
-                latency_ms /= usage.output_tokens
+        elif ok and latency_ms is not None and stream:
+            # Only streams' time to the first chunk: it measures queueing and prefill alone,
+            # where a whole answer's time also grows with its length (one limiter fed both
+            # would compare milliseconds per token with milliseconds per request).
             agent.slot_limit = limiter.sample(latency_ms, agent.active, agent.capacity, settings)
 
     def all_open(self, policy: Policy, agents: list[AgentRecord]) -> float | None:
@@ -165,8 +166,12 @@ class RoutingState:
     # -- providers -------------------------------------------------------------------------
 
     def provider_allows(self, name: str, policy: Policy) -> bool:
+        # Provider breakers are shared by every policy that falls back to the provider: a
+        # policy with breakers off neither consults nor resets them.
         target = self._providers.get(name)
-        return target is None or target.breaker.allows(self.clock.monotonic(), policy.breaker)
+        if target is None or not policy.breaker.enabled:
+            return True
+        return target.breaker.allows(self.clock.monotonic(), policy.breaker)
 
     def provider_started(self, name: str, policy: Policy) -> int:
         if not policy.breaker.enabled:

@@ -290,3 +290,18 @@ def test_settings_are_read() -> None:
     )
     assert policy.breaker.consecutive_failures == 3 and policy.breaker.open_seconds == 2.5
     assert policy.adaptive.enabled and policy.adaptive.initial_limit == 2
+
+
+def test_defaults_follow_what_was_set() -> None:
+    """A window below the default min_requests, or an alpha above the default beta, is a
+    valid setting: the dependent default moves instead of refusing the policy."""
+    policy = parse_policy(
+        "routing_policy: {strategy: least-loaded}\n"
+        "circuit_breaker: {window: 5}\n"
+        "adaptive_concurrency: {alpha: 8}\n",
+        "p.yaml",
+        "p",
+        require_models=False,
+    )
+    assert policy.breaker.window == 5 and policy.breaker.min_requests == 5
+    assert policy.adaptive.alpha == 8 and policy.adaptive.beta == 16

@@ -126,7 +126,9 @@ def test_adaptive_limit_follows_latency_and_goes_away_when_turned_off() -> None:
     assert agent.limit == 8
 
 
-def test_whole_answers_are_compared_per_output_token() -> None:
+def test_only_streams_move_the_adaptive_limit() -> None:
+    """A whole answer's time grows with its length; one limiter fed both kinds would
+    compare milliseconds per token with milliseconds per request."""
     clock, registry = ManualClock(), Registry()
     state = RoutingState(clock, registry)
     on = policy("adaptive_concurrency: {enabled: true}\n")
@@ -134,7 +136,20 @@ def test_whole_answers_are_compared_per_output_token() -> None:
     state.adapt(on, [agent])
     state.settled(agent, on, True, 400.0, Usage(10, 40), False, 0)
     view = state.agent_view("a", on.breaker)["adaptive_concurrency"]
-    assert view["min_latency"] == 10.0  # type: ignore[index]
+    assert view["min_latency"] is None  # type: ignore[index]
+    state.settled(agent, on, True, 30.0, Usage(10, 40), True, 0)
+    view = state.agent_view("a", on.breaker)["adaptive_concurrency"]
+    assert view["min_latency"] == 30.0  # type: ignore[index]
+
+
+def test_a_policy_with_breakers_off_leaves_a_shared_provider_breaker_alone() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    strict = policy("circuit_breaker: {consecutive_failures: 1, open_seconds: 60}\n")
+    off = policy("circuit_breaker: {enabled: false}\n")
+    state.provider_settled("openai", strict, False, state.provider_started("openai", strict))
+    assert state.provider_allows("openai", off)  # this policy does not use breakers
+    assert not state.provider_allows("openai", strict)  # and did not reset the other's
 
 
 def test_prefixes_are_learnt_sized_by_the_engine_and_forgotten_with_the_agent() -> None:

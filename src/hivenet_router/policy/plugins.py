@@ -301,7 +301,6 @@ class HashPicker:
     and when an agent leaves only its keys move. Rendezvous hashing ranks the agents for
     the key; the first whose load is within the bound takes it."""
 
-    header: str
     by_prefix: bool
     load_factor: float
 

@@ -121,7 +121,8 @@ def build(name: str, options: Options) -> Strategy:
     if name == "lowest-srtt":
         return Strategy(((LatencyScorer(), 1.0),), best)
     if name == "consistent-hash":
-        picker = HashPicker(options.hash_header, options.hash_key == "prefix", options.load_factor)
+        # The session header is read by dispatch into the routing input (RouteInput.session).
+        picker = HashPicker(options.hash_key == "prefix", options.load_factor)
         return Strategy(((load, 1.0),), picker, uses_prefix=options.hash_key == "prefix")
     if name == "prefix-affinity":
         affinity = AffinityPicker(options.min_match, options.max_imbalance)

@@ -93,6 +93,8 @@ class RoutingState:
         """Hold each agent to its adaptive limit when the policy asks for one, and give the
         whole capacity back when it does not."""
         settings = policy.adaptive
+        if not settings.enabled and not self._limiters:
+            return  # never on: nothing to hold back or to give back (the common case)
         for agent in agents:
             if settings.enabled:
                 limiter = self._limiters.get(agent.peer_id)

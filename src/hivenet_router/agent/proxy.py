@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
@@ -41,7 +41,21 @@ _CLIENT_MESSAGES = {
 }
 
 
+def _nothing() -> None:
+    pass
+
+
 class BackendProxy:
+    """Every router's requests, carried to the one engine.
+
+    With `capacity`, at most that many run at once: each router counts only what it sent,
+    and until the agent's next heartbeat tells them the total, two routers may together
+    send more; the excess waits here for a slot rather than overload the engine. `active`
+    counts every request the agent holds, running or waiting: what it reports as its
+    in-flight total. `on_turn` is called when the agent becomes full or stops being full,
+    so the routers can be told at once.
+    """
+
     def __init__(
         self,
         engine: EngineClient,
@@ -49,6 +63,8 @@ class BackendProxy:
         write_timeout: float,
         auth: Sequence[tuple[str, str]] = (),
         tracing: AgentTracing | None = None,
+        capacity: int = 0,
+        on_turn: Callable[[], None] = _nothing,
     ) -> None:
         self._engine = engine
         self._timeout = http_timeout or None
@@ -58,24 +74,57 @@ class BackendProxy:
         self._auth = list(auth)
         self._drop = _HOP | {"authorization"} if self._auth else _HOP
         self._tracing = tracing
+        self.capacity = capacity
+        self._slots = asyncio.Semaphore(capacity) if capacity else None
+        self._on_turn = on_turn
+        self._overbooked = False
         self.active = 0
+
+    @property
+    def full(self) -> bool:
+        return 0 < self.capacity <= self.active
 
     async def handle(self, stream: Stream) -> None:
         head = stream.request_head
         assert head is not None  # incoming streams always carry their OPEN head
-        self.active += 1
+        self._count(+1)
         try:
             body = await stream.read_all(MAX_REQUEST_BYTES)
             headers = [(k, v) for k, v in head.headers if k.lower() not in self._drop]
             headers += self._auth
-            span = self._tracing.start(head.path, headers) if self._tracing is not None else None
-            try:
-                await self._forward(stream, head.method, head.path, headers, body)
-            finally:
-                if span is not None:
-                    span.end()
+            async with self._slot():
+                span = self._tracing.start(head.path, headers) if self._tracing else None
+                try:
+                    await self._forward(stream, head.method, head.path, headers, body)
+                finally:
+                    if span is not None:
+                        span.end()
         finally:
-            self.active -= 1
+            self._count(-1)
+
+    def _count(self, step: int) -> None:
+        was = self.full
+        self.active += step
+        if self.full != was:
+            self._on_turn()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        slots = self._slots
+        if slots is None:
+            yield
+            return
+        if slots.locked() and not self._overbooked:
+            self._overbooked = True
+            log.info(
+                "routers sent more than --capacity %d requests at once; the excess waits "
+                "here for a slot (their view of this agent's load was a heartbeat old)",
+                self.capacity,
+            )
+        async with slots:
+            if self.active <= self.capacity:
+                self._overbooked = False
+            yield
 
     async def _forward(
         self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes

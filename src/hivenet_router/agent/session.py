@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 import orjson
 
+from hivenet_router.agent.discovery import Listed, parse_routers
 from hivenet_router.config.values import ListenAddress, split_multiaddr
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import Identity
@@ -42,6 +43,10 @@ class Session:
     heartbeat_interval: float
     renew_at: float  # monotonic time at which to renew
     expires_at: float  # monotonic time after which the router refuses it
+    # Which router of the site answered ("" from a router too old to say), and the site's
+    # live routers it knows of (discovery).
+    router_id: str = ""
+    routers: tuple[Listed, ...] = ()
 
     def proof(self, identity: Identity) -> str:
         """The signature that proves this agent owns its peer ID, for this session."""
@@ -112,13 +117,19 @@ class GrpcRouterAuth:
     """
 
     def __init__(
-        self, router: ListenAddress, secret: bytes, identity: Identity, capacity: int
+        self,
+        router: ListenAddress,
+        secret: bytes,
+        identity: Identity,
+        capacity: int,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._router = router
         self._secret = secret
         self._identity = identity
         self._capacity = capacity
-        self._tls = RouterTlsIdentity.from_secret(secret).client_context()
+        # Every router of a site has the same key: one context serves them all.
+        self._tls = tls or RouterTlsIdentity.from_secret(secret).client_context()
 
     async def authenticate(self) -> Session:
         token = trust.agent_token(self._secret, self._identity.peer_id)
@@ -148,4 +159,6 @@ class GrpcRouterAuth:
             heartbeat_interval=float(body.get("heartbeat_interval_ms", 5000)) / 1000,
             renew_at=started + max(ttl - margin, 0.0),
             expires_at=started + ttl,
+            router_id=str(body.get("router_id") or ""),
+            routers=tuple(parse_routers(body.get("routers"))),
         )

@@ -26,6 +26,23 @@ def _capability(value: str) -> str:
     return name
 
 
+def _router_list(value: str) -> tuple[v.ListenAddress, ...]:
+    """`host:port,host:port`, trimmed, each a dial address; an address given twice counts
+    once."""
+    found: list[v.ListenAddress] = []
+    for item in v.comma_list(value):
+        try:
+            address = v.host_port(item)
+        except ValueError as error:
+            why = str(error) if ":" in item else "give HOST:PORT (example: router-0.svc:50051)"
+            raise ValueError(f"router {item!r}: {why}") from None
+        if address.port == 0:
+            raise ValueError(f"router {item!r}: port 0 cannot be dialled")
+        if address not in found:
+            found.append(address)
+    return tuple(found)
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     engine: str = option(
@@ -69,7 +86,17 @@ class AgentConfig:
         v.host_port("localhost:50051"),
         parse=v.host_port,
         flag="--router-grpc",
-        help="Router authentication address; its answer names the data-connection address",
+        help="Router authentication address, used when --routers is empty; its answer names "
+        "the data-connection address",
+    )
+    routers: tuple[v.ListenAddress, ...] = option(
+        (),
+        parse=_router_list,
+        flag="--routers",
+        env="HIVENET_AGENT_ROUTERS",
+        help="Comma-separated HOST:PORT authentication addresses of every router of the site "
+        "(DNS names allowed, one per router, never a load balancer); one session per router, "
+        "and routers they list are found and joined too",
     )
     router_p2p: str = option(
         "/ip4/127.0.0.1/tcp/9000",
@@ -232,6 +259,11 @@ class AgentConfig:
         env="GOLOG_LOG_FMT",
         help="Log format: text or json",
     )
+
+    @property
+    def router_addresses(self) -> tuple[v.ListenAddress, ...]:
+        """The routers the agent starts from: --routers, else --router-grpc alone."""
+        return self.routers or (self.router_grpc,)
 
     def validate(self) -> None:
         if self.engine == "custom" and not (self.model and self.health_url):

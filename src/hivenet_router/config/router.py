@@ -9,6 +9,8 @@ from hivenet_router.config import values as v
 from hivenet_router.config.options import ConfigError, duration_option, option
 
 MIN_SECRET_BYTES = 32
+_SITE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 _ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
 
 
@@ -275,6 +277,96 @@ class RouterConfig:
         env="HIVENET_ROUTER_QUOTA_BACKEND",
         help="memory, or badger to keep daily token totals in the persistent store",
     )
+    sync_store: str = option(
+        "",
+        parse=v.text,
+        flag="--sync-store",
+        env="HIVENET_ROUTER_SYNC_STORE",
+        help="valkey: share limits, daily totals and occupancy with the site's other routers",
+    )
+    sync_addr: str = option(
+        "",
+        parse=v.text,
+        flag="--sync-addr",
+        env="HIVENET_ROUTER_SYNC_ADDR",
+        help="HOST:PORT of the site's Valkey primary (or use --sync-sentinels)",
+    )
+    sync_sentinels: tuple[str, ...] = option(
+        (),
+        parse=v.comma_list,
+        flag="--sync-sentinels",
+        env="HIVENET_ROUTER_SYNC_SENTINELS",
+        help="Comma-separated HOST:PORT of the Sentinels that know the site's primary",
+    )
+    sync_master: str = option(
+        "hivenet",
+        parse=v.text,
+        flag="--sync-master",
+        env="HIVENET_ROUTER_SYNC_MASTER",
+        help="Name the Sentinels monitor the site's primary under",
+    )
+    sync_password_file: str = option(
+        "",
+        parse=v.text,
+        flag="--sync-password-file",
+        env="HIVENET_ROUTER_SYNC_PASSWORD_FILE",
+        help="File holding the Valkey password (Sentinels use the same one)",
+    )
+    sync_tls: bool = option(
+        False,
+        parse=v.boolean,
+        flag="--sync-tls",
+        env="HIVENET_ROUTER_SYNC_TLS",
+        help="Speak TLS to Valkey and the Sentinels",
+    )
+    sync_tls_ca_file: str = option(
+        "",
+        parse=v.text,
+        flag="--sync-tls-ca-file",
+        env="HIVENET_ROUTER_SYNC_TLS_CA_FILE",
+        help="CA bundle that signs the store's certificate (default: the system's)",
+    )
+    sync_site: str = option(
+        "",
+        parse=v.text,
+        flag="--sync-site",
+        env="HIVENET_ROUTER_SYNC_SITE",
+        help="Site name prefixing every key in the store (letters, digits, . _ -; max 64)",
+    )
+    router_id: str = option(
+        "",
+        parse=v.text,
+        flag="--router-id",
+        env="HIVENET_ROUTER_ROUTER_ID",
+        help="This router's stable name in the site (default: the hostname)",
+    )
+    sync_interval: float = duration_option(
+        1.0,
+        flag="--sync-interval",
+        env="HIVENET_ROUTER_SYNC_INTERVAL",
+        help="Period of a sync round with the store",
+    )
+    sync_min_routers: int = option(
+        1,
+        parse=v.positive_int,
+        flag="--sync-min-routers",
+        env="HIVENET_ROUTER_SYNC_MIN_ROUTERS",
+        help="Routers the site has at least; divides budgets while the store is unreachable",
+    )
+    advertise_grpc_addr: str = option(
+        "",
+        parse=v.text,
+        flag="--advertise-grpc-addr",
+        env="HIVENET_ROUTER_ADVERTISE_GRPC_ADDR",
+        help="HOST:PORT agents reach this router's --grpc-port at; turns on discovery",
+    )
+    reuse_port: bool = option(
+        False,
+        parse=v.boolean,
+        flag="--reuse-port",
+        env="HIVENET_ROUTER_REUSE_PORT",
+        help="Share --http-port with other router processes of this host (SO_REUSEPORT)",
+    )
     rpm_burst_seconds: int = option(
         0,
         parse=v.non_negative_int,
@@ -380,6 +472,7 @@ class RouterConfig:
             raise ConfigError(
                 f"HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, not {self.quota_backend!r}"
             )
+        self._validate_sync()
         if self.admit_fraction <= 0:
             raise ConfigError("HIVENET_ROUTER_ADMIT_FRACTION must be above 0 (and at most 1)")
         for origin in self.cors_allowed_origins:
@@ -391,6 +484,57 @@ class RouterConfig:
         if self.rpm_burst_seconds >= 60:
             raise ConfigError("HIVENET_ROUTER_RPM_BURST_SECONDS must be below 60")
 
+    def _validate_sync(self) -> None:
+        if self.sync_store not in {"", "valkey"}:
+            raise ConfigError(f"--sync-store must be valkey or empty, not {self.sync_store!r}")
+        if self.sync_site and not _SITE.fullmatch(self.sync_site):
+            raise ConfigError(
+                f"--sync-site {self.sync_site!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
+            )
+        if self.router_id and not _SITE.fullmatch(self.router_id):
+            raise ConfigError(
+                f"--router-id {self.router_id!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
+            )
+        if self.advertise_grpc_addr:
+            _check_advertised(self.advertise_grpc_addr)
+        if not self.sync_store:
+            return
+        if self.quota_backend == "badger":
+            raise ConfigError(
+                "--sync-store=valkey replaces HIVENET_ROUTER_QUOTA_BACKEND=badger (the store "
+                "keeps today's totals); unset one of them"
+            )
+        if bool(self.sync_addr) == bool(self.sync_sentinels):
+            raise ConfigError(
+                "--sync-store=valkey needs exactly one of --sync-addr HOST:PORT or "
+                "--sync-sentinels HOST:PORT,..."
+            )
+        for address in (self.sync_addr, *self.sync_sentinels):
+            if address:
+                try:
+                    v.host_port(address)
+                except ValueError as error:
+                    raise ConfigError(f"sync store address: {error}") from None
+
+    @property
+    def site(self) -> str:
+        """The site's name in the store."""
+        return self.sync_site or "default"
+
     @property
     def body_limit(self) -> int:
         return self.max_request_bytes or 1 << 30
+
+
+def _check_advertised(address: str) -> None:
+    """An address agents can dial: a host (not a wildcard) and a port."""
+    host, sep, _ = address.rpartition(":")
+    if not sep or host.strip("[]") in _WILDCARDS or host in _WILDCARDS:
+        raise ConfigError(
+            f"--advertise-grpc-addr {address!r}: give the host and port agents dial "
+            "(example: router-0.router-headless:50051), not a bare port or a wildcard address"
+        )
+    try:
+        v.host_port(address)
+    except ValueError as error:
+        raise ConfigError(f"--advertise-grpc-addr: {error}") from None

@@ -127,6 +127,15 @@ class EngineHistograms(msgspec.Struct, omit_defaults=True, forbid_unknown_fields
 class Heartbeat(msgspec.Struct):
     backend_healthy: bool
     active_requests: int = 0
+    # Requests in flight on the agent from every router it serves; sent by an agent that
+    # serves several routers, absent otherwise (a router then counts its own alone).
+    inflight_total: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] | None = None
+    # The router IDs the agent has a live session with: when every agent a router hears
+    # from says another router is gone, that router may give it up (docs/site.md).
+    routers_up: (
+        Annotated[list[Annotated[str, msgspec.Meta(max_length=64)]], msgspec.Meta(max_length=256)]
+        | None
+    ) = None
     engine: EngineSnapshot | None = None
     hardware: HardwareSnapshot | None = None
     histograms: EngineHistograms | None = None

@@ -92,10 +92,19 @@ class HttpServer:
         self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def listen(self, host: str, port: int, backlog: int = 1024) -> None:
+    async def listen(
+        self, host: str, port: int, backlog: int = 1024, *, reuse_port: bool = False
+    ) -> None:
+        """`reuse_port`: other processes may listen on the same port (SO_REUSEPORT); the
+        kernel spreads new connections over them."""
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True
+            lambda: _Connection(self),
+            host,
+            port,
+            backlog=backlog,
+            reuse_address=True,
+            reuse_port=reuse_port or None,
         )
         self._servers.append(server)
         if self._sweeper is None:

@@ -76,7 +76,9 @@ class AgentView(Protocol):
     @property
     def eligible(self) -> bool: ...
 
-    active: int
+    @property
+    def active(self) -> int: ...
+
     successes: int
     failures: int
     rejected: int

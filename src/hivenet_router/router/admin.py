@@ -53,7 +53,9 @@ class AdminApi:
         auth: AuthState,
         history: HistoryKeeper,
         body_timeout: float = 30.0,
+        sync_view: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        self.sync_view = sync_view
         self.history_api = HistoryApi(registry, history)
         # The registration stream follows the registry from here on; the process closes
         # it at shutdown.
@@ -75,6 +77,7 @@ class AdminApi:
         return [
             ("GET", "/admin/health", self.health),
             ("GET", "/admin/routing-table", self.routing_table),
+            ("GET", "/admin/sync", self.sync),
             ("GET", "/admin/registration-stream", self.feed.serve),
             ("GET", "/admin/models", self.models),
             ("GET", "/admin/models/{model:.+}", self.model),
@@ -131,6 +134,12 @@ class AdminApi:
             }
             for model, records in sorted(self.registry.models().items())
         }
+
+    async def sync(self, request: Request) -> Response:
+        """What this router knows of its site (--sync-store); {"enabled": false} alone."""
+        if self.sync_view is None:
+            return _json({"enabled": False})
+        return _json({"enabled": True, **self.sync_view()})
 
     async def routing_table(self, request: Request) -> Response:
         now = self.clock.monotonic()

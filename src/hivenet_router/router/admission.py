@@ -27,7 +27,7 @@ from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
-from hivenet_router.state.ports import Counter, Lease, Pool
+from hivenet_router.state.ports import Budget, Counter, Lease, Pool
 
 START_TOKENS_PER_BYTE = 1 / 3.2
 MESSAGE_OVERHEAD = 4  # tokens of role and framing per message, text or not
@@ -66,7 +66,7 @@ class Ports:
     """Where admission keeps its counts."""
 
     rates: Counter  # requests per minute, per owner (or owner and model)
-    daily: Counter  # tokens per UTC day, per budget key
+    daily: Budget  # tokens per UTC day, per budget key
     input_rates: Counter  # serverless input tokens per minute, per key and model
     output_rates: Counter  # serverless output tokens per minute, per key and model
     occupancy: Pool  # B2: token-weighted work in flight per model
@@ -379,17 +379,18 @@ class Admission:
             await self.ports.output_rates.adjust(
                 hold.key_ref, usage.output_tokens, hold.output_rate
             )
+        if hold.charged:
+            if usage is not None:
+                spent = usage.input_tokens + usage.output_tokens
+            else:
+                spent = hold.charged if answered else 0  # unknown usage keeps the worst case
+            await self.ports.daily.settle(hold.budget_key, hold.charged, spent)
         if usage is not None:
-            if hold.charged:
-                exact = usage.input_tokens + usage.output_tokens
-                await self.ports.daily.adjust(hold.budget_key, exact - hold.charged, 0)
             facts = hold.facts
             if not facts.images:
                 self.estimator.learn(
                     facts.model, facts.text_bytes, facts.messages, usage.input_tokens
                 )
-        elif not answered and hold.charged:
-            await self.ports.daily.adjust(hold.budget_key, -hold.charged, 0)
 
 
 def _ports_of(ports: Ports) -> tuple[object, ...]:

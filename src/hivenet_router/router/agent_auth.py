@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -111,7 +112,12 @@ class AgentAuthenticator:
         heartbeat_interval: float,
         renew_margin: float,
         failure_limit: int,
+        router_id: str = "",
+        site_routers: Callable[[], list[dict[str, str]]] = list,
     ) -> None:
+        self.router_id = router_id
+        # Discovery: the live routers of the site, handed to agents (see domain/site.py).
+        self.site_routers = site_routers
         self.secret = secret
         self.sessions = sessions
         self.clock = clock
@@ -153,6 +159,10 @@ class AgentAuthenticator:
             "heartbeat_interval_ms": int(self.heartbeat_interval * 1000),
             "session_ttl_s": self.sessions.ttl,
             "renew_margin_s": self.renew_margin,
+            # Every router of a site derives the same key, so the same peer ID: the agent
+            # tells routers apart by router_id, and dials the others from `routers`.
+            "router_id": self.router_id,
+            "routers": self.site_routers(),
         }
 
     def _failed(self, source: str, reason: str, status: int) -> tuple[int, dict[str, object]]:

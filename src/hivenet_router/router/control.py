@@ -68,7 +68,10 @@ class ControlPlane:
         sessions: Sessions,
         router_peer_id: str,
         history: HistoryKeeper,
+        site_routers: Callable[[], list[dict[str, str]]] = list,
     ) -> None:
+        # Discovery: the live routers of the site, in every heartbeat reply.
+        self.site_routers = site_routers
         self.history = history
         self.registry = registry
         self.observers = observers
@@ -231,6 +234,9 @@ class ControlPlane:
             record.backend_failures += 1
             self.observers.on_agent(AgentEvent("backend_down", record.peer_id, record.model))
         record.backend_healthy = beat.backend_healthy
+        # What every router has in flight on it; routing takes the larger of this and its own.
+        record.reported = beat.inflight_total or 0
+        record.routers_up = tuple(beat.routers_up) if beat.routers_up is not None else None
         self._snapshots(record, beat.engine, beat.hardware)
         if beat.histograms is not None:
             record.histograms = beat.histograms
@@ -239,7 +245,8 @@ class ControlPlane:
             self.registry.announce("unhealthy" if was_healthy else "healthy", record)
         if record.eligible:
             self.registry.changed(record.model)
-        return 200, {"ok": True}
+        # Discovery: the agent opens a session with every live router of the site.
+        return 200, {"ok": True, "routers": self.site_routers()}
 
     def _signal(self, binding: Binding, body: bytes) -> Reply:
         signal = _signal.decode(body)

@@ -240,7 +240,7 @@ class RouterProcess:
             malformed=QuietServerLog("hivenet.http").malformed,
         )
         try:
-            await public.listen(cfg.http_port.host, cfg.http_port.port)
+            await public.listen(cfg.http_port.host, cfg.http_port.port, reuse_port=cfg.reuse_port)
             await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
             runners.append(
                 await start_site(
@@ -295,7 +295,9 @@ class RouterProcess:
                 if pending is not None:
                     await pending
 
+        site = [router.site.run()] if router.site is not None else []
         return [
+            *site,
             every(cfg.health_check_interval, router.monitor.sweep),
             every(cfg.universal_flush_interval, router.keeper.flush),
             every(cfg.universal_flush_interval, lambda: self._save_quota(router, store)),
@@ -325,6 +327,8 @@ class RouterProcess:
             log.warning("shutdown grace over: cut %d request(s) still in flight", cut)
         await listening.public.close()
         await background.stop()
+        if router.site is not None:
+            await router.site.leave()  # hands its credits back to the site
         await router.keeper.flush()
         await self._save_quota(router, store)
         await store.close()

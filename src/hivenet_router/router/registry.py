@@ -49,7 +49,13 @@ class AgentRecord:
     link: Link | None
     last_heartbeat: float
     registered_at: float
-    active: int = 0
+    # This router's slots on the agent: taken and given back here only, so it stays exact.
+    held: int = 0
+    # Requests in flight on the agent from every router of the site, as its last heartbeat
+    # said (0 when it says nothing: an older agent, or one that serves this router alone).
+    reported: int = 0
+    # The routers of the site the agent has a session with (None: it does not say).
+    routers_up: tuple[str, ...] | None = None
     process_healthy: bool = True
     backend_healthy: bool = True
     engine: EngineSnapshot | None = None
@@ -103,7 +109,7 @@ class AgentRecord:
 
     def carry(self, old: AgentRecord) -> None:
         """A new connection of the same agent: keep its slots in use and its history."""
-        self.active = old.active
+        self.held, self.reported = old.held, old.reported
         self.successes, self.failures = old.successes, old.failures
         self.srtt_ms, self.rttvar_ms = old.srtt_ms, old.rttvar_ms
         self.input_tokens, self.output_tokens = old.input_tokens, old.output_tokens
@@ -157,22 +163,30 @@ class AgentRecord:
         return limit if 0 < limit < self.capacity else self.capacity
 
     @property
+    def active(self) -> int:
+        """Requests in flight on the agent as routing reads them (ranking, the capacity
+        check, gates): the larger of the agent's own count from every router and this
+        router's slots, so the routers of a site spread work by the agent's real load."""
+        return max(self.held, self.reported)
+
+    @property
     def load(self) -> float:
         return self.active / self.capacity
 
     def try_acquire(self) -> bool:
-        """Take one slot if one is free. Synchronous, so check and take are atomic."""
+        """Take one slot if the agent has one free. Synchronous, so check and take are
+        atomic."""
         if self.active >= self.limit:
             self.rejected += 1
             return False
-        self.active += 1
+        self.held += 1
         self.last_assigned = next(_order)
         return True
 
     def release(self) -> None:
-        if self.active <= 0:
+        if self.held <= 0:
             raise RuntimeError(f"slot released twice on agent {self.peer_id}")
-        self.active -= 1
+        self.held -= 1
 
 
 Watcher = Callable[[str], None]
@@ -254,5 +268,5 @@ class Registry:
         """Give back one slot taken on `record` (or on the connection it replaced)."""
         record.release()
         current = self._by_peer.get(record.peer_id)
-        if current is not None and current is not record and current.active > 0:
-            current.active -= 1
+        if current is not None and current is not record and current.held > 0:
+            current.held -= 1

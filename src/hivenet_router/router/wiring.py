@@ -16,6 +16,7 @@ from hivenet_router.auth.providers import AuthState
 from hivenet_router.clock import Clock
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
+from hivenet_router.domain.site import SiteDirectory, SiteRouter, default_router_id
 from hivenet_router.http1.messages import Answer, App, Request
 from hivenet_router.observability.audit import AuditObserver
 from hivenet_router.observability.collectors import (
@@ -28,6 +29,7 @@ from hivenet_router.observability.linewriter import STDERR, LineWriter, WriterCo
 from hivenet_router.observability.metrics import MetricsObserver
 from hivenet_router.observability.requestlog import RequestLog
 from hivenet_router.observability.routing_metrics import RoutingCollector
+from hivenet_router.observability.sync_metrics import SyncCollector
 from hivenet_router.observability.tracing import Tracing, TracingCollector, configured
 from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import Policy
@@ -48,6 +50,7 @@ from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.relay import Relay
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
 from hivenet_router.storage.history import HistoryStore
+from hivenet_router.sync.site import Site
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,9 @@ class Router:
     keeper: HistoryKeeper
     monitor: HealthMonitor
     admin: AdminApi
+    directory: SiteDirectory
+    # The site store (--sync-store=valkey): shared limits and credits; None alone.
+    site: Site | None = None
     # Lines written off the event loop (audit records, the request log): reopened on
     # SIGHUP, flushed and closed at shutdown.
     writers: dict[str, LineWriter] = field(default_factory=dict)
@@ -139,6 +145,22 @@ def local_ports(config: RouterConfig, clock: Clock) -> tuple[Ports, DailyCounter
     return ports, daily
 
 
+def _state(
+    shared: Shared, registry: Registry
+) -> tuple[SiteDirectory, Site | None, Ports, DailyCounter]:
+    """Where limits are kept: in this process, or shared with the site through the store."""
+    cfg = shared.config
+    directory = SiteDirectory(
+        SiteRouter(cfg.router_id or default_router_id(), shared.peer_id, cfg.advertise_grpc_addr)
+    )
+    if cfg.sync_store != "valkey":
+        return (directory, None, *local_ports(cfg, shared.clock))
+    site = Site(cfg, shared.clock, directory)
+    registry.listen(site.on_registration)
+    site.reports = lambda: [agent.routers_up for agent in registry.all() if agent.connected]
+    return directory, site, site.ports(), site.daily
+
+
 def dispatch_limits(config: RouterConfig) -> DispatchLimits:
     return DispatchLimits(
         queue_size=config.queue_size,
@@ -172,7 +194,7 @@ def assemble(
     def healthy(model: str) -> list[AgentFacts]:
         return [agent for agent in registry.for_model(model) if agent.eligible]
 
-    ports, daily = local_ports(cfg, clock)
+    directory, site, ports, daily = _state(shared, registry)
     admission = Admission(
         clock, policy_for, healthy, ports, cfg.admit_fraction, cfg.admit_park_timeout
     )
@@ -197,7 +219,9 @@ def assemble(
         ),
         public_app=_not_yet,
         sessions=sessions,
-        authenticator=_authenticator(shared, sessions),
+        authenticator=_authenticator(shared, sessions, directory),
+        directory=directory,
+        site=site,
         control=ControlPlane(
             registry=registry,
             observers=observers,
@@ -205,6 +229,7 @@ def assemble(
             sessions=sessions,
             router_peer_id=shared.peer_id,
             history=keeper,
+            site_routers=directory.routers,
         ),
         keeper=keeper,
         monitor=HealthMonitor(
@@ -226,6 +251,7 @@ def assemble(
             auth=shared.auth,
             history=keeper,
             body_timeout=cfg.http_body_timeout,
+            sync_view=site.view if site is not None else None,
         ),
     )
     built = [OBSERVERS[name](router, cfg) for name in cfg.observers]
@@ -237,7 +263,9 @@ def assemble(
     return router
 
 
-def _authenticator(shared: Shared, sessions: Sessions) -> AgentAuthenticator:
+def _authenticator(
+    shared: Shared, sessions: Sessions, directory: SiteDirectory
+) -> AgentAuthenticator:
     cfg = shared.config
     return AgentAuthenticator(
         secret=shared.secret,
@@ -248,6 +276,8 @@ def _authenticator(shared: Shared, sessions: Sessions) -> AgentAuthenticator:
         heartbeat_interval=cfg.heartbeat_interval,
         renew_margin=cfg.session_renew_margin,
         failure_limit=cfg.auth_failure_limit,
+        router_id=directory.me.router_id,
+        site_routers=directory.routers,
     )
 
 
@@ -305,6 +335,8 @@ def _collect(router: Router) -> None:
             prefixes=routing.prefix_blocks,
         )
     )
+    if router.site is not None:
+        router.metrics.add(SyncCollector(router.site.snapshot))
     router.metrics.add(
         RequestsCollector(
             inflight=lambda: list(router.edge.inflight.values()),

@@ -128,6 +128,9 @@ class DailyCounter:
         self._used[slot] = used + int(amount)
         return Verdict(True, int(limit - used - amount))
 
+    async def settle(self, key: str, charged: float, spent: float) -> None:
+        await self.adjust(key, spent - charged, 0)
+
     async def adjust(self, key: str, delta: float, limit: float) -> None:
         slot = (key, self.day())
         if slot in self._used:
@@ -162,9 +165,10 @@ class DailyCounter:
 class _Occupancy:
     """One key's reservations: tokens, a count, and a FIFO line of waiters."""
 
-    __slots__ = ("inflight", "last_used", "tokens", "waiters")
+    __slots__ = ("inflight", "key", "last_used", "tokens", "waiters")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, key: str, now: float) -> None:
+        self.key = key
         self.tokens = 0
         self.inflight = 0
         self.last_used = now
@@ -234,7 +238,7 @@ class LocalPool:
     ) -> LocalLease | None:
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Occupancy(self.clock.monotonic())
+            entry = self._entries[key] = _Occupancy(key, self.clock.monotonic())
         fits = not entry.waiters and self._fits(entry, amount, budget, most)
         if not fits and not await self._wait(entry, amount, budget, most, wait):
             return None
@@ -265,6 +269,23 @@ class LocalPool:
                     entry.waiters.remove(waiter)
             if self._fits(entry, amount, budget, most):
                 return True
+
+    def wake_all(self, key: str) -> None:
+        """Let every waiter of `key` check again (room appeared other than by a release)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            for waiter in entry.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def idle_for(self, key: str) -> float:
+        """Seconds since `key` last held anything (0 while it holds something)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return math.inf
+        if entry.inflight or entry.waiters:
+            return 0.0
+        return self.clock.monotonic() - entry.last_used
 
     def levels(self) -> Iterator[tuple[str, int, int]]:
         """(key, tokens, reservations) for every key held, for gauges read at scrape time."""

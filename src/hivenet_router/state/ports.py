@@ -42,6 +42,16 @@ class Counter(Protocol):
         ...
 
 
+class Budget(Counter, Protocol):
+    """A daily budget: a Counter that also learns when a charge is closed, so that what a
+    site shares can tell settled usage from work still in flight."""
+
+    async def settle(self, key: str, charged: float, spent: float) -> None:
+        """A request charged `charged` at admission ended having used `spent` (0 when
+        nothing was answered, `charged` when the exact usage is unknown)."""
+        ...
+
+
 class Lease(Protocol):
     """One reservation in a pool. Release it in every case: `async with` does."""
 

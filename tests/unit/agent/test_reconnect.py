@@ -3,17 +3,21 @@ after every failure alike: it never backs off towards 30 s."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
+from hivenet_router.agent.connection import Pulse, RouterConnection, Serving, reconnect_wait
+from hivenet_router.agent.discovery import Listed, Verdict
 from hivenet_router.agent.engines import adapter_for
-from hivenet_router.agent.hardware import HardwareSampler
 from hivenet_router.agent.monitor import BackendMonitor
-from hivenet_router.agent.process import AgentProcess, reconnect_wait
 from hivenet_router.agent.proxy import BackendProxy
-from hivenet_router.agent.session import RouterRejected, Session
+from hivenet_router.agent.session import RouterAuth, RouterRejected, Session
 from hivenet_router.config.agent import AgentConfig
+from hivenet_router.config.values import ListenAddress
 from hivenet_router.http1.client import EngineClient
 from hivenet_router.transport.identity import Identity
+from hivenet_router.transport.tls import RouterTlsIdentity
 
 SECRET = b"s" * 48
 
@@ -46,6 +50,41 @@ def test_the_default_delay_is_the_specified_five_seconds() -> None:
     assert AgentConfig().reconnect_delay == 5.0
 
 
+class OneRouter:
+    """The manager as one session sees it, with a single router."""
+
+    def address(self, entry_id: int) -> ListenAddress | None:
+        return ListenAddress("127.0.0.1", 9)
+
+    def reached(self, entry_id: int, session: Session) -> Verdict:
+        return Verdict.GO
+
+    def listed(self, routers: list[Listed]) -> None:
+        pass
+
+    def released(self, entry_id: int) -> None:
+        pass
+
+    def several(self) -> bool:
+        return False
+
+
+def connection(
+    config: AgentConfig, router: RouterAuth, sleep: Callable[[float], Awaitable[None]]
+) -> RouterConnection:
+    backend = EngineClient("http://127.0.0.1:9")
+    serving = Serving(
+        config=config,
+        identity=Identity.generate(),
+        tls=RouterTlsIdentity.from_secret(SECRET).client_context(),
+        model="m",
+        monitor=BackendMonitor(backend, adapter_for("vllm")),
+        proxy=BackendProxy(backend, 1.0, 1.0),
+        beats=Pulse(),
+    )
+    return RouterConnection(1, OneRouter(), serving, lambda address: router, sleep)
+
+
 async def test_the_loop_waits_the_same_after_every_failure() -> None:
     router = DownRouter()
     waits: list[float] = []
@@ -55,19 +94,8 @@ async def test_the_loop_waits_the_same_after_every_failure() -> None:
         if len(waits) == 40:
             raise _Enough
 
-    process = AgentProcess(
-        AgentConfig(),
-        SECRET,
-        Identity.generate(),
-        HardwareSampler(frozenset(), load_nvml=False),
-        auth=router,
-        sleep=sleep,
-    )
-    backend = EngineClient("http://127.0.0.1:9")
-    monitor = BackendMonitor(backend, adapter_for("vllm"))
-    proxy = BackendProxy(backend, 1.0, 1.0)
     with pytest.raises(_Enough):
-        await process.connect_forever("m", monitor, proxy)
+        await connection(AgentConfig(), router, sleep).run()
     assert router.attempts == 40
     assert all(4.0 <= wait <= 6.0 for wait in waits), waits  # the 40th as the first
 
@@ -80,18 +108,6 @@ async def test_the_delay_is_configurable() -> None:
         if len(waits) == 10:
             raise _Enough
 
-    config = AgentConfig(reconnect_delay=0.2)
-    process = AgentProcess(
-        config,
-        SECRET,
-        Identity.generate(),
-        HardwareSampler(frozenset(), load_nvml=False),
-        auth=DownRouter(),
-        sleep=sleep,
-    )
-    backend = EngineClient("http://127.0.0.1:9")
     with pytest.raises(_Enough):
-        await process.connect_forever(
-            "m", BackendMonitor(backend, adapter_for("vllm")), BackendProxy(backend, 1.0, 1.0)
-        )
+        await connection(AgentConfig(reconnect_delay=0.2), DownRouter(), sleep).run()
     assert all(0.16 <= wait <= 0.24 for wait in waits), waits

@@ -46,11 +46,11 @@ def test_agents_are_read_at_scrape_time_with_the_reference_labels() -> None:
     agent = record()
     agents = [agent]
     collector = AgentCollector(lambda: [(a, 2) for a in agents])
-    agent.active = 2
+    agent.held = 2
     agent.finished(True, 10.0, Usage(3, 4))
     agent.last_seen_wall = 1_800_000_000.5
     agent.disconnects, agent.health_failures, agent.backend_failures = 1, 2, 3
-    agent.active = agent.capacity
+    agent.held = agent.capacity
     assert not agent.try_acquire()
     text = page(collector)
     routing = {"peer_id": "p", "region": "eu", "engine": "vllm", "capacity": "4"}

@@ -116,7 +116,7 @@ def test_adaptive_limit_follows_latency_and_goes_away_when_turned_off() -> None:
     assert agent.limit == 4 and agent.try_acquire()
     inp = state.input(ticket(), on, None)
     breaker = state.chosen(inp, on.steps[0], agent, on)
-    agent.active = 4
+    agent.held = 4
     state.settled(agent, on, True, 10.0, None, True, breaker)  # the no-load latency
     for _ in range(5):  # then far slower: a queue inside the engine
         state.settled(agent, on, True, 80.0, None, True, breaker)

@@ -1,0 +1,169 @@
+"""Per-minute limits shared by the routers of a site (a `Counter`).
+
+Each key has two refilling buckets. The site bucket holds what the whole site may still
+spend: this router charges it at once and subtracts what the other routers published each
+round. The own bucket is this router's part of it for the current round: after every round
+it is reset to the site bucket's level divided by the live routers, and it refills at the
+rate divided by them. A charge needs room in both, so in one round the routers together
+spend at most what the site bucket held, whatever order their requests come in. While the
+store is unreachable no round resets the own bucket: the router runs on its share alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hivenet_router.clock import Clock
+from hivenet_router.state.local import compact
+from hivenet_router.state.ports import Verdict
+
+FOREIGN_MEMORY = 60.0  # seconds a foreign spend on an unknown key is remembered
+
+
+class _Buckets:
+    __slots__ = ("capacity", "mine", "pending", "per_second", "site", "stamp")
+
+    def __init__(self, capacity: float, per_second: float, level: float, share: int, now: float):
+        self.capacity = capacity
+        self.per_second = per_second
+        self.site = level
+        self.mine = level / share
+        self.stamp = now
+        self.pending = 0.0  # own spend not yet published
+
+    def refill(self, now: float, share: int) -> None:
+        elapsed = max(0.0, now - self.stamp)
+        self.stamp = now
+        self.site = min(self.capacity, self.site + elapsed * self.per_second)
+        self.mine = min(self.capacity / share, self.mine + elapsed * self.per_second / share)
+
+    def spend(self, amount: float, share: int) -> None:
+        self.site = min(self.capacity, max(0.0, self.site - amount))
+        self.mine = min(self.capacity / share, max(0.0, self.mine - amount))
+        self.pending += amount
+
+
+@dataclass(slots=True)
+class _Foreign:
+    amount: float
+    stamp: float
+
+
+class SiteRates:
+    """`limit` per minute per key, for the whole site. `share()` is how many routers the
+    budget is divided between now (live routers; while cut off, the last known count and
+    at least --sync-min-routers). Without `check_share` only the site bucket refuses."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        share: Callable[[], int],
+        burst_seconds: int = 0,
+        *,
+        check_share: bool = True,
+    ) -> None:
+        self._clock = clock
+        self._share = share
+        self._burst = burst_seconds
+        self._check_own = check_share
+        self._buckets: dict[str, _Buckets] = {}
+        self._foreign: dict[str, _Foreign] = {}
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def _capacity(self, limit: float) -> float:
+        if not self._burst:
+            return float(limit)
+        return max(1.0, math.floor(limit * self._burst / 60))
+
+    def _get(self, key: str, limit: float) -> _Buckets:
+        now, share = self._clock.monotonic(), max(1, self._share())
+        capacity = self._capacity(limit)
+        buckets = self._buckets.get(key)
+        if buckets is None:
+            level = capacity
+            foreign = self._foreign.pop(key, None)
+            if foreign is not None:
+                level -= max(0.0, foreign.amount - (now - foreign.stamp) * limit / 60.0)
+            buckets = self._buckets[key] = _Buckets(
+                capacity, limit / 60.0, max(0.0, level), share, now
+            )
+            return buckets
+        buckets.refill(now, share)
+        if buckets.capacity != capacity:
+            buckets.capacity, buckets.per_second = capacity, limit / 60.0
+            buckets.site = min(buckets.site, capacity)
+            buckets.mine = min(buckets.mine, capacity / share)
+        return buckets
+
+    async def charge(self, key: str, amount: float, limit: float) -> Verdict:
+        if limit <= 0:
+            return Verdict(True)
+        buckets = self._get(key, limit)
+        room = min(buckets.site, buckets.mine) if self._check_own else buckets.site
+        if room < amount:
+            return Verdict(False, int(room))
+        buckets.spend(amount, max(1, self._share()))
+        return Verdict(True, int(min(buckets.site, buckets.mine)))
+
+    async def adjust(self, key: str, delta: float, limit: float) -> None:
+        if limit <= 0:
+            return
+        self._get(key, limit).spend(delta, max(1, self._share()))
+
+    async def left(self, key: str, limit: float) -> float:
+        if limit <= 0:
+            return math.inf
+        return self._get(key, limit).site
+
+    # -- the sync round ---------------------------------------------------------------------
+
+    def take_pending(self) -> dict[str, float]:
+        """Own spend since the last call, to publish (cleared here)."""
+        out: dict[str, float] = {}
+        for key, buckets in self._buckets.items():
+            if buckets.pending:
+                out[key] = buckets.pending
+                buckets.pending = 0.0
+        return out
+
+    def give_back(self, pending: dict[str, float]) -> None:
+        """A publish failed: keep its spend for the next round."""
+        for key, amount in pending.items():
+            buckets = self._buckets.get(key)
+            if buckets is not None:
+                buckets.pending += amount
+
+    def subtract(self, key: str, amount: float) -> None:
+        """Another router spent `amount` under `key`."""
+        buckets = self._buckets.get(key)
+        if buckets is None:
+            now = self._clock.monotonic()
+            held = self._foreign.get(key)
+            if held is None:
+                self._foreign[key] = _Foreign(amount, now)
+            else:
+                held.amount, held.stamp = held.amount + amount, now
+            return
+        buckets.site = min(buckets.capacity, max(0.0, buckets.site - amount))
+
+    def rebalance(self) -> None:
+        """After a round: each own bucket becomes its share of what the site has left."""
+        now, share = self._clock.monotonic(), max(1, self._share())
+        for buckets in self._buckets.values():
+            buckets.refill(now, share)
+            buckets.mine = buckets.site / share
+
+    def sweep(self) -> None:
+        """Forget full buckets with nothing to publish, and old foreign spend."""
+        now = self._clock.monotonic()
+
+        def needed(buckets: _Buckets) -> bool:
+            refilled = buckets.site + (now - buckets.stamp) * buckets.per_second
+            return bool(buckets.pending) or refilled < buckets.capacity
+
+        compact(self._buckets, needed)
+        compact(self._foreign, lambda foreign: now - foreign.stamp < FOREIGN_MEMORY)

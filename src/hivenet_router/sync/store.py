@@ -1,0 +1,242 @@
+"""The site store: a Valkey primary (found directly or through Sentinel), its key names and
+the scripts that change shared state atomically.
+
+Nothing here runs on the request path: the sync loop (sync/site.py) and credit grants
+(sync/credits.py) call it from background tasks. Every reply is checked before it is used:
+a store that answers with something unexpected raises `BadReply`, which the callers count
+and treat as "no answer", never as permission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import valkey.asyncio as valkey_asyncio
+from valkey.asyncio.sentinel import Sentinel
+
+from hivenet_router.config.router import RouterConfig
+from hivenet_router.config.values import host_port
+
+SCRIPT_TAG = b"hivenet-sync-2"  # every script's reply starts with it
+COMMAND_TIMEOUT = 0.5  # seconds: a round is retried next interval rather than waited on
+
+
+class BadReply(Exception):
+    """The store answered, but not with what this router's scripts return."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Every key of one site, under the hash tag `{site}` (one slot, one primary)."""
+
+    site: str
+
+    @property
+    def prefix(self) -> str:
+        return f"hivenet:{{{self.site}}}:"
+
+    @property
+    def routers(self) -> str:
+        return self.prefix + "routers"  # hash: router ID -> "server-ms info-json"
+
+    @property
+    def meta(self) -> str:
+        return self.prefix + "meta"  # hash: epoch, settle_until (server ms)
+
+    @property
+    def usage(self) -> str:
+        return self.prefix + "usage"  # stream: one entry per router and round
+
+    @property
+    def pools(self) -> str:
+        return self.prefix + "pools"  # set: every pool key ever used
+
+    def pool(self, model: str) -> str:
+        return self.prefix + "pool:" + quote(model, safe="")  # hash: router ID -> credits
+
+    def day(self, date: str, budget_key: str) -> str:
+        # hash: router ID -> settled tokens today; "router ID~" -> tokens held in flight
+        return self.prefix + f"day:{date}:" + quote(budget_key, safe="")
+
+
+# KEYS: routers, meta. ARGV: router ID, info JSON, known epoch ("" none), fresh epoch,
+# settle window (ms). Heartbeats, notices a store that lost its data (its epoch is gone or
+# changed under a router that knew it) and opens the settle window, and answers with the
+# server time, the epoch, the settle deadline, whether this router's heartbeat was still
+# there (not given up), and every router's heartbeat.
+ROUND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = redis.call('HGET', KEYS[2], 'epoch')
+local lost = 0
+if not epoch then
+  epoch = ARGV[4]
+  redis.call('HSET', KEYS[2], 'epoch', epoch)
+  if ARGV[3] ~= '' then lost = 1 end
+elseif ARGV[3] ~= '' and epoch ~= ARGV[3] then
+  lost = 1
+end
+if lost == 1 then
+  local until_ms = now + tonumber(ARGV[5])
+  local current = tonumber(redis.call('HGET', KEYS[2], 'settle_until') or '0') or 0
+  if until_ms > current then redis.call('HSET', KEYS[2], 'settle_until', until_ms) end
+end
+local present = redis.call('HEXISTS', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], now .. ' ' .. ARGV[2])
+local settle = redis.call('HGET', KEYS[2], 'settle_until') or '0'
+return {'TAG', now, epoch, settle, present, redis.call('HGETALL', KEYS[1])}
+"""
+
+# KEYS: pool, meta, routers, pools. ARGV: router ID, wanted, budget.
+# Grants only from what no router holds. A holder whose heartbeat is gone was given up:
+# its credits return to the pool here. No grant while the store settles after a loss.
+GRANT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local settle = tonumber(redis.call('HGET', KEYS[2], 'settle_until') or '0') or 0
+local held = redis.call('HGETALL', KEYS[1])
+local mine, others = 0, 0
+for i = 1, #held, 2 do
+  local who, amount = held[i], tonumber(held[i + 1]) or 0
+  if who == ARGV[1] then
+    mine = amount
+  elseif redis.call('HEXISTS', KEYS[3], who) == 0 then
+    redis.call('HDEL', KEYS[1], who)
+  else
+    others = others + amount
+  end
+end
+redis.call('SADD', KEYS[4], KEYS[1])
+if now < settle then return {'TAG', mine, 0, others} end
+local free = tonumber(ARGV[3]) - mine - others
+local grant = math.min(tonumber(ARGV[2]), math.max(free, 0))
+if grant > 0 then
+  mine = mine + grant
+  redis.call('HSET', KEYS[1], ARGV[1], mine)
+end
+return {'TAG', mine, grant, others}
+"""
+
+# KEYS: routers, pools. ARGV: router ID, oldest heartbeat (server ms) still counted as
+# alive. Gives a router up (drops its heartbeat and every credit it held) unless its
+# heartbeat came back meanwhile. Also how a router leaves on shutdown (oldest = huge).
+GIVE_UP = """
+local beat = redis.call('HGET', KEYS[1], ARGV[1])
+if beat then
+  local stamp = tonumber(string.match(beat, '^(%d+)')) or 0
+  if stamp >= tonumber(ARGV[2]) then return {'TAG', 0} end
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+local pools = redis.call('SMEMBERS', KEYS[2])
+for _, pool in ipairs(pools) do redis.call('HDEL', pool, ARGV[1]) end
+return {'TAG', 1}
+"""
+
+
+ROUND, GRANT, GIVE_UP = (
+    script.replace("'TAG'", f"'{SCRIPT_TAG.decode()}'") for script in (ROUND, GRANT, GIVE_UP)
+)
+
+
+def password_of(path: str) -> str | None:
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        secret = handle.read().strip()
+    return secret or None
+
+
+def connect(config: RouterConfig) -> tuple[Any, bool]:
+    """A client of the site's primary, and whether it comes through Sentinel (then each
+    grant waits for a replica's acknowledgement)."""
+    password = password_of(config.sync_password_file)
+    options: dict[str, Any] = {
+        "password": password,
+        "socket_timeout": COMMAND_TIMEOUT,
+        "socket_connect_timeout": COMMAND_TIMEOUT,
+        "decode_responses": False,
+        "health_check_interval": 0,
+    }
+    if config.sync_tls:
+        options["ssl"] = True
+        if config.sync_tls_ca_file:
+            options["ssl_ca_certs"] = config.sync_tls_ca_file
+    if config.sync_sentinels:
+        addresses = [host_port(address) for address in config.sync_sentinels]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            [(address.host, address.port) for address in addresses],
+            sentinel_kwargs={k: v for k, v in options.items() if k != "decode_responses"},
+            **options,
+        )
+        return sentinel.master_for(config.sync_master), True
+    address = host_port(config.sync_addr)
+    return valkey_asyncio.Valkey(host=address.host, port=address.port, **options), False
+
+
+# -- reading replies --------------------------------------------------------------------------
+
+
+def as_int(value: object, what: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, bytes | str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise BadReply(f"{what}: expected an integer, got {value!r:.60}")
+
+
+def as_bytes(value: object, what: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise BadReply(f"{what}: expected a string, got {value!r:.60}")
+
+
+def as_list(value: object, what: str, size: int | None = None) -> list[Any]:
+    if not isinstance(value, list | tuple) or (size is not None and len(value) != size):
+        raise BadReply(f"{what}: expected a list of {size or 'any'} items, got {value!r:.60}")
+    return list(value)
+
+
+def tagged(value: object, what: str, size: int) -> list[Any]:
+    """A script's reply: its version tag first. Another tag means another script version
+    answered (or something that is not this router's script at all)."""
+    items = as_list(value, what, size)
+    if as_bytes(items[0], what) != SCRIPT_TAG:
+        raise BadReply(f"{what}: script version {items[0]!r:.40}, expected {SCRIPT_TAG!r}")
+    return items
+
+
+def pairs(value: object, what: str) -> dict[bytes, bytes]:
+    """A flat HGETALL-style list (or a dict, as the client may already make it)."""
+    if isinstance(value, dict):
+        return {as_bytes(k, what): as_bytes(v, what) for k, v in value.items()}
+    items = as_list(value, what)
+    if len(items) % 2:
+        raise BadReply(f"{what}: odd number of items in a field list")
+    return {as_bytes(items[i], what): as_bytes(items[i + 1], what) for i in range(0, len(items), 2)}
+
+
+def stream_entries(value: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """XREAD's answer for one stream: [(entry ID, fields)], empty when nothing is new."""
+    if not value:
+        return []
+    if isinstance(value, dict):
+        streams: Sequence[Any] = list(value.values())
+    else:
+        streams = [as_list(item, "XREAD stream", 2)[1] for item in as_list(value, "XREAD")]
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = []
+    for stream in streams:
+        items = stream
+        if isinstance(items, list) and items and isinstance(items[0], list) and len(items) == 1:
+            items = items[0]  # RESP3 map form: [[entries]]
+        for entry in as_list(items, "XREAD entries"):
+            ident, fields = as_list(entry, "XREAD entry", 2)
+            entries.append((as_bytes(ident, "entry ID"), pairs(fields, "entry fields")))
+    return entries

@@ -1,0 +1,220 @@
+"""Two routers' sync state against a real valkey-server, driven round by round."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import valkey
+
+from hivenet_router.clock import SystemClock
+from hivenet_router.config.router import RouterConfig
+from hivenet_router.domain.site import SiteDirectory, SiteRouter
+from hivenet_router.sync.site import Site
+
+Maker = Callable[..., Site]
+
+
+@pytest.fixture
+async def make(flushed: str) -> AsyncIterator[Maker]:
+    made: list[Site] = []
+
+    def build(name: str, addr: str = flushed, **overrides: object) -> Site:
+        config = RouterConfig(
+            sync_store="valkey",
+            sync_addr=addr,
+            router_id=name,
+            **overrides,  # type: ignore[arg-type]
+        )
+        config.validate()
+        site = Site(config, SystemClock(), SiteDirectory(SiteRouter(name, "peer", "")))
+        made.append(site)
+        return site
+
+    yield build
+    for site in made:
+        site.credits.cancel()
+        await site.client.aclose()
+
+
+async def rounds(*sites: Site) -> None:
+    for site in sites:
+        await site.round()
+
+
+def store(addr: str) -> Any:
+    host, port = addr.split(":")
+    return valkey.Valkey(host=host, port=int(port))
+
+
+async def test_request_rates_are_shared_and_never_exceed_the_limit_plus_a_round(
+    make: Maker,
+) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert a.share() == b.share() == 2
+    admitted = 0
+    for _ in range(6):  # six rounds, both routers greedy
+        for site in (a, b):
+            while (await site.rates.charge("tenant", 1, 60)).ok:
+                admitted += 1
+                assert admitted < 200, "a charge never refused"
+        await rounds(a, b)
+    # A round reads what the others published before it, not what they admit after: one
+    # round of the other router's share can go unseen (60 + 60 / 2 at most).
+    assert 55 <= admitted <= 90
+    print(f"admitted {admitted} of a 60-per-minute limit across two routers")
+
+
+async def test_a_router_alone_in_its_rounds_gets_its_share_only(make: Maker) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a)
+    taken = 0
+    while (await a.rates.charge("k", 1, 100)).ok:
+        taken += 1
+    assert taken == 50
+
+
+async def test_daily_totals_are_read_once_then_followed_each_round(make: Maker) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.daily.charge("team", 100, 150)).ok
+    await a.daily.settle("team", 100, 40)
+    await rounds(a)
+    # b's first request for the key reads a's total (40 settled)
+    assert not (await b.daily.charge("team", 120, 150)).ok
+    assert (await b.daily.charge("team", 100, 150)).ok
+    await rounds(b, a)
+    # a now sees b's 100 in flight: 150 - 40 - 100 = 10 left
+    assert await a.daily.left("team", 150) == 10
+    await b.daily.settle("team", 100, 0)  # b's request answered nothing
+    await rounds(b, a)
+    assert await a.daily.left("team", 150) == 110
+
+
+async def test_a_restarted_router_counts_what_it_settled_today(make: Maker, flushed: str) -> None:
+    a = make("a")
+    await rounds(a)
+    assert (await a.daily.charge("team", 50, 100)).ok
+    await a.daily.settle("team", 50, 30)
+    await rounds(a)
+    again = make("a")  # same --router-id, new process
+    await rounds(again)
+    assert not (await again.daily.charge("team", 80, 100)).ok
+    assert (await again.daily.charge("team", 70, 100)).ok
+
+
+async def test_credits_never_exceed_the_budget_across_routers(make: Maker, flushed: str) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    first = await a.credits.reserve("m", 60, 100, 0.5)
+    assert first is not None
+    second = await b.credits.reserve("m", 60, 100, 0.3)
+    assert second is None  # only 40 were free
+    held = {k.decode(): int(v) for k, v in store(flushed).hgetall(a.keys.pool("m")).items()}
+    assert held and sum(held.values()) <= 100
+    first.release()
+    await rounds(a, b)  # a keeps its headroom only
+    third = await b.credits.reserve("m", 60, 100, 0.5)
+    assert third is not None
+    held = {k.decode(): int(v) for k, v in store(flushed).hgetall(a.keys.pool("m")).items()}
+    assert sum(held.values()) <= 100
+    third.release()
+
+
+async def test_an_empty_wallet_makes_the_others_keep_no_headroom(make: Maker) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    lease = await a.credits.reserve("m", 10, 100, 0.5)
+    assert lease is not None
+    assert await b.credits.reserve("m", 95, 100, 0.2) is None  # short: flags it
+    await rounds(b, a)
+    assert "m" in a.empty_elsewhere
+    await rounds(a)
+    assert a.credits.wallets["m"].held == 10  # what it uses, no headroom
+    lease.release()
+
+
+async def test_a_given_up_router_drops_its_credits(make: Maker, flushed: str) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    lease = await a.credits.reserve("m", 30, 100, 0.5)
+    assert lease is not None
+    assert await b._give_up("a", oldest_ms=1 << 62)
+    await rounds(a)
+    assert a.health.given_up == 1
+    assert a.credits.wallets["m"].held == 30  # in use: recorded as held again
+    lease.release()
+
+
+async def test_a_store_that_lost_its_data_opens_the_settle_window(
+    make: Maker, flushed: str
+) -> None:
+    a = make("a", request_timeout=5.0)
+    await rounds(a, a)
+    assert (await a.daily.charge("known", 10, 100)).ok
+    store(flushed).flushall()
+    await rounds(a)
+    assert a.settling() and a.health.store_losses == 1
+    assert not (await a.daily.charge("new-key", 10, 100)).ok
+    assert (await a.daily.charge("known", 10, 100)).ok
+    assert await a.credits.reserve("m", 10, 100, 0.3) is None  # no grants while settling
+
+
+async def test_an_unreachable_store_leaves_each_router_its_share(make: Maker) -> None:
+    lone = make("a", addr="127.0.0.1:9", sync_min_routers=4)
+    await lone._quietly(lone.round())
+    assert not lone.synced and lone.health.errors["unreachable"] == 1
+    taken = 0
+    while (await lone.rates.charge("k", 1, 100)).ok:
+        taken += 1
+    assert taken == 25
+    assert await lone.credits.reserve("m", 1, 100, 0.1) is None  # never synced: no credits
+
+
+async def test_garbage_from_the_store_is_an_error_not_a_permission(make: Maker) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            writer.write(b"*2\r\n$5\r\nhello\r\n:7\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        odd = make("a", addr=f"127.0.0.1:{port}")
+        assert not await odd._quietly(odd.round())
+        assert odd.health.errors.get("bad_reply") == 1
+        assert await odd.credits.reserve("m", 1, 100, 0.1) is None
+    finally:
+        server.close()
+
+
+async def test_a_router_no_agent_reaches_is_given_up_after_its_heartbeat_stops(
+    make: Maker, flushed: str
+) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    lease = await a.credits.reserve("m", 40, 100, 0.5)
+    assert lease is not None
+    store(flushed).hset(a.keys.routers, "a", "1 {}")  # a's heartbeat stopped long ago
+    b.reports = lambda: [("a", "b")]  # an agent still reaches a: keep its credits
+    await rounds(b)
+    assert b.health.gave_up_others == 0
+    b.reports = lambda: [("b",), None]  # nobody reaches a any more
+    await rounds(b)
+    assert b.health.gave_up_others == 1
+    assert store(flushed).hget(a.keys.pool("m"), "a") is None  # its credits are back
+    await rounds(a)
+    assert a.health.given_up == 1
+    lease.release()
+
+
+async def test_without_agent_reports_nobody_is_given_up(make: Maker, flushed: str) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    store(flushed).hset(a.keys.routers, "a", "1 {}")
+    await rounds(b)  # b's agents say nothing: a keeps its credits until it restarts
+    assert b.health.gave_up_others == 0

@@ -223,6 +223,11 @@ def pairs(value: object, what: str) -> dict[bytes, bytes]:
     return {as_bytes(items[i], what): as_bytes(items[i + 1], what) for i in range(0, len(items), 2)}
 
 
+def _is_entry(value: object) -> bool:
+    """[entry ID, fields]: an ID first, never a list."""
+    return isinstance(value, list | tuple) and len(value) == 2 and isinstance(value[0], bytes | str)
+
+
 def stream_entries(value: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
     """XREAD's answer for one stream: [(entry ID, fields)], empty when nothing is new."""
     if not value:
@@ -234,7 +239,7 @@ def stream_entries(value: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
     entries: list[tuple[bytes, dict[bytes, bytes]]] = []
     for stream in streams:
         items = stream
-        if isinstance(items, list) and items and isinstance(items[0], list) and len(items) == 1:
+        if isinstance(items, list) and len(items) == 1 and not _is_entry(items[0]):
             items = items[0]  # RESP3 map form: [[entries]]
         for entry in as_list(items, "XREAD entries"):
             ident, fields = as_list(entry, "XREAD entry", 2)

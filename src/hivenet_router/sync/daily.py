@@ -1,10 +1,13 @@
 """Daily token budgets shared by the routers of a site (a `Budget`).
 
 The store keeps, per budget key and UTC day, one hash: each router's settled tokens under
-its router ID and what it holds for requests still running under "ID~". A router writes
-its own fields every round it changed them (a total, not a delta: a write lost in a
-failover is healed by the next one) and reads the hashes of the keys it served lately.
-What a key has left is its limit minus this router's total and the others' as last read.
+its router ID and what it holds for requests still running under "ID~incarnation". A
+router writes its own fields every round it changed them (a total, not a delta: a write
+lost in a failover is healed by the next one) and publishes the change with its usage
+entry, which the others add to what they know. Each key's hash is read again once every
+`REFRESH_ROUNDS` rounds (keys spread over the rounds), which heals a lost entry and drops
+what a router that is gone held in flight. What a key has left is its limit minus this
+router's total and the others' as known.
 
 The only wait on the store in the whole request path is here: the first request of the day
 for a key with a limit reads that key's hash, for at most `FIRST_READ_TIMEOUT`, and
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -26,8 +30,21 @@ from hivenet_router.state.ports import Verdict
 log = logging.getLogger("hivenet_router.sync")
 
 FIRST_READ_TIMEOUT = 0.2
-ACTIVE_FOR = 300.0  # seconds a key is re-read every round after it was last charged
+ACTIVE_FOR = 300.0  # seconds a key stays followed after it was last charged
+REFRESH_ROUNDS = 30  # each followed key's hash is read again once in this many rounds
 IN_FLIGHT = "~"  # suffix of the field holding a router's in-flight tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DailyWrite:
+    """One key's own fields to write this round, and the change to publish."""
+
+    day: str
+    key: str
+    settled: int
+    held: int  # in flight
+    delta: int  # own total change since the last publish
+    expire: bool  # the first write of the day: set the hash's lifetime
 
 
 @dataclass(slots=True)
@@ -66,6 +83,9 @@ class SiteDaily(DailyCounter):
         self._keys: dict[str, _Key] = {}
         self._inflight: dict[tuple[str, str], int] = {}
         self._dirty: set[str] = set()
+        self._published: dict[tuple[str, str], int] = {}  # own total at the last publish
+        self._expiring: set[tuple[str, str]] = set()  # hashes whose lifetime is set
+        self._stale: set[str] = set()  # keys to read again next round
         self._reads: dict[str, asyncio.Future[None]] = {}
         self.first_reads_failed = 0
 
@@ -136,6 +156,7 @@ class SiteDaily(DailyCounter):
             self.first_reads_failed += 1
             log.debug("first daily read for a key failed: %s", error)
             self._keys[key] = _Key(day)
+            self._stale.add(key)
             return
         self._keys[key] = _Key(day)
         mine = fields.get(self._me)
@@ -165,28 +186,48 @@ class SiteDaily(DailyCounter):
 
     # -- the sync round ----------------------------------------------------------------------
 
-    def writes(self) -> list[tuple[str, str, int, int]]:
-        """(day, key, settled, in flight) for every key changed since the last call."""
+    def writes(self) -> list[DailyWrite]:
+        """Every key changed since the last call: its fields and the change to publish."""
         day, out = self.day(), []
         for key in self._dirty:
             slot = (key, day)
-            if slot in self._used:
-                held = self._inflight.get(slot, 0)
-                out.append((day, key, self._used[slot] - held, held))
+            if slot not in self._used:
+                continue
+            total, held = self._used[slot], self._inflight.get(slot, 0)
+            delta = total - self._published.get(slot, 0)
+            self._published[slot] = total
+            expire = slot not in self._expiring
+            self._expiring.add(slot)
+            out.append(DailyWrite(day, key, total - held, held, delta, expire))
         self._dirty.clear()
         return out
 
-    def rewrite(self, writes: list[tuple[str, str, int, int]]) -> None:
-        """A round failed: write these again next time."""
-        self._dirty.update(key for _, key, _, _ in writes)
+    def rewrite(self, writes: list[DailyWrite]) -> None:
+        """A round failed: write and publish these again next time."""
+        for write in writes:
+            slot = (write.key, write.day)
+            self._dirty.add(write.key)
+            self._published[slot] = self._published.get(slot, 0) - write.delta
+            if write.expire:
+                self._expiring.discard(slot)
 
-    def active(self) -> list[str]:
-        """Keys charged lately, whose hashes each round reads again."""
+    def add_foreign(self, day: str, key: str, delta: int) -> None:
+        """Another router's total for `key` changed by `delta` (its usage entry)."""
+        entry = self._keys.get(key)
+        if entry is not None and entry.day == day:
+            entry.others = max(0, entry.others + delta)
+
+    def to_refresh(self, round_number: int) -> list[str]:
+        """Followed keys whose hash this round reads again: a share of them each round,
+        and any whose last read failed."""
         day, now = self.day(), self._clock.monotonic()
+        turn = round_number % REFRESH_ROUNDS
+        stale, self._stale = self._stale, set()
         return [
             key
             for key, entry in self._keys.items()
-            if entry.day == day and now - entry.touched < ACTIVE_FOR
+            if entry.day == day
+            and (key in stale or (now - entry.touched < ACTIVE_FOR and _turn(key) == turn))
         ]
 
     def synced_now(self) -> None:
@@ -198,12 +239,21 @@ class SiteDaily(DailyCounter):
                 entry.base = (max(0.0, entry.limit - entry.others - own), own)
 
     def store_lost(self) -> None:
-        """The store lost its data: every total of today is written again."""
+        """The store lost its data: every total of today is written again (what this
+        router knows of the others stays: memory is what the store is rebuilt from)."""
         day = self.day()
         self._dirty.update(key for key, d in self._used if d == day)
+        self._expiring.clear()
 
     def sweep(self) -> None:
         super().sweep()
         day = self.day()
         compact(self._keys, lambda entry: entry.day == day)
         self._inflight = {slot: held for slot, held in self._inflight.items() if slot[1] == day}
+        self._published = {slot: n for slot, n in self._published.items() if slot[1] == day}
+        self._expiring = {slot for slot in self._expiring if slot[1] == day}
+
+
+def _turn(key: str) -> int:
+    """The round (modulo REFRESH_ROUNDS) in which a key's hash is read again."""
+    return zlib.crc32(key.encode()) % REFRESH_ROUNDS

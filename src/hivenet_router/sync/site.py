@@ -38,7 +38,7 @@ from hivenet_router.router.admission import Ports
 from hivenet_router.state.local import LocalLease, LocalPool
 from hivenet_router.sync import store
 from hivenet_router.sync.credits import CreditPool, Grant
-from hivenet_router.sync.daily import IN_FLIGHT, SiteDaily
+from hivenet_router.sync.daily import IN_FLIGHT, DailyWrite, SiteDaily
 from hivenet_router.sync.rates import SiteRates
 from hivenet_router.sync.store import BadReply, Keys
 
@@ -128,6 +128,7 @@ class Site:
         self.empty_elsewhere: set[str] = set()
         self._stream_from = ""
         self._pool_lock = asyncio.Lock()  # grants and the rounds' pool writes, one at a time
+        self._round_number = 0
         self._beats: dict[str, int] = {}  # every heartbeat in the store: router ID to server ms
         # What the agents this router hears from say: the router IDs each has a session
         # with (None for an agent that does not say). Set by the wiring.
@@ -261,22 +262,23 @@ class Site:
     async def round(self) -> None:
         now_ms = await self._heartbeat()
         await self._give_up_the_gone(now_ms)
+        self._round_number += 1
         pending = {name: counter.take_pending() for name, counter in self._rates().items()}
         writes = self.daily.writes()
-        active = self.daily.active()
+        refresh = self.daily.to_refresh(self._round_number)
         try:
             # What a wallet holds is written under the pool lock: a grant running between
             # computing it and writing it would otherwise be overwritten with less than the
             # router holds, and the pool would hand that part out twice.
             async with self._pool_lock:
                 holdings = self.credits.maintain(self.empty_elsewhere)
-                results = await self._exchange(now_ms, pending, writes, active, holdings)
+                results, reads_at = await self._exchange(now_ms, pending, writes, refresh, holdings)
         except BaseException:
             for name, counter in self._rates().items():
                 counter.give_back(pending[name])
             self.daily.rewrite(writes)
             raise
-        self._absorb(results, len(writes), active)
+        self._absorb(results, reads_at, refresh)
         self._succeeded()
 
     async def _give_up_the_gone(self, now_ms: int) -> None:
@@ -386,28 +388,32 @@ class Site:
         self,
         now_ms: int,
         pending: dict[str, dict[str, float]],
-        writes: list[tuple[str, str, int, int]],
-        active: list[str],
+        writes: list[DailyWrite],
+        refresh: list[str],
         holdings: dict[str, int],
-    ) -> list[Any]:
-        keys = self.keys
+    ) -> tuple[list[Any], int]:
+        """One pipeline; the replies, without the XADD's, and where the hash reads start."""
+        keys, usage = self.keys, self._usage_entry(pending, writes)
+        commands = 0
         async with self.client.pipeline(transaction=False) as pipe:
-            if any(pending.values()):
-                entry = orjson.dumps({name: usage for name, usage in pending.items() if usage})
+            if usage is not None:
                 pipe.execute_command(
                     "XADD", keys.usage, "MINID", "~", now_ms - STREAM_KEEP_MS, "*",
-                    "r", self.me, "u", entry,
+                    "r", self.me, "u", usage,
                 )  # fmt: skip
             pipe.execute_command(
                 "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
             )
-            for day, key, settled, held in writes:
-                name = keys.day(day, key)
-                in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
-                pipe.execute_command("HSET", name, self.me, settled, in_flight, held)
-                pipe.execute_command("EXPIRE", name, DAY_TTL)
+            in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
+            for write in writes:
+                name = keys.day(write.day, write.key)
+                pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
+                commands += 1
+                if write.expire:
+                    pipe.execute_command("EXPIRE", name, DAY_TTL)
+                    commands += 1
             day = self.daily.day()
-            for key in active:
+            for key in refresh:
                 pipe.execute_command("HGETALL", keys.day(day, key))
             for model, held in holdings.items():
                 if held:
@@ -418,11 +424,26 @@ class Site:
             if self.sentinel:
                 pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
             results: list[Any] = await pipe.execute(raise_on_error=True)
-        if any(pending.values()):
+        if usage is not None:
             results = results[1:]
-        return results
+        return results, 1 + commands
 
-    def _absorb(self, results: list[Any], writes: int, active: list[str]) -> None:
+    @staticmethod
+    def _usage_entry(
+        pending: dict[str, dict[str, float]], writes: list[DailyWrite]
+    ) -> bytes | None:
+        """This round's stream entry: rate spend per counter and daily changes per day;
+        None when there is nothing to say."""
+        usage: dict[str, Any] = {name: spent for name, spent in pending.items() if spent}
+        daily: dict[str, dict[str, int]] = {}
+        for write in writes:
+            if write.delta:
+                daily.setdefault(write.day, {})[write.key] = write.delta
+        if daily:
+            usage["d"] = daily
+        return orjson.dumps(usage) if usage else None
+
+    def _absorb(self, results: list[Any], reads_at: int, refresh: list[str]) -> None:
         entries = store.stream_entries(results[0])
         for ident, fields in entries:
             self._stream_from = ident.decode()
@@ -430,8 +451,8 @@ class Site:
                 continue
             self._subtract(fields.get(b"u", b""))
         live = self.incarnations()
-        index = 1 + 2 * writes  # after XREAD, each write's HSET and EXPIRE
-        for key, fields in zip(active, results[index : index + len(active)], strict=True):
+        reads = results[reads_at : reads_at + len(refresh)]
+        for key, fields in zip(refresh, reads, strict=True):
             self.daily.absorb(key, store.pairs(fields, "daily hash"), live)
         if self.sentinel and store.as_int(results[-1], "WAIT") >= 1:
             self.credits.acknowledged()
@@ -446,6 +467,7 @@ class Site:
             self.health.error("bad_entry")
             return
         counters = self._rates()
+        self._add_daily(usage.pop("d", None))
         for name, spent in usage.items():
             counter = counters.get(name)
             if counter is None or not isinstance(spent, dict):
@@ -453,6 +475,17 @@ class Site:
             for key, amount in spent.items():
                 if isinstance(amount, int | float) and math.isfinite(amount):
                     counter.subtract(str(key), float(amount))
+
+    def _add_daily(self, daily: object) -> None:
+        if not isinstance(daily, dict):
+            return
+        for day, changes in daily.items():
+            if not isinstance(changes, dict):
+                self.health.error("bad_entry")
+                continue
+            for key, delta in changes.items():
+                if isinstance(delta, int) and not isinstance(delta, bool):
+                    self.daily.add_foreign(str(day), str(key), delta)
 
     def _succeeded(self) -> None:
         if not self.synced and self._outage_logged:

@@ -12,6 +12,7 @@ import valkey
 from hivenet_router.clock import SystemClock
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
+from hivenet_router.sync.daily import REFRESH_ROUNDS
 from hivenet_router.sync.site import Site
 
 Maker = Callable[..., Site]
@@ -218,3 +219,17 @@ async def test_without_agent_reports_nobody_is_given_up(make: Maker, flushed: st
     store(flushed).hset(a.keys.routers, "a", "1 {}")
     await rounds(b)  # b's agents say nothing: a keeps its credits until it restarts
     assert b.health.gave_up_others == 0
+
+
+async def test_each_followed_key_is_read_again_within_the_refresh_rounds(make: Maker) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.daily.charge("team", 30, 1000)).ok
+    await a.daily.settle("team", 30, 30)
+    assert (await b.daily.charge("team", 10, 1000)).ok  # b follows the key from here
+    await rounds(a, b)
+    assert await b.daily.left("team", 1000) == 960
+    b.daily._keys["team"].others = 500  # as if an entry had been read twice
+    for _ in range(REFRESH_ROUNDS):
+        await rounds(b)
+    assert await b.daily.left("team", 1000) == 960

@@ -143,6 +143,7 @@ STORE_AT_1 = ("--sync-store", "valkey", "--sync-addr", "127.0.0.1:1")
         ),
         (("--sync-store", "valkey"), "--sync-addr"),
         (("--advertise-grpc-addr", ":50051"), "advertise-grpc-addr"),
+        ((*STORE_AT_1, "--reuse-port"), "--router-id"),
         (("--advertise-grpc-addr", "0.0.0.0:50051"), "advertise-grpc-addr"),
     ],
 )

@@ -504,6 +504,11 @@ class RouterConfig:
                 "--sync-store=valkey replaces HIVENET_ROUTER_QUOTA_BACKEND=badger (the store "
                 "keeps today's totals); unset one of them"
             )
+        if self.reuse_port and not self.router_id:
+            raise ConfigError(
+                "--reuse-port with --sync-store: give each router process of the host its own "
+                "--router-id (the default, the hostname, would be the same for all of them)"
+            )
         if bool(self.sync_addr) == bool(self.sync_sentinels):
             raise ConfigError(
                 "--sync-store=valkey needs exactly one of --sync-addr HOST:PORT or "

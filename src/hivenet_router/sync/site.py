@@ -337,12 +337,19 @@ class Site:
         now_ms = store.as_int(parts[1], "server time")
         epoch = store.as_bytes(parts[2], "epoch").decode()
         settle_ms = store.as_int(parts[3], "settle deadline")
-        present = store.as_int(parts[4], "heartbeat present")
+        previous = store.as_bytes(parts[4], "own heartbeat")
         beats = store.pairs(parts[5], "heartbeats")
         if self.epoch and epoch != self.epoch:
             self._store_lost()
-        elif self.ever_synced and not present:
+        elif self.ever_synced and not previous:
             self._given_up()
+        elif self.ever_synced and self.incarnation.encode() not in previous:
+            self.health.error("duplicate_router_id")
+            log.error(
+                "another router process heartbeats as --router-id %s: give every router "
+                "of the site its own ID (two with one ID share, and break, its credits)",
+                self.me,
+            )
         self.epoch = epoch
         self.settle_until = self.clock.monotonic() + max(0, settle_ms - now_ms) / 1000
         self._peers(beats, now_ms)

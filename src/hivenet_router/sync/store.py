@@ -65,8 +65,8 @@ class Keys:
 # KEYS: routers, meta. ARGV: router ID, info JSON, known epoch ("" none), fresh epoch,
 # settle window (ms). Heartbeats, notices a store that lost its data (its epoch is gone or
 # changed under a router that knew it) and opens the settle window, and answers with the
-# server time, the epoch, the settle deadline, whether this router's heartbeat was still
-# there (not given up), and every router's heartbeat.
+# server time, the epoch, the settle deadline, this router's heartbeat as it was (empty when
+# it was given up; another process's when two use one router ID), and every heartbeat.
 ROUND = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -84,10 +84,10 @@ if lost == 1 then
   local current = tonumber(redis.call('HGET', KEYS[2], 'settle_until') or '0') or 0
   if until_ms > current then redis.call('HSET', KEYS[2], 'settle_until', until_ms) end
 end
-local present = redis.call('HEXISTS', KEYS[1], ARGV[1])
+local previous = redis.call('HGET', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[1], now .. ' ' .. ARGV[2])
 local settle = redis.call('HGET', KEYS[2], 'settle_until') or '0'
-return {'TAG', now, epoch, settle, present, redis.call('HGETALL', KEYS[1])}
+return {'TAG', now, epoch, settle, previous or '', redis.call('HGETALL', KEYS[1])}
 """
 
 # KEYS: pool, meta, routers, pools. ARGV: router ID, wanted, budget.

@@ -233,3 +233,9 @@ async def test_each_followed_key_is_read_again_within_the_refresh_rounds(make: M
     for _ in range(REFRESH_ROUNDS):
         await rounds(b)
     assert await b.daily.left("team", 1000) == 960
+
+
+async def test_two_processes_with_one_router_id_are_reported(make: Maker) -> None:
+    first, second = make("a"), make("a")
+    await rounds(first, first, second, first)
+    assert first.health.errors.get("duplicate_router_id") == 1

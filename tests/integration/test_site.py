@@ -10,14 +10,14 @@ import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx2 as httpx
 import openai
 import pytest
 import yaml
 
-from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_until
+from tests.procs import ADMIN_KEY, Cluster, Router, free_port, metric, wait_until
 from tests.valkey_site import ValkeySite
 
 SITE_ALERTS = Path(__file__).parents[2] / "deploy" / "prometheus" / "alerts-site.yml"
@@ -179,3 +179,37 @@ def test_the_site_alert_rules_are_valid_promql() -> None:
         *_value, last = rule["expr"].strip().splitlines()
         assert re.fullmatch(r"[<>]=? -?\d+(\.\d+)?", last.strip()), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_routers_of_one_host_share_the_public_port(
+    make_cluster: Cluster, tmp_path: Path, store: ValkeySite
+) -> None:
+    port = free_port()
+    site = ("--sync-store", "valkey", "--sync-addr", store.primary_addr, "--sync-site", "one")
+    routers = [
+        make_cluster.router(
+            *site,
+            "--reuse-port",
+            "--router-id",
+            f"p{index}",
+            name=f"port{index}",
+            # the same public port for both, their own agent, link and metrics ports
+            ports=Router(cast(Any, None), port, free_port(), free_port(), free_port()),
+        )
+        for index in range(2)
+    ]
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    everyone = ",".join(f"127.0.0.1:{router.grpc}" for router in routers)
+    make_cluster.agent(routers[0], sim, "--routers", everyone)
+    for router in routers:
+        wait_until(lambda r=router: metric(r.metrics(), "hivenet_routing_agent_healthy") == 1.0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for _ in range(40):  # a new connection each time: the kernel spreads them
+        with httpx.Client(timeout=10) as http:
+            assert http.post(f"{routers[0].url}/v1/chat/completions", json=body).status_code == 200
+    served = [
+        metric(router.metrics(), "hivenet_routing_requests_routed_total") or 0.0
+        for router in routers
+    ]
+    print(f"requests served by each router on port {port}: {served}")
+    assert sum(served) == 40 and all(count > 0 for count in served)

@@ -29,6 +29,9 @@ log = logging.getLogger("hivenet_router.sync")
 
 IDLE_HAND_BACK = 60.0
 HEADROOM = 0.1  # of a router's share of the budget
+# After a grant that gave nothing, the model's waiters do not ask again for this long:
+# the pool changes only when routers hand credits back (a round) or requests end.
+REFUSED_PAUSE = 0.1
 
 
 @dataclass(slots=True)
@@ -38,6 +41,7 @@ class Wallet:
     acked: bool = True  # the last grant (or round) reached a replica
     short: bool = False  # a grant came back smaller than asked since the last round
     asking: asyncio.Task[None] | None = None
+    quiet_until: float = 0.0  # monotonic: no new grant before (the last one gave nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,27 +114,33 @@ class CreditPool(LocalPool):
     def _want(self, key: str, wallet: Wallet, need: int) -> None:
         if wallet.asking is not None or not self._can_ask() or need <= wallet.held:
             return
+        if self.clock.monotonic() < wallet.quiet_until:
+            return
         wanted = need - wallet.held + self._headroom(wallet)
         wallet.asking = asyncio.ensure_future(self._grant(key, wallet, wanted))
 
     async def _grant(self, key: str, wallet: Wallet, wanted: int) -> None:
+        granted = 0
         try:
             grant = await self._ask(key, wanted, wallet.budget)
             if grant is None:
                 self.grants["error"] += 1
                 return
-            wallet.held = grant.held
-            if grant.granted >= wanted:
+            granted = grant.granted
+            if granted >= wanted:
                 self.grants["granted"] += 1
             else:
                 wallet.short = True
-                self.grants["partial" if grant.granted else "refused"] += 1
+                self.grants["partial" if granted else "refused"] += 1
             self.acks["acked" if grant.acked else "unacked"] += 1
-            if grant.granted:
-                wallet.acked = grant.acked
+            if granted:
+                wallet.held, wallet.acked = grant.held, grant.acked
         finally:
             wallet.asking = None
-            self.wake_all(key)
+            if granted:
+                self.wake_all(key)  # room appeared: every waiter checks again
+            else:
+                wallet.quiet_until = self.clock.monotonic() + REFUSED_PAUSE
 
     # -- the sync round ----------------------------------------------------------------------
 

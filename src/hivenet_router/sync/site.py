@@ -116,6 +116,7 @@ class Site:
         self.client: Any
         self.client, self.sentinel = store.connect(config)
         self.incarnation = secrets.token_hex(6)
+        self._incarnation_bytes = self.incarnation.encode()
         self.health = Health()
         self._started = clock.monotonic()
         self.epoch = ""
@@ -406,7 +407,7 @@ class Site:
             if usage is not None:
                 pipe.execute_command(
                     "XADD", keys.usage, "MINID", "~", now_ms - STREAM_KEEP_MS, "*",
-                    "r", self.me, "u", usage,
+                    "r", self.me, "p", self.incarnation, "u", usage,
                 )  # fmt: skip
             pipe.execute_command(
                 "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
@@ -454,8 +455,8 @@ class Site:
         entries = store.stream_entries(results[0])
         for ident, fields in entries:
             self._stream_from = ident.decode()
-            if fields.get(b"r", b"").decode(errors="replace") == self.me:
-                continue
+            if fields.get(b"p") == self._incarnation_bytes:
+                continue  # this process's own spend (a previous process's counts)
             self._subtract(fields.get(b"u", b""))
         live = self.incarnations()
         reads = results[reads_at : reads_at + len(refresh)]
@@ -590,6 +591,7 @@ class Site:
                     self.me,
                     wanted,
                     budget,
+                    self.epoch,
                 )
                 if self.sentinel:
                     pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
@@ -597,6 +599,8 @@ class Site:
             parts = store.tagged(results[0], "grant", 4)
             held = store.as_int(parts[1], "grant held")
             granted = store.as_int(parts[2], "grant")
+            if held == -1:
+                return None  # the store lost its data since the last round: ask after it
             acked = not self.sentinel or store.as_int(results[1], "WAIT") >= 1
         except BadReply as error:
             self._failed("bad_reply", error)

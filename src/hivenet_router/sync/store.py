@@ -90,12 +90,16 @@ local settle = redis.call('HGET', KEYS[2], 'settle_until') or '0'
 return {'TAG', now, epoch, settle, previous or '', redis.call('HGETALL', KEYS[1])}
 """
 
-# KEYS: pool, meta, routers, pools. ARGV: router ID, wanted, budget.
+# KEYS: pool, meta, routers, pools. ARGV: router ID, wanted, budget, known epoch.
 # Grants only from what no router holds. A holder whose heartbeat is gone was given up:
-# its credits return to the pool here. No grant while the store settles after a loss.
+# its credits return to the pool here. No grant while the store settles after a loss, nor
+# to a router that has not seen the store's current epoch (the store lost its data since
+# that router's last round: what the others hold is not written again yet); held -1 says so.
 GRANT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = redis.call('HGET', KEYS[2], 'epoch')
+if not epoch or epoch ~= ARGV[4] then return {'TAG', -1, 0, 0} end
 local settle = tonumber(redis.call('HGET', KEYS[2], 'settle_until') or '0') or 0
 local held = redis.call('HGETALL', KEYS[1])
 local mine, others = 0, 0

@@ -144,18 +144,20 @@ class CreditPool(LocalPool):
 
     # -- the sync round ----------------------------------------------------------------------
 
-    def maintain(self, empty_elsewhere: set[str]) -> dict[str, int]:
+    def maintain(self, empty_elsewhere: set[str], settling: bool = False) -> dict[str, int]:
         """What each wallet should hold in the store after this round (0: hand it back).
-        Wallets idle for a minute are dropped."""
+        Wallets idle for a minute are dropped. While the store settles after a loss no
+        credit is granted, so none is handed back either: a wallet keeps what it holds."""
         out: dict[str, int] = {}
         for key, wallet in list(self.wallets.items()):
             used = self.held(key)
-            if used == 0 and wallet.asking is None and self.idle_for(key) >= IDLE_HAND_BACK:
+            idle = used == 0 and wallet.asking is None and self.idle_for(key) >= IDLE_HAND_BACK
+            if idle and not settling:
                 del self.wallets[key]
                 out[key] = 0
                 continue
             headroom = 0 if key in empty_elsewhere else self._headroom(wallet)
-            keep = max(used, min(wallet.held, used + headroom))
+            keep = max(used, wallet.held if settling else min(wallet.held, used + headroom))
             wallet.held = keep
             out[key] = keep
         return out

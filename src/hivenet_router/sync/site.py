@@ -272,7 +272,7 @@ class Site:
             # computing it and writing it would otherwise be overwritten with less than the
             # router holds, and the pool would hand that part out twice.
             async with self._pool_lock:
-                holdings = self.credits.maintain(self.empty_elsewhere)
+                holdings = self.credits.maintain(self.empty_elsewhere, self.settling())
                 results, reads_at = await self._exchange(now_ms, pending, writes, refresh, holdings)
         except BaseException:
             for name, counter in self._rates().items():

@@ -239,3 +239,21 @@ async def test_two_processes_with_one_router_id_are_reported(make: Maker) -> Non
     first, second = make("a"), make("a")
     await rounds(first, first, second, first)
     assert first.health.errors.get("duplicate_router_id") == 1
+
+
+async def test_while_the_store_settles_a_wallet_keeps_what_it_holds(
+    make: Maker, flushed: str
+) -> None:
+    a = make("a", request_timeout=5.0)
+    await rounds(a, a)
+    lease = await a.credits.reserve("m", 60, 100, 0.5)
+    assert lease is not None
+    held = a.credits.wallets["m"].held
+    lease.release()
+    store(flushed).flushall()
+    await rounds(a, a)
+    assert a.settling()
+    assert a.credits.wallets["m"].held == held  # nothing handed back: none could come back
+    again = await a.credits.reserve("m", 60, 100, 0.3)
+    assert again is not None  # served before the loss: keeps serving on its wallet
+    again.release()

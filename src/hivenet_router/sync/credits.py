@@ -146,21 +146,40 @@ class CreditPool(LocalPool):
 
     def maintain(self, empty_elsewhere: set[str], settling: bool = False) -> dict[str, int]:
         """What each wallet should hold in the store after this round (0: hand it back).
-        Wallets idle for a minute are dropped. While the store settles after a loss no
-        credit is granted, so none is handed back either: a wallet keeps what it holds."""
+
+        The wallet keeps its granted credits in use plus a headroom; the store is told the
+        larger of that and what is in use, so streamed growth past the credits counts as
+        held for the others, but never becomes credits this router may admit against.
+        While the store settles after a loss no credit is granted, so none is handed back
+        either. A wallet idle for a minute is handed back whole (`handed_back` drops it
+        once the store has it)."""
         out: dict[str, int] = {}
-        for key, wallet in list(self.wallets.items()):
+        for key, wallet in self.wallets.items():
             used = self.held(key)
             idle = used == 0 and wallet.asking is None and self.idle_for(key) >= IDLE_HAND_BACK
             if idle and not settling:
-                del self.wallets[key]
+                wallet.held = 0
                 out[key] = 0
                 continue
             headroom = 0 if key in empty_elsewhere else self._headroom(wallet)
-            keep = max(used, wallet.held if settling else min(wallet.held, used + headroom))
-            wallet.held = keep
-            out[key] = keep
+            if not settling:
+                wallet.held = min(wallet.held, used + headroom)
+            out[key] = max(used, wallet.held)
         return out
+
+    def handed_back(self, holdings: dict[str, int]) -> None:
+        """The round that wrote `holdings` succeeded: drop the wallets it emptied (unless a
+        request took credits meanwhile)."""
+        for key, held in holdings.items():
+            wallet = self.wallets.get(key)
+            if (
+                held == 0
+                and wallet is not None
+                and wallet.held == 0
+                and wallet.asking is None
+                and not self.held(key)
+            ):
+                del self.wallets[key]
 
     def empty(self) -> list[str]:
         """Models whose wallet came back short since the last round (then cleared)."""

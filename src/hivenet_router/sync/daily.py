@@ -52,8 +52,9 @@ class _Key:
     day: str
     limit: float = 0.0
     others: int = 0  # the other routers' settled and in-flight tokens, as last read
-    touched: float = 0.0  # monotonic time of the last charge
+    touched: float = 0.0  # monotonic time of the last charge (refused ones too)
     base: tuple[float, int] | None = None  # (left for the site, own total) at the last sync
+    unread: bool = False  # the store could not be read for it: what the others spent is unknown
 
 
 class SiteDaily(DailyCounter):
@@ -101,9 +102,12 @@ class SiteDaily(DailyCounter):
                 return Verdict(False, 0)  # what the site spent on it is not known yet
             entry = await self._first_read(key, day)
         entry.limit = limit
+        entry.touched = self._clock.monotonic()
         own = self.used(key)
         left = limit - entry.others - own
-        if not self._synced() and entry.base is not None:
+        if entry.unread:
+            left = min(left, limit / max(1, self._share()) - own)  # alone: its share only
+        elif not self._synced() and entry.base is not None:
             site_left, own_then = entry.base
             left = min(left, site_left / max(1, self._share()) - (own - own_then))
         if amount > left:
@@ -111,7 +115,6 @@ class SiteDaily(DailyCounter):
         slot = (key, day)
         self._used[slot] = own + int(amount)
         self._inflight[slot] = self._inflight.get(slot, 0) + int(amount)
-        entry.touched = self._clock.monotonic()
         self._dirty.add(key)
         return Verdict(True, int(limit - entry.others - own - amount))
 
@@ -155,15 +158,20 @@ class SiteDaily(DailyCounter):
         except Exception as error:  # the store is down or slow: go on alone
             self.first_reads_failed += 1
             log.debug("first daily read for a key failed: %s", error)
-            self._keys[key] = _Key(day)
+            self._keys[key] = _Key(day, unread=True)
             self._stale.add(key)
             return
         self._keys[key] = _Key(day)
+        # Usage entries written before this read but not yet consumed would count twice:
+        # the next round reads the hash again, after the stream, and sets it right.
+        self._stale.add(key)
         mine = fields.get(self._me)
         if mine is not None and mine.isdigit():
-            # This router restarted today: what it settled before counts again.
+            # This router restarted today: what it settled before counts again (and is in
+            # the store already: not a change to publish).
             slot = (key, day)
             self._used[slot] = max(self._used.get(slot, 0), int(mine))
+            self._published[slot] = max(self._published.get(slot, 0), int(mine))
         self.absorb(key, fields, self.live())
 
     def absorb(self, key: str, fields: dict[bytes, bytes], live: dict[bytes, bytes]) -> None:
@@ -172,6 +180,13 @@ class SiteDaily(DailyCounter):
         entry = self._keys.get(key)
         if entry is None:
             return
+        mine = fields.get(self._me)
+        slot = (key, entry.day)
+        if (
+            slot in self._used
+            and mine != str(self._used[slot] - self._inflight.get(slot, 0)).encode()
+        ):
+            self._dirty.add(key)  # the store lost or missed this router's write: write it again
         others = 0
         for field, value in fields.items():
             if not value.isdigit():
@@ -182,7 +197,7 @@ class SiteDaily(DailyCounter):
             if mark and live.get(owner) != incarnation:
                 continue  # in flight on a process that is gone
             others += int(value)
-        entry.others = others
+        entry.others, entry.unread = others, False
 
     # -- the sync round ----------------------------------------------------------------------
 
@@ -201,6 +216,11 @@ class SiteDaily(DailyCounter):
             out.append(DailyWrite(day, key, total - held, held, delta, expire))
         self._dirty.clear()
         return out
+
+    def reread(self, keys: list[str] | None = None) -> None:
+        """Read these keys' hashes (every followed key: None) next round: a round failed,
+        or the store was out long enough for usage entries to be trimmed unread."""
+        self._stale.update(self._keys if keys is None else keys)
 
     def rewrite(self, writes: list[DailyWrite]) -> None:
         """A round failed: write and publish these again next time."""

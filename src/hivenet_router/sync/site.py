@@ -97,11 +97,11 @@ class SharePool(LocalPool):
         self, key: str, amount: int, budget: int, wait: float, most: int = 0
     ) -> LocalLease | None:
         share = max(1, self._share())
-        budget = budget // share if budget else 0
+        divided = budget // share if budget else 0
+        if budget and not divided:
+            return None  # a share below one token: nothing fits (0 would mean no limit)
         most = math.ceil(most / share) if most else 0
-        if budget and budget < 1:
-            return None
-        return await super().reserve(key, amount, budget, wait, most)
+        return await super().reserve(key, amount, divided, wait, most)
 
 
 class Site:
@@ -117,19 +117,22 @@ class Site:
         self.client, self.sentinel = store.connect(config)
         self.incarnation = secrets.token_hex(6)
         self._incarnation_bytes = self.incarnation.encode()
+        self._me_bytes = self.me.encode()
         self.health = Health()
         self._started = clock.monotonic()
         self.epoch = ""
         self.synced = False
         self.ever_synced = False
         self.fenced = False
-        self.live: dict[str, Peer] = {}
+        self.live: dict[str, Peer] = {}  # heartbeats of the last few rounds
+        self.members: dict[str, Peer] = {}  # every heartbeat in the store (not given up)
         self.last_live = 1
         self.settle_until = 0.0  # monotonic
         self.empty_elsewhere: set[str] = set()
         self._stream_from = ""
         self._pool_lock = asyncio.Lock()  # grants and the rounds' pool writes, one at a time
         self._round_number = 0
+        self._missed = False  # a round failed since the last good one
         self._beats: dict[str, int] = {}  # every heartbeat in the store: router ID to server ms
         # What the agents this router hears from say: the router IDs each has a session
         # with (None for an agent that does not say). Set by the wiring.
@@ -166,9 +169,11 @@ class Site:
     # -- what admission asks ----------------------------------------------------------------
 
     def share(self) -> int:
-        """How many routers every budget is divided between now."""
+        """How many routers every budget is divided between now: every router whose
+        heartbeat is in the store (one cut off from the store, or gone but not given up,
+        may still be spending its share; only giving it up removes it)."""
         if self.synced:
-            return max(1, len(self.live))
+            return max(1, len(self.members))
         return max(self.last_live, self.config.sync_min_routers, 1)
 
     def settling(self) -> bool:
@@ -178,7 +183,7 @@ class Site:
         """Live router ID to the random ID of its current process."""
         return {
             peer.router_id.encode(): str(peer.info.get("inc", "")).encode()
-            for peer in self.live.values()
+            for peer in self.members.values()
         }
 
     def _credits_usable(self) -> bool:
@@ -205,7 +210,10 @@ class Site:
                 "--sync-min-routers is 1: a router started while the store is unreachable "
                 "enforces every limit alone; set it to the number of routers of the site"
             )
-        await self._quietly(self._leave_previous())
+        for _ in range(1 << 30):  # until the store answers: the old credits must go first
+            if await self._quietly(self._leave_previous()):
+                break
+            await asyncio.sleep(interval)
         while True:
             started = time.perf_counter()
             await self._quietly(self.round())
@@ -213,19 +221,27 @@ class Site:
             await asyncio.sleep(max(0.05, interval - (time.perf_counter() - started)))
 
     async def _quietly(self, step: Any) -> bool:
+        """Run one store step; any failure is counted and logged, never fatal to the loop."""
         try:
             await step
+        except asyncio.CancelledError:
+            raise
         except BadReply as error:
             self._failed("bad_reply", error)
             return False
         except (ValkeyError, OSError, TimeoutError) as error:
             self._failed("unreachable", error)
             return False
+        except Exception as error:  # a bug, or a reply no reader foresaw: keep syncing
+            log.exception("sync round failed unexpectedly")
+            self._failed("internal", error)
+            return False
         return True
 
     def _failed(self, kind: str, error: BaseException) -> None:
         self.health.error(kind)
         self.synced = False
+        self._missed = True
         if not self._outage_logged:
             self._outage_logged = True
             log.warning(
@@ -242,15 +258,35 @@ class Site:
         await self._give_up(self.me, oldest_ms=1 << 62)
 
     async def leave(self) -> None:
-        """Shutdown: hand every credit back and stop counting as live."""
+        """Shutdown: write what was settled since the last round, hand every credit back
+        and stop counting as live."""
         self.credits.cancel()
         try:
             async with asyncio.timeout(1.0):
+                await self._flush()
                 await self._give_up(self.me, oldest_ms=1 << 62)
         except (ValkeyError, OSError, TimeoutError, BadReply) as error:
             log.info("could not leave the site cleanly (%s); the others give it up", error)
         with contextlib.suppress(ValkeyError, OSError):
             await self.client.aclose()
+
+    async def _flush(self) -> None:
+        """The last usage and daily totals of this process (requests ended since the last
+        round, those the shutdown cut included), so the site and a restart count them."""
+        pending = {name: counter.take_pending() for name, counter in self._rates().items()}
+        writes = self.daily.writes()
+        usage = self._usage_entry(pending, writes)
+        in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
+        async with self.client.pipeline(transaction=False) as pipe:
+            for write in writes:
+                name = self.keys.day(write.day, write.key)
+                pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
+                pipe.execute_command("EXPIRE", name, DAY_TTL)
+            if usage is not None:
+                pipe.execute_command(
+                    "XADD", self.keys.usage, "*", "r", self.me, "p", self.incarnation, "u", usage
+                )
+            await pipe.execute(raise_on_error=True)
 
     async def _give_up(self, router_id: str, oldest_ms: int) -> bool:
         reply = await self.client.execute_command(
@@ -278,8 +314,10 @@ class Site:
             for name, counter in self._rates().items():
                 counter.give_back(pending[name])
             self.daily.rewrite(writes)
+            self.daily.reread(refresh)
             raise
         self._absorb(results, reads_at, refresh)
+        self.credits.handed_back(holdings)
         self._succeeded()
 
     async def _give_up_the_gone(self, now_ms: int) -> None:
@@ -360,35 +398,32 @@ class Site:
 
     def _peers(self, beats: dict[bytes, bytes], now_ms: int) -> None:
         window_ms = int(max(3 * self.config.sync_interval, 3.0) * 1000)
-        live: dict[str, Peer] = {}
+        members: dict[str, Peer] = {}
         self._beats = {}
         for raw_id, raw in beats.items():
             stamp_text, _, info_text = raw.partition(b" ")
             if not stamp_text.isdigit():
                 self.health.error("bad_entry")
                 continue
-            stamp = int(stamp_text)
-            self._beats[raw_id.decode(errors="replace")] = stamp
-            if now_ms - stamp > window_ms:
-                continue
+            router, stamp = raw_id.decode(errors="replace"), int(stamp_text)
+            self._beats[router] = stamp
             try:
                 info = orjson.loads(info_text) if info_text else {}
             except orjson.JSONDecodeError:
                 info = {}
-            live[raw_id.decode(errors="replace")] = Peer(
-                raw_id.decode(errors="replace"), stamp, info if isinstance(info, dict) else {}
-            )
-        self.live = live
-        self.last_live = max(1, len(live))
+            members[router] = Peer(router, stamp, info if isinstance(info, dict) else {})
+        self.members = members
+        self.live = {k: p for k, p in members.items() if now_ms - p.seen_ms <= window_ms}
+        self.last_live = max(1, len(members))
         self.empty_elsewhere = {
             str(model)
-            for peer in live.values()
-            if peer.router_id != self.me
-            for model in peer.info.get("empty", ()) or ()
+            for peer in self.live.values()
+            if peer.router_id != self.me and isinstance(peer.info.get("empty"), list)
+            for model in peer.info["empty"]
         }
         self.directory.update(
             SiteRouter(peer.router_id, str(peer.info.get("peer", "")), str(peer.info["addr"]))
-            for peer in live.values()
+            for peer in self.live.values()
             if peer.router_id != self.me and isinstance(peer.info.get("addr"), str)
         )
 
@@ -404,14 +439,8 @@ class Site:
         keys, usage = self.keys, self._usage_entry(pending, writes)
         commands = 0
         async with self.client.pipeline(transaction=False) as pipe:
-            if usage is not None:
-                pipe.execute_command(
-                    "XADD", keys.usage, "MINID", "~", now_ms - STREAM_KEEP_MS, "*",
-                    "r", self.me, "p", self.incarnation, "u", usage,
-                )  # fmt: skip
-            pipe.execute_command(
-                "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
-            )
+            # The totals first, then the entry announcing the change: a router reading
+            # between the two counts it twice until its next read, never not at all.
             in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
             for write in writes:
                 name = keys.day(write.day, write.key)
@@ -420,6 +449,15 @@ class Site:
                 if write.expire:
                     pipe.execute_command("EXPIRE", name, DAY_TTL)
                     commands += 1
+            if usage is not None:
+                pipe.execute_command(
+                    "XADD", keys.usage, "MINID", "~", now_ms - STREAM_KEEP_MS, "*",
+                    "r", self.me, "p", self.incarnation, "u", usage,
+                )  # fmt: skip
+                commands += 1
+            pipe.execute_command(
+                "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
+            )
             day = self.daily.day()
             for key in refresh:
                 pipe.execute_command("HGETALL", keys.day(day, key))
@@ -432,9 +470,7 @@ class Site:
             if self.sentinel:
                 pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
             results: list[Any] = await pipe.execute(raise_on_error=True)
-        if usage is not None:
-            results = results[1:]
-        return results, 1 + commands
+        return results[commands:], 1  # from XREAD on; the hash reads follow it
 
     @staticmethod
     def _usage_entry(
@@ -457,7 +493,8 @@ class Site:
             self._stream_from = ident.decode()
             if fields.get(b"p") == self._incarnation_bytes:
                 continue  # this process's own spend (a previous process's counts)
-            self._subtract(fields.get(b"u", b""))
+            mine = fields.get(b"r") == self._me_bytes  # its daily totals came from the hash
+            self._subtract(fields.get(b"u", b""), daily=not mine)
         live = self.incarnations()
         reads = results[reads_at : reads_at + len(refresh)]
         for key, fields in zip(refresh, reads, strict=True):
@@ -465,7 +502,7 @@ class Site:
         if self.sentinel and store.as_int(results[-1], "WAIT") >= 1:
             self.credits.acknowledged()
 
-    def _subtract(self, raw: bytes) -> None:
+    def _subtract(self, raw: bytes, daily: bool = True) -> None:
         try:
             usage = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -475,7 +512,9 @@ class Site:
             self.health.error("bad_entry")
             return
         counters = self._rates()
-        self._add_daily(usage.pop("d", None))
+        changes = usage.pop("d", None)
+        if daily:
+            self._add_daily(changes)
         for name, spent in usage.items():
             counter = counters.get(name)
             if counter is None or not isinstance(spent, dict):
@@ -499,6 +538,11 @@ class Site:
         if not self.synced and self._outage_logged:
             log.info("site store answers again: %d routers live", len(self.live))
         self._outage_logged = False
+        if self._missed:
+            # Usage entries may have been trimmed unread meanwhile: read every followed
+            # key's totals again next round.
+            self._missed = False
+            self.daily.reread()
         self.synced = True
         self.ever_synced = True
         self.fenced = False

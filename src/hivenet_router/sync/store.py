@@ -94,12 +94,14 @@ return {'TAG', now, epoch, settle, previous or '', redis.call('HGETALL', KEYS[1]
 # Grants only from what no router holds. A holder whose heartbeat is gone was given up:
 # its credits return to the pool here. No grant while the store settles after a loss, nor
 # to a router that has not seen the store's current epoch (the store lost its data since
-# that router's last round: what the others hold is not written again yet); held -1 says so.
+# that router's last round: what the others hold is not written again yet), nor to one
+# given up whose next round has not come yet; held -1 says so.
 GRANT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local epoch = redis.call('HGET', KEYS[2], 'epoch')
 if not epoch or epoch ~= ARGV[4] then return {'TAG', -1, 0, 0} end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return {'TAG', -1, 0, 0} end
 local settle = tonumber(redis.call('HGET', KEYS[2], 'settle_until') or '0') or 0
 local held = redis.call('HGETALL', KEYS[1])
 local mine, others = 0, 0
@@ -135,7 +137,10 @@ if beat then
   redis.call('HDEL', KEYS[1], ARGV[1])
 end
 local pools = redis.call('SMEMBERS', KEYS[2])
-for _, pool in ipairs(pools) do redis.call('HDEL', pool, ARGV[1]) end
+for _, pool in ipairs(pools) do
+  redis.call('HDEL', pool, ARGV[1])
+  if redis.call('HLEN', pool) == 0 then redis.call('SREM', KEYS[2], pool) end
+end
 return {'TAG', 1}
 """
 

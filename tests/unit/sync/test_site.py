@@ -146,8 +146,27 @@ async def test_a_given_up_router_drops_its_credits(make: Maker, flushed: str) ->
     assert await b._give_up("a", oldest_ms=1 << 62)
     await rounds(a)
     assert a.health.given_up == 1
-    assert a.credits.wallets["m"].held == 30  # in use: recorded as held again
+    assert a.credits.wallets["m"].held == 0  # its credits are gone: it asks again
+    assert store(flushed).hget(a.keys.pool("m"), "a") == b"30"  # what runs still counts
     lease.release()
+
+
+async def test_streamed_growth_counts_in_the_store_but_is_not_credit(
+    make: Maker, flushed: str
+) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    lease = await a.credits.reserve("m", 50, 100, 0.5)
+    assert lease is not None
+    granted = a.credits.wallets["m"].held
+    lease.grow(40)  # streamed output past what was granted
+    await rounds(a)
+    assert store(flushed).hget(a.keys.pool("m"), "a") == b"90"
+    assert a.credits.wallets["m"].held <= granted
+    lease.release()
+    # the growth is gone: only what the pool grants can be admitted again
+    held = {k.decode(): int(v) for k, v in store(flushed).hgetall(a.keys.pool("m")).items()}
+    assert sum(held.values()) <= 100
 
 
 async def test_a_store_that_lost_its_data_opens_the_settle_window(
@@ -257,3 +276,37 @@ async def test_while_the_store_settles_a_wallet_keeps_what_it_holds(
     again = await a.credits.reserve("m", 60, 100, 0.3)
     assert again is not None  # served before the loss: keeps serving on its wallet
     again.release()
+
+
+async def test_a_failed_first_read_leaves_the_router_its_share(make: Maker) -> None:
+    lone = make("a", addr="127.0.0.1:9", sync_min_routers=3)
+    assert not (await lone.daily.charge("team", 400, 900)).ok  # over 900 / 3
+    assert (await lone.daily.charge("team", 300, 900)).ok
+    assert not (await lone.daily.charge("team", 1, 900)).ok
+
+
+async def test_a_restarted_router_does_not_publish_its_old_total_again(make: Maker) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.daily.charge("team", 600, 1000)).ok
+    await a.daily.settle("team", 600, 600)
+    await rounds(a)
+    assert (await b.daily.charge("team", 10, 1000)).ok  # b reads 600 for a
+    again = make("a")
+    await rounds(again, b)
+    assert (await again.daily.charge("team", 10, 1000)).ok  # restores 600, publishes +10
+    await rounds(again, b, b)
+    assert await b.daily.left("team", 1000) == 1000 - 620
+
+
+async def test_leaving_writes_what_was_settled_since_the_last_round(
+    make: Maker, flushed: str
+) -> None:
+    a = make("a")
+    await rounds(a, a)
+    assert (await a.daily.charge("team", 50, 1000)).ok
+    await a.daily.settle("team", 50, 20)
+    await a.leave()
+    fields = store(flushed).hgetall(a.keys.day(a.daily.day(), "team"))
+    assert fields[b"a"] == b"20"
+    assert store(flushed).hget(a.keys.routers, "a") is None  # no longer a member

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-site test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-bad-input soak docs clean
+.PHONY: run run-site test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-bad-input soak docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -80,6 +80,10 @@ bench-routing: $(BENCH_STAMP)
 ## Router overhead against a bare aiohttp proxy.
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead $(ARGS)
+
+## Routers sharing limits through Valkey: the sync cost, one round, sites of 1-3 (about 7 minutes).
+bench-site: $(BENCH_STAMP)
+	$(BIN)/python -m bench.site $(ARGS)
 
 ## Good requests' throughput when one in ten is bad, at 256 connections (about 2 minutes).
 bench-bad-input: $(STAMP)

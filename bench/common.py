@@ -182,6 +182,11 @@ def run_wrk(
         text=True,
         check=True,
     ).stdout
+    return parse_wrk(out)
+
+
+def parse_wrk(out: str) -> WrkResult:
+    """The figures of one wrk run (`--latency`) from what it printed."""
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     # Anchor at line start: "68.50%" in the stdev column must not read as the 50th percentile.

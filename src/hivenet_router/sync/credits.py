@@ -32,6 +32,8 @@ HEADROOM = 0.1  # of a router's share of the budget
 # After a grant that gave nothing, the model's waiters do not ask again for this long:
 # the pool changes only when routers hand credits back (a round) or requests end.
 REFUSED_PAUSE = 0.1
+# How long credits gathered by partial grants are kept for the request that wanted more.
+WANTING_FOR = 1.0
 
 
 @dataclass(slots=True)
@@ -42,6 +44,9 @@ class Wallet:
     short: bool = False  # a grant came back smaller than asked since the last round
     asking: asyncio.Task[None] | None = None
     quiet_until: float = 0.0  # monotonic: no new grant before (the last one gave nothing)
+    # monotonic: a request wanted more than the pool could give until then; the round
+    # keeps what was gathered for it instead of handing it back as unused
+    wanting_until: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +71,14 @@ class CreditPool(LocalPool):
         share: Callable[[], int],
         usable: Callable[[], bool],
         can_ask: Callable[[], bool],
+        starving: Callable[[str], bool] = lambda key: False,
     ) -> None:
         super().__init__(clock, alone_fits=False)
         self._ask = ask
         self._share = share
         self._usable = usable
         self._can_ask = can_ask
+        self._starving = starving
         self.wallets: dict[str, Wallet] = {}
         self.grants = {"granted": 0, "partial": 0, "refused": 0, "error": 0}
         self.acks = {"acked": 0, "unacked": 0}
@@ -86,6 +93,11 @@ class CreditPool(LocalPool):
                 wallet = self.wallets[key] = Wallet()
             wallet.budget = budget
             amount = min(amount, budget)  # an oversized request needs the whole budget free
+            entry = self._entries.get(key)
+            if entry is not None and entry.waiters:
+                # A line is waiting: it goes straight to the line below, without a fit check
+                # that would ask the pool; ask for the line's credits here.
+                self._want(key, wallet, entry.tokens + amount * (len(entry.waiters) + 1))
         most = math.ceil(most / share) if most else 0  # the count backstop: a share of it
         return await super().reserve(key, amount, budget, wait, most)
 
@@ -96,15 +108,19 @@ class CreditPool(LocalPool):
             return True
         wallet = self.wallets[entry.key]
         need = entry.tokens + amount
-        if need <= self.spendable(wallet):
+        if need <= self.spendable(wallet, entry.key):
             return True
         self._want(entry.key, wallet, need)
         return False
 
-    def spendable(self, wallet: Wallet) -> int:
+    def spendable(self, wallet: Wallet, key: str = "") -> int:
+        """What this router may admit against now: its credits; its share of the budget
+        at most while they are not acknowledged, or while another router's wallet for the
+        model is empty (credits this router frees above its share then wait for the round
+        that hands them back, instead of going to its own next request)."""
         if not self._usable():
             return 0
-        if wallet.acked:
+        if wallet.acked and not (key and self._starving(key)):
             return wallet.held
         return min(wallet.held, wallet.budget // max(1, self._share()))
 
@@ -131,6 +147,7 @@ class CreditPool(LocalPool):
                 self.grants["granted"] += 1
             else:
                 wallet.short = True
+                wallet.wanting_until = self.clock.monotonic() + WANTING_FOR
                 self.grants["partial" if granted else "refused"] += 1
             self.acks["acked" if grant.acked else "unacked"] += 1
             if granted:
@@ -161,9 +178,18 @@ class CreditPool(LocalPool):
                 wallet.held = 0
                 out[key] = 0
                 continue
-            headroom = 0 if key in empty_elsewhere else self._headroom(wallet)
-            if not settling:
-                wallet.held = min(wallet.held, used + headroom)
+            fair = wallet.budget // max(1, self._share())
+            if settling:
+                pass  # nothing is granted meanwhile: keep it all
+            elif key in empty_elsewhere:
+                # Another router found nothing to take: keep what is in use, or the fair
+                # share, whichever is more; the rest goes back to the pool.
+                wallet.held = min(wallet.held, max(used, fair))
+            elif self.clock.monotonic() < wallet.wanting_until:
+                # Credits gathered for a request that wanted more: kept, up to the share.
+                wallet.held = min(wallet.held, max(used + self._headroom(wallet), fair))
+            else:
+                wallet.held = min(wallet.held, used + self._headroom(wallet))
             out[key] = max(used, wallet.held)
         return out
 

@@ -152,7 +152,12 @@ class Site:
             self.incarnations,
         )
         self.credits = CreditPool(
-            clock, self._grant, self.share, self._credits_usable, lambda: self.synced
+            clock,
+            self._grant,
+            self.share,
+            self._credits_usable,
+            lambda: self.synced,
+            starving=lambda model: model in self.empty_elsewhere,
         )
         self.shares = SharePool(clock, self.share)
 

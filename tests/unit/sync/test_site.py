@@ -125,17 +125,40 @@ async def test_credits_never_exceed_the_budget_across_routers(make: Maker, flush
     third.release()
 
 
-async def test_an_empty_wallet_makes_the_others_keep_no_headroom(make: Maker) -> None:
+async def test_an_empty_wallet_makes_the_others_keep_no_more_than_their_share(
+    make: Maker,
+) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
-    lease = await a.credits.reserve("m", 10, 100, 0.5)
+    lease = await a.credits.reserve("m", 70, 100, 0.5)
     assert lease is not None
-    assert await b.credits.reserve("m", 95, 100, 0.2) is None  # short: flags it
+    assert await b.credits.reserve("m", 45, 100, 0.2) is None  # short: flags it
     await rounds(b, a)
     assert "m" in a.empty_elsewhere
-    await rounds(a)
-    assert a.credits.wallets["m"].held == 10  # what it uses, no headroom
     lease.release()
+    await rounds(a)
+    assert a.credits.wallets["m"].held == 50  # its share; the rest went back to the pool
+    again = await b.credits.reserve("m", 45, 100, 0.5)
+    assert again is not None  # b gets its share now
+    again.release()
+
+
+async def test_while_another_router_starves_a_router_admits_its_share_only(
+    make: Maker,
+) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    first = await a.credits.reserve("m", 80, 100, 0.5)
+    assert first is not None
+    assert await b.credits.reserve("m", 30, 100, 0.2) is None  # b's wallet comes back empty
+    await rounds(b, a)
+    first.release()
+    # a still holds the 80 it was granted, but while b starves it admits its half only
+    assert a.credits.wallets["m"].held >= 80
+    assert await a.credits.reserve("m", 60, 100, 0.1) is None
+    second = await a.credits.reserve("m", 50, 100, 0.1)
+    assert second is not None
+    second.release()
 
 
 async def test_a_given_up_router_drops_its_credits(make: Maker, flushed: str) -> None:

@@ -30,7 +30,7 @@ from types import FrameType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.valkey_site import ValkeySite, free_port  # noqa: E402 (needs the repo root)
+from tests.valkey_site import ValkeySite, free_port, terminate  # noqa: E402 (needs the repo root)
 
 BIN = Path(sys.executable).parent
 MODEL = os.environ.get("HIVENET_RUN_MODEL", "sim-model")
@@ -54,13 +54,7 @@ class Child:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-        try:
-            self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(timeout=5)
+        terminate(self.popen, timeout)
 
 
 @dataclass

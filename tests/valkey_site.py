@@ -53,6 +53,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def terminate(popen: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds; returns once the process is gone."""
+    if popen.poll() is None:
+        popen.terminate()
+    try:
+        popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(timeout=5)
+
+
 def split_addr(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -122,12 +133,7 @@ class ValkeyNode:
         if self.paused:
             self.popen.send_signal(signal.SIGCONT)
             self.paused = False
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(timeout=5)
+        terminate(self.popen, timeout)
 
 
 def _client(addr: str, password: str, timeout: float) -> valkey.Valkey:

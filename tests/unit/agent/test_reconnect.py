@@ -7,19 +7,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from hivenet_router.agent.connection import Pulse, RouterConnection, Serving, reconnect_wait
+from hivenet_router.agent.connection import RouterConnection, reconnect_wait
 from hivenet_router.agent.discovery import Listed, Verdict
-from hivenet_router.agent.engines import adapter_for
-from hivenet_router.agent.monitor import BackendMonitor
-from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.session import RouterAuth, RouterRejected, Session
 from hivenet_router.config.agent import AgentConfig
 from hivenet_router.config.values import ListenAddress
-from hivenet_router.http1.client import EngineClient
-from hivenet_router.transport.identity import Identity
-from hivenet_router.transport.tls import RouterTlsIdentity
-
-SECRET = b"s" * 48
+from tests.unit.agent.standin import serving
 
 
 class _Enough(Exception):
@@ -68,21 +61,14 @@ class OneRouter:
     def several(self) -> bool:
         return False
 
+    def routers_up(self) -> list[str]:
+        return []
+
 
 def connection(
     config: AgentConfig, router: RouterAuth, sleep: Callable[[float], Awaitable[None]]
 ) -> RouterConnection:
-    backend = EngineClient("http://127.0.0.1:9")
-    serving = Serving(
-        config=config,
-        identity=Identity.generate(),
-        tls=RouterTlsIdentity.from_secret(SECRET).client_context(),
-        model="m",
-        monitor=BackendMonitor(backend, adapter_for("vllm")),
-        proxy=BackendProxy(backend, 1.0, 1.0),
-        beats=Pulse(),
-    )
-    return RouterConnection(1, OneRouter(), serving, lambda address: router, sleep)
+    return RouterConnection(1, OneRouter(), serving(config), lambda address: router, sleep)
 
 
 async def test_the_loop_waits_the_same_after_every_failure() -> None:

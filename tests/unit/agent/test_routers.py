@@ -12,20 +12,14 @@ from collections.abc import Callable
 import pytest
 
 from hivenet_router.agent import discovery
-from hivenet_router.agent.connection import Pulse, Serving
+from hivenet_router.agent.connection import Pulse
 from hivenet_router.agent.discovery import Listed
-from hivenet_router.agent.engines import adapter_for
-from hivenet_router.agent.monitor import BackendMonitor
-from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.routers import Routers
 from hivenet_router.agent.session import RouterAuth, Session
 from hivenet_router.config.agent import AgentConfig
 from hivenet_router.config.values import ListenAddress, host_port
-from hivenet_router.http1.client import EngineClient
-from hivenet_router.transport.identity import Identity
-from hivenet_router.transport.tls import RouterTlsIdentity
+from tests.unit.agent.standin import serving
 
-SECRET = b"s" * 48
 PEER = "12D3KooWsite"
 # The data connection of every stand-in router: nothing listens there, so each session
 # authenticates, fails to connect, and starts again.
@@ -76,17 +70,7 @@ class StandInAuth:
 def manager(site: StandInSite, routers: str) -> Routers:
     config = AgentConfig(routers=tuple(host_port(a) for a in routers.split(",")))
     config = AgentConfig(routers=config.routers, reconnect_delay=0.02)
-    backend = EngineClient("http://127.0.0.1:9")
-    serving = Serving(
-        config=config,
-        identity=Identity.generate(),
-        tls=RouterTlsIdentity.from_secret(SECRET).client_context(),
-        model="m",
-        monitor=BackendMonitor(backend, adapter_for("vllm")),
-        proxy=BackendProxy(backend, 1.0, 1.0),
-        beats=Pulse(),
-    )
-    return Routers(serving, site.dial)
+    return Routers(serving(config), site.dial)
 
 
 async def run_until(routers: Routers, done: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx2 as httpx
@@ -372,3 +373,13 @@ def survivor_serves(router: Router, client: openai.OpenAI, model: str) -> None:
     text = router.metrics()
     assert metric(text, "hivenet_router_active_forwards") == 0.0
     assert metric(text, "hivenet_agent_capacity_utilization") == 0.0
+
+
+def sync_view(router: Router) -> dict[str, Any]:
+    """The router's GET /admin/sync: what it knows of its site (docs/site.md)."""
+    answer = httpx.get(
+        router.url + "/admin/sync", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=5
+    )
+    answer.raise_for_status()
+    view: dict[str, Any] = answer.json()
+    return view

@@ -17,13 +17,12 @@ import openai
 import pytest
 import yaml
 
-from tests.procs import ADMIN_KEY, Cluster, Router, free_port, metric, wait_until
+from tests.procs import Cluster, Router, free_port, metric, sync_view, wait_until
 from tests.valkey_site import ValkeySite
 
 SITE_ALERTS = Path(__file__).parents[2] / "deploy" / "prometheus" / "alerts-site.yml"
 MODEL = "m"
 KEY = "sk-hivenet-site-0123456789"
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture
@@ -61,13 +60,6 @@ def site_of(
         wait_until(lambda r=router: metric(r.metrics(), "hivenet_routing_agent_healthy") == 1.0)
         wait_until(lambda r=router: sync_view(r)["routers"] == [f"r{i}" for i in range(routers)])
     return started
-
-
-def sync_view(router: Router) -> dict[str, object]:
-    answer = httpx.get(router.url + "/admin/sync", headers=ADMIN, timeout=5)
-    answer.raise_for_status()
-    view: dict[str, object] = answer.json()
-    return view
 
 
 def ask(router: Router) -> bool:

@@ -20,11 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -35,11 +33,13 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
 from hivenet_router.observability.sync_metrics import SyncSnapshot
 from hivenet_router.router.admission import Ports
-from hivenet_router.state.local import LocalLease, LocalPool
 from hivenet_router.sync import store
 from hivenet_router.sync.credits import CreditPool, Grant
 from hivenet_router.sync.daily import IN_FLIGHT, DailyWrite, SiteDaily
+from hivenet_router.sync.entries import Peer, apply_usage, read_heartbeats, usage_entry
+from hivenet_router.sync.health import ROUND_BUCKETS, Health
 from hivenet_router.sync.rates import SiteRates
+from hivenet_router.sync.shares import SharePool
 from hivenet_router.sync.store import BadReply, Keys
 
 log = logging.getLogger("hivenet_router.sync")
@@ -49,59 +49,6 @@ READ_BATCH = 10_000
 DAY_TTL = 2 * 86_400
 ACK_TIMEOUT_MS = 100
 SETTLE_MARGIN = 15.0  # seconds past the request timeout that the settle window lasts
-ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-RATE_COUNTERS = ("q", "i", "o")  # requests, input tokens, output tokens per minute
-
-
-@dataclass(slots=True)
-class Peer:
-    router_id: str
-    seen_ms: int  # server time of its last heartbeat
-    info: dict[str, Any]
-
-
-@dataclass(slots=True)
-class Health:
-    """What the metrics and /admin/sync read."""
-
-    rounds: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    durations: list[int] = field(default_factory=lambda: [0] * (len(ROUND_BUCKETS) + 1))
-    duration_sum: float = 0.0
-    last_ok: float = 0.0  # monotonic time of the last good round (0: never)
-    given_up: int = 0
-    gave_up_others: int = 0
-    store_losses: int = 0
-
-    def observe(self, seconds: float) -> None:
-        self.rounds += 1
-        self.duration_sum += seconds
-        for index, bound in enumerate(ROUND_BUCKETS):
-            if seconds <= bound:
-                self.durations[index] += 1
-                return
-        self.durations[-1] += 1
-
-    def error(self, kind: str) -> None:
-        self.errors[kind] = self.errors.get(kind, 0) + 1
-
-
-class SharePool(LocalPool):
-    """A per-key share (B4) kept in memory: its budget divided by the live routers."""
-
-    def __init__(self, clock: Clock, share: Callable[[], int]) -> None:
-        super().__init__(clock, alone_fits=False)
-        self._share = share
-
-    async def reserve(
-        self, key: str, amount: int, budget: int, wait: float, most: int = 0
-    ) -> LocalLease | None:
-        share = max(1, self._share())
-        divided = budget // share if budget else 0
-        if budget and not divided:
-            return None  # a share below one token: nothing fits (0 would mean no limit)
-        most = math.ceil(most / share) if most else 0
-        return await super().reserve(key, amount, divided, wait, most)
 
 
 class Site:
@@ -133,7 +80,6 @@ class Site:
         self._pool_lock = asyncio.Lock()  # grants and the rounds' pool writes, one at a time
         self._round_number = 0
         self._missed = False  # a round failed since the last good one
-        self._beats: dict[str, int] = {}  # every heartbeat in the store: router ID to server ms
         # What the agents this router hears from say: the router IDs each has a session
         # with (None for an agent that does not say). Set by the wiring.
         self.reports: Callable[[], list[tuple[str, ...] | None]] = list
@@ -280,18 +226,36 @@ class Site:
         round, those the shutdown cut included), so the site and a restart count them."""
         pending = {name: counter.take_pending() for name, counter in self._rates().items()}
         writes = self.daily.writes()
-        usage = self._usage_entry(pending, writes)
-        in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
         async with self.client.pipeline(transaction=False) as pipe:
-            for write in writes:
-                name = self.keys.day(write.day, write.key)
-                pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
-                pipe.execute_command("EXPIRE", name, DAY_TTL)
-            if usage is not None:
-                pipe.execute_command(
-                    "XADD", self.keys.usage, "*", "r", self.me, "p", self.incarnation, "u", usage
-                )
+            self._publish(pipe, pending, writes, trim_before_ms=0)
             await pipe.execute(raise_on_error=True)
+
+    def _publish(
+        self,
+        pipe: Any,
+        pending: dict[str, dict[str, float]],
+        writes: list[DailyWrite],
+        trim_before_ms: int,
+    ) -> int:
+        """Queue this router's daily totals, then the usage entry announcing the change (a
+        router reading between the two counts it twice until its next read, never not at
+        all); the stream is trimmed of entries older than `trim_before_ms` (0: not).
+        Returns how many commands were queued."""
+        keys, usage, commands = self.keys, usage_entry(pending, writes), 0
+        in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
+        for write in writes:
+            name = keys.day(write.day, write.key)
+            pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
+            commands += 1
+            if write.expire:
+                pipe.execute_command("EXPIRE", name, DAY_TTL)
+                commands += 1
+        if usage is not None:
+            trim = ("MINID", "~", trim_before_ms) if trim_before_ms else ()
+            entry = ("r", self.me, "p", self.incarnation, "u", usage)
+            pipe.execute_command("XADD", keys.usage, *trim, "*", *entry)
+            commands += 1
+        return commands
 
     async def _give_up(self, router_id: str, oldest_ms: int) -> bool:
         reply = await self.client.execute_command(
@@ -333,8 +297,8 @@ class Site:
         after_ms = int(max(5 * self.config.sync_interval, 5.0) * 1000)
         stale = [
             router
-            for router, stamp in self._beats.items()
-            if router != self.me and now_ms - stamp > after_ms
+            for router, peer in self.members.items()
+            if router != self.me and now_ms - peer.seen_ms > after_ms
         ]
         if not stale:
             return
@@ -350,7 +314,7 @@ class Site:
                     "gave router %s up: no heartbeat for %.0fs and no agent reaches it; "
                     "its credits return to the site",
                     router,
-                    (now_ms - self._beats[router]) / 1000,
+                    (now_ms - self.members[router].seen_ms) / 1000,
                 )
 
     def _rates(self) -> dict[str, SiteRates]:
@@ -403,20 +367,9 @@ class Site:
 
     def _peers(self, beats: dict[bytes, bytes], now_ms: int) -> None:
         window_ms = int(max(3 * self.config.sync_interval, 3.0) * 1000)
-        members: dict[str, Peer] = {}
-        self._beats = {}
-        for raw_id, raw in beats.items():
-            stamp_text, _, info_text = raw.partition(b" ")
-            if not stamp_text.isdigit():
-                self.health.error("bad_entry")
-                continue
-            router, stamp = raw_id.decode(errors="replace"), int(stamp_text)
-            self._beats[router] = stamp
-            try:
-                info = orjson.loads(info_text) if info_text else {}
-            except orjson.JSONDecodeError:
-                info = {}
-            members[router] = Peer(router, stamp, info if isinstance(info, dict) else {})
+        members, bad = read_heartbeats(beats)
+        for _ in range(bad):
+            self.health.error("bad_entry")
         self.members = members
         self.live = {k: p for k, p in members.items() if now_ms - p.seen_ms <= window_ms}
         self.last_live = max(1, len(members))
@@ -441,25 +394,9 @@ class Site:
         holdings: dict[str, int],
     ) -> tuple[list[Any], int]:
         """One pipeline; the replies, without the XADD's, and where the hash reads start."""
-        keys, usage = self.keys, self._usage_entry(pending, writes)
-        commands = 0
+        keys = self.keys
         async with self.client.pipeline(transaction=False) as pipe:
-            # The totals first, then the entry announcing the change: a router reading
-            # between the two counts it twice until its next read, never not at all.
-            in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
-            for write in writes:
-                name = keys.day(write.day, write.key)
-                pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
-                commands += 1
-                if write.expire:
-                    pipe.execute_command("EXPIRE", name, DAY_TTL)
-                    commands += 1
-            if usage is not None:
-                pipe.execute_command(
-                    "XADD", keys.usage, "MINID", "~", now_ms - STREAM_KEEP_MS, "*",
-                    "r", self.me, "p", self.incarnation, "u", usage,
-                )  # fmt: skip
-                commands += 1
+            commands = self._publish(pipe, pending, writes, now_ms - STREAM_KEEP_MS)
             pipe.execute_command(
                 "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
             )
@@ -477,21 +414,6 @@ class Site:
             results: list[Any] = await pipe.execute(raise_on_error=True)
         return results[commands:], 1  # from XREAD on; the hash reads follow it
 
-    @staticmethod
-    def _usage_entry(
-        pending: dict[str, dict[str, float]], writes: list[DailyWrite]
-    ) -> bytes | None:
-        """This round's stream entry: rate spend per counter and daily changes per day;
-        None when there is nothing to say."""
-        usage: dict[str, Any] = {name: spent for name, spent in pending.items() if spent}
-        daily: dict[str, dict[str, int]] = {}
-        for write in writes:
-            if write.delta:
-                daily.setdefault(write.day, {})[write.key] = write.delta
-        if daily:
-            usage["d"] = daily
-        return orjson.dumps(usage) if usage else None
-
     def _absorb(self, results: list[Any], reads_at: int, refresh: list[str]) -> None:
         entries = store.stream_entries(results[0])
         for ident, fields in entries:
@@ -499,45 +421,15 @@ class Site:
             if fields.get(b"p") == self._incarnation_bytes:
                 continue  # this process's own spend (a previous process's counts)
             mine = fields.get(b"r") == self._me_bytes  # its daily totals came from the hash
-            self._subtract(fields.get(b"u", b""), daily=not mine)
+            daily = None if mine else self.daily.add_foreign
+            if not apply_usage(fields.get(b"u", b""), self._rates(), daily):
+                self.health.error("bad_entry")
         live = self.incarnations()
         reads = results[reads_at : reads_at + len(refresh)]
         for key, fields in zip(refresh, reads, strict=True):
             self.daily.absorb(key, store.pairs(fields, "daily hash"), live)
         if self.sentinel and store.as_int(results[-1], "WAIT") >= 1:
             self.credits.acknowledged()
-
-    def _subtract(self, raw: bytes, daily: bool = True) -> None:
-        try:
-            usage = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            self.health.error("bad_entry")
-            return
-        if not isinstance(usage, dict):
-            self.health.error("bad_entry")
-            return
-        counters = self._rates()
-        changes = usage.pop("d", None)
-        if daily:
-            self._add_daily(changes)
-        for name, spent in usage.items():
-            counter = counters.get(name)
-            if counter is None or not isinstance(spent, dict):
-                continue
-            for key, amount in spent.items():
-                if isinstance(amount, int | float) and math.isfinite(amount):
-                    counter.subtract(str(key), float(amount))
-
-    def _add_daily(self, daily: object) -> None:
-        if not isinstance(daily, dict):
-            return
-        for day, changes in daily.items():
-            if not isinstance(changes, dict):
-                self.health.error("bad_entry")
-                continue
-            for key, delta in changes.items():
-                if isinstance(delta, int) and not isinstance(delta, bool):
-                    self.daily.add_foreign(str(day), str(key), delta)
 
     def _succeeded(self) -> None:
         if not self.synced and self._outage_logged:

@@ -333,3 +333,20 @@ async def test_leaving_writes_what_was_settled_since_the_last_round(
     fields = store(flushed).hgetall(a.keys.day(a.daily.day(), "team"))
     assert fields[b"a"] == b"20"
     assert store(flushed).hget(a.keys.routers, "a") is None  # no longer a member
+
+
+async def test_a_request_cancelled_while_waiting_for_credits_leaves_nothing_behind(
+    make: Maker,
+) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    first = await b.credits.reserve("m", 100, 100, 0.5)  # b holds the whole budget
+    assert first is not None
+    waiting = asyncio.ensure_future(a.credits.reserve("m", 10, 100, 5.0))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # in line, its grant refused
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert a.credits.held("m") == 0
+    assert [level for level in a.credits.levels() if level[0] == "m"] == [("m", 0, 0)]
+    first.release()

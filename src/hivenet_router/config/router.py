@@ -412,10 +412,26 @@ class RouterConfig:
         help="Where the Anthropic provider adapter sends requests (for proxies and tests)",
     )
     stages: tuple[str, ...] = option(
-        ("admission",),
+        ("wallet", "cache", "admission", "validator"),
         parse=v.comma_list,
         env="HIVENET_ROUTER_STAGES",
-        help="Request stages between the edge and dispatch, in order, by name (admission)",
+        help="Request stages between the edge and dispatch, in order, by name "
+        "(wallet, cache, admission, validator); each gateway stage acts only where turned on",
+    )
+    ledger_dsn: str = option(
+        "",
+        parse=v.text,
+        flag="--ledger-dsn",
+        env="HIVENET_ROUTER_LEDGER_DSN",
+        secret=True,
+        help="PostgreSQL DSN of the wallet ledger; set, it turns wallets on for every tenant",
+    )
+    ledger_timeout: float = option(
+        2.0,
+        parse=v.positive_duration,
+        flag="--ledger-timeout",
+        env="HIVENET_ROUTER_LEDGER_TIMEOUT",
+        help="Longest wait for one ledger call before the request goes on unbilled (fail-open)",
     )
     observers: tuple[str, ...] = option(
         ("metrics", "audit", "access"),

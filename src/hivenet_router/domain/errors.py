@@ -39,6 +39,8 @@ class ErrorCode(StrEnum):
     QUEUE_FULL = "queue_full"
     BACKEND_ERROR = "backend_error"
     REQUEST_TIMEOUT = "request_timeout"
+    INSUFFICIENT_BALANCE = "insufficient_balance"
+    DEGENERATE_OUTPUT = "degenerate_output"
 
 
 STATUS: dict[ErrorCode, int] = {
@@ -62,12 +64,15 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.QUEUE_FULL: 503,
     ErrorCode.BACKEND_ERROR: 502,
     ErrorCode.REQUEST_TIMEOUT: 504,
+    ErrorCode.INSUFFICIENT_BALANCE: 402,
+    ErrorCode.DEGENERATE_OUTPUT: 502,
 }
 
 # OpenAI SDKs read `type`; keep it a small, stable vocabulary.
 _TYPE: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",

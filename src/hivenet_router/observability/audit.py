@@ -88,23 +88,31 @@ def record(ticket: Ticket, event: Ended, now: float) -> bytes:
     """The audit line (with its newline) for a request that ended as `event` says."""
     principal = ticket.principal
     usage = event.usage
-    return orjson.dumps(
-        {
-            "log_type": "audit",
-            "level": "error" if event.status >= 400 else "info",
-            "trace_id": ticket.trace_id,
-            "request_id": ticket.request_id,
-            "tenant_id": principal.tenant if principal is not None else "",
-            "key_id": "" if principal is None or principal is ANONYMOUS else principal.key_id,
-            "model": ticket.model[:MODEL_CHARS],
-            "status_code": event.status,
-            "latency_ms": round(event.seconds * 1000),
-            "input_tokens": usage.input_tokens if usage is not None else 0,
-            "output_tokens": usage.output_tokens if usage is not None else 0,
-            "agent_id": answered_by(ticket),
-            "error_code": error_code(event),
-            "source_ip": ticket.source_ip,
-            "ts": start_time(event.seconds, now),
-        },
-        option=orjson.OPT_APPEND_NEWLINE,
-    )
+    fields: dict[str, object] = {
+        "log_type": "audit",
+        "level": "error" if event.status >= 400 else "info",
+        "trace_id": ticket.trace_id,
+        "request_id": ticket.request_id,
+        "tenant_id": principal.tenant if principal is not None else "",
+        "key_id": "" if principal is None or principal is ANONYMOUS else principal.key_id,
+        "model": ticket.model[:MODEL_CHARS],
+        "status_code": event.status,
+        "latency_ms": round(event.seconds * 1000),
+        "input_tokens": usage.input_tokens if usage is not None else 0,
+        "output_tokens": usage.output_tokens if usage is not None else 0,
+        "agent_id": answered_by(ticket),
+        "error_code": error_code(event),
+        "source_ip": ticket.source_ip,
+        "ts": start_time(event.seconds, now),
+    }
+    # Gateway stages add their marks only when they acted, so a record of a request that
+    # met none of them has exactly the reference's fields.
+    if ticket.cache:
+        fields["cache"] = ticket.cache
+    if ticket.charge is not None:
+        fields["charge"] = str(ticket.charge)
+    if not ticket.bill:
+        fields["billed"] = False
+    if ticket.replaced:
+        fields["replaced"] = ticket.replaced
+    return orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)

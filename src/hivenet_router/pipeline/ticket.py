@@ -27,6 +27,10 @@ class Ticket:
     __slots__ = (
         "admitted",
         "agent",
+        "avoid",
+        "bill",
+        "cache",
+        "charge",
         "deadline",
         "dispatched",
         "endpoint",
@@ -42,6 +46,7 @@ class Ticket:
         "phase",
         "principal",
         "provider",
+        "replaced",
         "request_id",
         "source_ip",
         "started",
@@ -81,6 +86,16 @@ class Ticket:
         # Called when routing leaves the local pool (provider fallback): stages that hold
         # local capacity give it back early.
         self.leave_pool: Callable[[], None] = _nothing
+        # Gateway stages. How a cache served it: "" (it did not), "hit" (a stored answer)
+        # or "dedup" (a running identical request's answer); whether its wallet is charged;
+        # what was charged (a Decimal, once settled); why its local answer was replaced
+        # ("degenerate": the stream validator sent it elsewhere); agents dispatch skips
+        # (peer IDs that already failed this request).
+        self.cache = ""
+        self.bill = True
+        self.charge: Any = None
+        self.replaced = ""
+        self.avoid: frozenset[str] = frozenset()
 
     @property
     def model(self) -> str:

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from hivenet_router.gateway.settings import CacheSettings, Prices, ValidatorSettings
+from hivenet_router.policy import gateway as gateway_blocks
 from hivenet_router.policy import options as step_options
 from hivenet_router.policy.gates import OPERATORS, ThresholdGate
 from hivenet_router.policy.plugins import Strategy
@@ -45,6 +47,7 @@ TOP_FIELDS = (
     "fallback_provider",
     "circuit_breaker",
     "adaptive_concurrency",
+    *gateway_blocks.BLOCKS,
 )
 PROVIDERS = ("openai", "anthropic")
 MODES = ("reserved", "serverless")
@@ -108,6 +111,10 @@ class Policy:
     breaker: BreakerSettings = BreakerSettings()
     adaptive: VegasSettings = VegasSettings()
     source: str = "built-in"
+    # Gateway stages: each None (off) unless the policy has its block.
+    prices: Prices | None = None
+    response_cache: CacheSettings | None = None
+    stream_validator: ValidatorSettings | None = None
 
 
 BUILT_IN = Policy(
@@ -319,4 +326,5 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         source=source,
         **limits,
         **tuning,
+        **gateway_blocks.blocks(reader, items),
     )

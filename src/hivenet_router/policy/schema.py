@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hivenet_router.gateway import settings as gateway
 from hivenet_router.policy.document import MATCH_FIELDS, MODES, PROVIDERS
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.options import HASH_KEYS, MAX_TEMPERATURE, MAX_WEIGHT
@@ -71,6 +72,47 @@ def _options() -> dict[str, Any]:
                 },
             },
         },
+    }
+
+
+def _gateway_block(kind: Any, ranges: Any) -> dict[str, Any]:
+    """A gateway settings block: its ranged numbers, and its switches as booleans."""
+    properties: dict[str, Any] = {}
+    for name in kind.__dataclass_fields__:
+        if name in ranges:
+            low, high = ranges[name]
+            integer = isinstance(getattr(kind(), name), int)
+            properties[name] = {
+                "type": "integer" if integer else "number",
+                "minimum": low,
+                "maximum": high,
+            }
+        else:
+            properties[name] = {"type": "boolean"}
+    return {"type": ["object", "null"], "properties": properties, "additionalProperties": False}
+
+
+def _prices() -> dict[str, Any]:
+    amount = {"type": "number", "minimum": 0}
+    price = {
+        "type": "object",
+        "properties": {"input_per_million": amount, "output_per_million": amount},
+        "required": ["input_per_million", "output_per_million"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "currency": {"enum": sorted(gateway.CURRENCIES)},
+            "input_per_million": amount,
+            "output_per_million": amount,
+            "models": {"type": "object", "additionalProperties": price},
+        },
+        "dependentRequired": {
+            "input_per_million": ["output_per_million"],
+            "output_per_million": ["input_per_million"],
+        },
+        "additionalProperties": False,
     }
 
 
@@ -145,6 +187,9 @@ def policy_schema() -> dict[str, Any]:
             "adaptive_concurrency": _settings(
                 vegas.RANGES, vegas.OPEN_BOUNDS, frozenset({"initial_limit", "rebase_samples"})
             ),
+            "prices": _prices(),
+            "response_cache": _gateway_block(gateway.CacheSettings, gateway.CACHE_RANGES),
+            "stream_validator": _gateway_block(gateway.ValidatorSettings, gateway.VALIDATOR_RANGES),
         },
         "required": ["routing_policy"],
         "additionalProperties": False,

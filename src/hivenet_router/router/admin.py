@@ -54,8 +54,10 @@ class AdminApi:
         history: HistoryKeeper,
         body_timeout: float = 30.0,
         sync_view: Callable[[], dict[str, Any]] | None = None,
+        more: list[tuple[str, str, Handler]] | None = None,
     ) -> None:
         self.sync_view = sync_view
+        self.more = more or []  # routes of later layers (the wallets), wired in wiring.py
         self.history_api = HistoryApi(registry, history)
         # The registration stream follows the registry from here on; the process closes
         # it at shutdown.
@@ -96,6 +98,7 @@ class AdminApi:
             ("GET", "/admin/api-keys/{id}", self.key_get),
             ("PUT", "/admin/api-keys/{id}", self.key_put),
             ("DELETE", "/admin/api-keys/{id}", self.key_delete),
+            *self.more,
         ]
 
     async def health(self, request: Request) -> Response:

@@ -23,7 +23,7 @@ from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
 from hivenet_router.pipeline.ticket import Ticket
-from hivenet_router.policy.document import Policy, Step
+from hivenet_router.policy.document import Policy, Provider, Step
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.store import PolicyStore
@@ -184,7 +184,7 @@ class Dispatcher:
         routing = self.routing
         inp = routing.input(ticket, policy, _session_header(policy))
         for index, step in enumerate(policy.steps):
-            failed: set[str] = set()
+            failed: set[str] = set(ticket.avoid)
             tries = 0
             budget = step.max_tries or self.limits.max_tries
             while tries < budget:
@@ -439,6 +439,31 @@ class Dispatcher:
             provider.engine,
             provider.model,
         )
+        return await self._provider_answer(ticket, job, policy, provider)
+
+    async def to_provider(self, ticket: Ticket) -> Answer:
+        """The policy's provider for this request, asked directly (the stream validator's
+        way out of a degenerate local answer). A policy without a usable provider, or a
+        provider whose breaker is open, is an ApiError."""
+        job = ticket.job
+        assert job is not None
+        policy = self.policies.current.for_model(job.model)
+        provider = policy.fallback_provider
+        if (
+            provider is None
+            or not self.providers.supports(provider.engine, job.route)
+            or not self.routing.provider_allows(provider.engine, policy)
+        ):
+            raise ApiError(
+                ErrorCode.NO_AGENTS_AVAILABLE,
+                f"policy {policy.name} has no provider that can take this request",
+            )
+        return await self._provider_answer(ticket, job, policy, provider)
+
+    async def _provider_answer(
+        self, ticket: Ticket, job: Job, policy: Policy, provider: Provider
+    ) -> Answer:
+        routing = self.routing
         ticket.leave_pool()  # the provider does not use the local pool's occupancy
         ticket.provider, ticket.origin = True, provider.engine
         sent = self.clock.monotonic()

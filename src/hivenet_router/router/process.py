@@ -296,8 +296,10 @@ class RouterProcess:
                     await pending
 
         site = [router.site.run()] if router.site is not None else []
+        ledger = [router.ledger.run()] if router.ledger is not None else []
         return [
             *site,
+            *ledger,
             every(cfg.health_check_interval, router.monitor.sweep),
             every(cfg.universal_flush_interval, router.keeper.flush),
             every(cfg.universal_flush_interval, lambda: self._save_quota(router, store)),
@@ -329,6 +331,8 @@ class RouterProcess:
         await background.stop()
         if router.site is not None:
             await router.site.leave()  # hands its credits back to the site
+        if router.ledger is not None:
+            await router.ledger.close()  # what is still unbilled stays on disk
         await router.keeper.flush()
         await self._save_quota(router, store)
         await store.close()

@@ -11,12 +11,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.clock import Clock
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter, default_router_id
+from hivenet_router.gateway.cache import ResponseCache
+from hivenet_router.gateway.ledger import Ledger
+from hivenet_router.gateway.validator import StreamValidator
+from hivenet_router.gateway.wallet import WalletStage
 from hivenet_router.http1.messages import Answer, App, Request
 from hivenet_router.observability.audit import AuditObserver
 from hivenet_router.observability.collectors import (
@@ -32,10 +37,11 @@ from hivenet_router.observability.routing_metrics import RoutingCollector
 from hivenet_router.observability.sync_metrics import SyncCollector
 from hivenet_router.observability.tracing import Tracing, TracingCollector, configured
 from hivenet_router.pipeline.stage import Next, Stage, build
-from hivenet_router.policy.document import Policy
+from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admin import AdminApi
+from hivenet_router.router.admin_wallets import WalletApi
 from hivenet_router.router.admission import Admission, Ports
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.control import ControlPlane
@@ -94,6 +100,9 @@ class Router:
     writers: dict[str, LineWriter] = field(default_factory=dict)
     # OpenTelemetry, when OTEL_EXPORTER_OTLP_ENDPOINT asks for it: a stage and an observer.
     tracing: Tracing | None = None
+    # The wallets' ledger (--ledger-dsn): run beside the chores, closed at shutdown.
+    ledger: Ledger | None = None
+    policy_for: Callable[[str], Policy] = field(default=lambda model: BUILT_IN)
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -108,10 +117,30 @@ def _access(router: Router, cfg: RouterConfig) -> RequestObserver:
     return RequestLog(writer, cfg.log_format)
 
 
-# Stages and observers by the names configuration uses for them. An observer's factory may
-# return None: configured off (the audit log with no path).
-STAGES: dict[str, Callable[[Router], Stage]] = {
+def _wallet(router: Router) -> Stage | None:
+    if router.ledger is None:
+        return None  # no --ledger-dsn: wallets are off
+    return WalletStage(router.ledger, router.policy_for)
+
+
+def _cache(router: Router) -> Stage:
+    site = router.site
+    if site is None:
+        return ResponseCache(router.policy_for, router.dispatcher.clock)
+    return ResponseCache(router.policy_for, router.dispatcher.clock, site.client, site.keys.prefix)
+
+
+def _validator(router: Router) -> Stage:
+    return StreamValidator(router.policy_for, router.dispatcher.to_provider)
+
+
+# Stages and observers by the names configuration uses for them. A factory may return None:
+# configured off (wallets without a ledger, the audit log with no path).
+STAGES: dict[str, Callable[[Router], Stage | None]] = {
+    "wallet": _wallet,
+    "cache": _cache,
     "admission": lambda router: router.admission,
+    "validator": _validator,
 }
 OBSERVERS: dict[str, Callable[[Router, RouterConfig], RequestObserver | None]] = {
     "metrics": lambda router, cfg: router.metrics,
@@ -254,6 +283,10 @@ def assemble(
             sync_view=site.view if site is not None else None,
         ),
     )
+    router.policy_for = policy_for
+    if cfg.ledger_dsn:
+        router.ledger = Ledger(cfg.ledger_dsn, Path(cfg.disk_db_path), cfg.ledger_timeout)
+        router.admin.more.extend(WalletApi(router.ledger, cfg.http_body_timeout).routes())
     built = [OBSERVERS[name](router, cfg) for name in cfg.observers]
     if tracing is not None:
         built.append(tracing)
@@ -288,7 +321,7 @@ async def _not_yet(request: Request) -> Answer:
 def _public_app(shared: Shared, router: Router) -> App:
     cfg, clock = shared.config, shared.clock
     warm_until = clock.monotonic() + cfg.warmup
-    stages = [STAGES[name](router) for name in cfg.stages]
+    stages = [stage for name in cfg.stages if (stage := STAGES[name](router)) is not None]
     if router.tracing is not None:
         stages.insert(0, router.tracing)  # first: admission's own time is a span
     pipeline: Next = build(stages, router.dispatcher)

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-site test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-bad-input soak docs clean
+.PHONY: run run-site test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input soak docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -84,6 +84,10 @@ bench-overhead: $(STAMP)
 ## Routers sharing limits through Valkey: the sync cost, one round, sites of 1-3 (about 7 minutes).
 bench-site: $(BENCH_STAMP)
 	$(BIN)/python -m bench.site $(ARGS)
+
+## The gateway stages' CPU per request (on against off) and a deduplicated burst (about 6 minutes).
+bench-gateway: $(BENCH_STAMP)
+	$(BIN)/python -m bench.gateway $(ARGS)
 
 ## Good requests' throughput when one in ten is bad, at 256 connections (about 2 minutes).
 bench-bad-input: $(STAMP)

@@ -426,9 +426,8 @@ class RouterConfig:
         secret=True,
         help="PostgreSQL DSN of the wallet ledger; set, it turns wallets on for every tenant",
     )
-    ledger_timeout: float = option(
+    ledger_timeout: float = duration_option(
         2.0,
-        parse=v.positive_duration,
         flag="--ledger-timeout",
         env="HIVENET_ROUTER_LEDGER_TIMEOUT",
         help="Longest wait for one ledger call before the request goes on unbilled (fail-open)",

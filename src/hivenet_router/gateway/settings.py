@@ -91,9 +91,9 @@ class ValidatorSettings:
     hold_ms: int = 1500  # ... or this long, whichever comes first
     ngram: int = 4  # words per n-gram when counting repeats
     max_repeat_fraction: float = 0.6  # repeated n-grams among all, above which it loops
-    min_compression_ratio: float = 0.2  # compressed/raw size of the text below which it loops
+    min_compression_ratio: float = 0.1  # compressed/raw size of the text below which it loops
     max_same_chunk: int = 8  # the same chunk text this many times in a row loops
-    min_words: int = 24  # text shorter than this is never judged by the ratios
+    min_words: int = 12  # text shorter than this is never judged by the ratios
     after_hold: bool = True  # keep checking after the window; a loop then ends the stream
 
 

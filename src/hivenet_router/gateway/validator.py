@@ -1,23 +1,282 @@
-"""The stream-quality validator stage (stub)."""
+"""The stream-quality validator: a local engine's answer is checked for degenerate output
+(a model stuck repeating itself) before the client sees it, and replaced when it fails.
+
+For a policy with a `stream_validator` block, the first chunks of a local stream are held
+back (up to `hold_chunks` chunks or `hold_ms`, never past the request's deadline) and their
+text judged (`degenerate.Detector`). Clean: the held chunks go out as one first chunk and
+the rest flows through unbuffered, still watched when `after_hold` is on: a loop found later
+ends the stream with the `degenerate_output` error event (AnswerBroken). Degenerate within
+the hold: the local answer is closed as broken (its stream is reset, so the engine stops
+generating, and routing counts a failure of that agent), and the request goes to the
+policy's fallback provider, or, when the policy has none, once more through dispatch with
+the failed agent avoided. The client receives one clean stream or one error: nothing of the
+rejected attempt was sent. A whole (non-streamed) answer is judged the same way, at no cost
+in latency. Provider answers are not judged; a second local answer is, with no third try.
+
+This stage calls `next` twice on the agent path (the one exception to the pipeline's
+"at most once"): the first answer is closed, and everything dispatch took for it given back,
+before the second call. Stages before this one see only the answer the client gets, so the
+rejected attempt is neither metered nor billed: its usage never reaches their close hooks.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
-from hivenet_router.domain.answer import Answer
+from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.domain.request import Usage
+from hivenet_router.gateway.degenerate import Detector, judge
+from hivenet_router.gateway.settings import ValidatorSettings
+from hivenet_router.gateway.sse_text import SseText, body_text
+from hivenet_router.observability.validator_metrics import ValidatorMetrics
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
 
 Fallback = Callable[[Ticket], Awaitable[Answer]]
+Read = asyncio.Future[bytes | None]
 
 
 class StreamValidator:
     name = "validator"
 
-    def __init__(self, policy_for: Callable[[str], Policy], provider: Fallback) -> None:
+    def __init__(
+        self,
+        policy_for: Callable[[str], Policy],
+        provider: Fallback,
+        metrics: ValidatorMetrics | None = None,
+    ) -> None:
         self.policy_for = policy_for
         self.provider = provider  # the policy's cloud provider for this ticket
+        self.metrics = metrics if metrics is not None else ValidatorMetrics()
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
-        return await next(ticket)
+        job = ticket.job
+        if job is None or job.capability != "llm":
+            return await next(ticket)
+        policy = self.policy_for(job.model)
+        settings = policy.stream_validator
+        if settings is None:
+            return await next(ticket)
+        answer = await next(ticket)
+        return await self._judge(ticket, next, policy, settings, answer, retry=True)
+
+    async def _judge(
+        self,
+        ticket: Ticket,
+        next: Next,
+        policy: Policy,
+        settings: ValidatorSettings,
+        answer: Answer,
+        retry: bool,
+    ) -> Answer:
+        if ticket.provider or answer.status >= 400:
+            return answer  # a provider's answer, or an error: nothing to judge
+        if answer.body is not None:
+            reason = judge(body_text(answer.body), settings)
+            if reason is None:
+                self.metrics.judged("clean")
+                return answer
+        else:
+            hold = Hold(answer, settings)
+            await self._hold(ticket, hold, settings)
+            if not hold.detector.degenerate:
+                return self._release(hold, settings)
+        self.metrics.judged("degenerate")
+        await answer.close(Outcome.BROKEN)  # resets the engine's stream; the agent failed
+        return await self._replace(ticket, next, policy, settings, answer.origin, retry)
+
+    async def _hold(self, ticket: Ticket, hold: Hold, settings: ValidatorSettings) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        until = started + settings.hold_ms / 1000
+        if ticket.deadline:
+            until = min(until, ticket.deadline)
+        try:
+            await hold.fill(settings.hold_chunks, until, loop)
+        except BaseException as exc:
+            # The client went away (or the router is stopping) while the answer was held:
+            # nothing was sent, and the answer is closed here as nobody else has it.
+            hold.discard()
+            gone = isinstance(exc, asyncio.CancelledError)
+            await hold.answer.close(Outcome.CLIENT_GONE if gone else Outcome.BROKEN)
+            raise
+        self.metrics.held(loop.time() - started)
+
+    def _release(self, hold: Hold, settings: ValidatorSettings) -> Answer:
+        """The clean answer: the held chunks as its first chunk, then the rest of the local
+        answer. Closing it closes the local answer once, with the same outcome."""
+        local = hold.answer
+        watch = hold.detector if settings.after_hold and not hold.ended else None
+        source = Checked(local, hold.pending, hold.text, watch, hold.ended)
+        hold.pending = None
+        first = b"".join(hold.chunks) if hold.chunks else None
+        outer = Answer(local.status, local.headers, source, first=first, origin=local.origin)
+        metrics = self.metrics
+
+        async def close_local(outcome: Outcome, usage: Usage | None) -> None:
+            metrics.judged("late_degenerate" if source.looped else "clean")
+            await local.close(outcome)
+
+        outer.on_close(close_local)  # registered first, so it runs after the outer stages'
+        return outer
+
+    async def _replace(
+        self,
+        ticket: Ticket,
+        next: Next,
+        policy: Policy,
+        settings: ValidatorSettings,
+        failed: str,
+        retry: bool,
+    ) -> Answer:
+        """Another answer for a request whose local answer was degenerate."""
+        ticket.replaced = "degenerate"
+        ticket.agent, ticket.origin = None, ""  # the failed agent answered nothing
+        if policy.fallback_provider is not None:
+            return await self._to_provider(ticket)
+        if not retry:
+            raise ApiError(
+                ErrorCode.DEGENERATE_OUTPUT,
+                "the model's answer degenerated into repetition on two agents",
+            )
+        ticket.avoid = ticket.avoid | {failed}
+        try:
+            answer = await next(ticket)
+        except ApiError as exc:
+            self.metrics.fell_back("agent", False)
+            if exc.code is ErrorCode.NO_AGENTS_AVAILABLE:
+                raise ApiError(
+                    ErrorCode.DEGENERATE_OUTPUT,
+                    "the model's answer degenerated into repetition and no other agent "
+                    "can take the request",
+                ) from None
+            raise
+        self.metrics.fell_back("agent", True)
+        return await self._judge(ticket, next, policy, settings, answer, retry=False)
+
+    async def _to_provider(self, ticket: Ticket) -> Answer:
+        try:
+            answer = await self.provider(ticket)
+        except ApiError:
+            self.metrics.fell_back("provider", False)
+            raise
+        self.metrics.fell_back("provider", True)
+        return answer
+
+
+class Hold:
+    """A local stream's first chunks, held back while their text is judged."""
+
+    __slots__ = ("answer", "chunks", "detector", "ended", "pending", "text")
+
+    def __init__(self, answer: Answer, settings: ValidatorSettings) -> None:
+        self.answer = answer
+        self.detector = Detector(settings)
+        self.text = SseText()
+        self.chunks: list[bytes] = []
+        # A read the window closed on: it carries on, and the released answer takes it.
+        # (A source's read may not survive being cancelled: the agent stream's does not.)
+        self.pending: Read | None = None
+        self.ended = answer.first is None
+
+    def take(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.detector.feed_all(self.text.feed(chunk))
+
+    async def fill(self, count: int, until: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Read until `count` chunks, the loop time `until`, the end, a failed read (it is
+        raised in order, from the released answer), or a verdict of degenerate."""
+        answer, detector = self.answer, self.detector
+        if answer.first is not None:
+            self.take(answer.first)
+        while not self.ended and len(self.chunks) < count and not detector.degenerate:
+            remaining = until - loop.time()
+            if remaining <= 0:
+                break
+            read = self.pending
+            if read is None:
+                read = self.pending = asyncio.ensure_future(answer.next_chunk())
+            done, _ = await asyncio.wait((read,), timeout=remaining)
+            if not done or read.cancelled() or read.exception() is not None:
+                break
+            self.pending = None
+            chunk = read.result()
+            if chunk is None:
+                self.ended = True
+            else:
+                self.take(chunk)
+        if self.ended:
+            detector.finish()
+        else:
+            detector.settle()
+
+    def discard(self) -> None:
+        if self.pending is not None:
+            _discard(self.pending)
+            self.pending = None
+
+
+class Checked:
+    """The rest of a local answer after its held window, watched for a late loop."""
+
+    __slots__ = ("_detector", "_ended", "_local", "_pending", "_text", "looped")
+
+    def __init__(
+        self,
+        local: Answer,
+        pending: Read | None,
+        text: SseText,
+        detector: Detector | None,
+        ended: bool,
+    ) -> None:
+        self._local = local
+        self._pending = pending
+        self._text = text
+        self._detector = detector
+        self._ended = ended
+        self.looped = False
+
+    async def read(self) -> bytes | None:
+        if self._ended:
+            return None
+        pending, self._pending = self._pending, None
+        chunk = await pending if pending is not None else await self._local.next_chunk()
+        detector = self._detector
+        if chunk is None:
+            self._ended = True
+            if detector is not None and detector.finish() is not None:
+                self._loop(detector)
+            return None
+        if detector is not None and detector.feed_all(self._text.feed(chunk)) is not None:
+            self._loop(detector)
+        return chunk
+
+    def _loop(self, detector: Detector) -> None:
+        self.looped, self._detector = True, None
+        raise AnswerBroken(
+            ErrorCode.DEGENERATE_OUTPUT,
+            f"the model's answer degenerated into repetition ({detector.reason})",
+        )
+
+    def close(self, outcome: Outcome) -> None:
+        # The local answer itself is closed by the released answer's close hook (it may
+        # need to await); here only a read still in flight is dropped.
+        if self._pending is not None:
+            _discard(self._pending)
+            self._pending = None
+
+
+def _discard(read: Read) -> None:
+    """Drop a read nobody will await: cancel it, and take its outcome when it has one, so
+    no 'exception was never retrieved' is logged for it."""
+    if not read.done():
+        read.cancel()
+    read.add_done_callback(_taken)
+
+
+def _taken(read: Read) -> None:
+    if not read.cancelled():
+        read.exception()

@@ -444,13 +444,15 @@ class Dispatcher:
     async def to_provider(self, ticket: Ticket) -> Answer:
         """The policy's provider for this request, asked directly (the stream validator's
         way out of a degenerate local answer). A policy without a usable provider, or a
-        provider whose breaker is open, is an ApiError."""
+        provider whose breaker is open, is an ApiError. Bounded by the ticket's deadline,
+        as the fallback at the end of the local steps is."""
         job = ticket.job
         assert job is not None
         policy = self.policies.current.for_model(job.model)
         provider = policy.fallback_provider
         if (
             provider is None
+            or job.capability != "llm"
             or not self.providers.supports(provider.engine, job.route)
             or not self.routing.provider_allows(provider.engine, policy)
         ):
@@ -458,7 +460,13 @@ class Dispatcher:
                 ErrorCode.NO_AGENTS_AVAILABLE,
                 f"policy {policy.name} has no provider that can take this request",
             )
-        return await self._provider_answer(ticket, job, policy, provider)
+        try:
+            async with asyncio.timeout_at(ticket.deadline):
+                return await self._provider_answer(ticket, job, policy, provider)
+        except TimeoutError:
+            raise ApiError(
+                ErrorCode.REQUEST_TIMEOUT, "Request deadline exceeded while contacting provider"
+            ) from None
 
     async def _provider_answer(
         self, ticket: Ticket, job: Job, policy: Policy, provider: Provider

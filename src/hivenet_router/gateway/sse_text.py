@@ -1,0 +1,123 @@
+"""The text a model generated, pulled out of its answer: stream chunks (server-sent events)
+or a whole body, in the OpenAI shapes (chat and completions) and the Anthropic one.
+
+What counts as generated text: chat `delta.content`, the reasoning deltas some engines send
+(`reasoning_content`, `reasoning`), completions `text`, Anthropic `text_delta` and
+`thinking_delta`. Tool-call arguments do not: JSON arguments repeat keys by nature.
+
+Chunks are cut wherever the network cut them: an event may span chunks, a chunk may hold
+many events. `SseText` keeps the unfinished last line between chunks and parses only
+`data:` lines that can carry text; anything it cannot read is skipped, never raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+# A line longer than this without its end is no event worth reading: dropped, so a broken
+# stream cannot grow the buffer without bound.
+MAX_LINE: Final = 1 << 20
+_HINTS: Final = (b'"content"', b'"text"', b'"reasoning', b'"thinking"')
+_DELTA_FIELDS: Final = ("content", "reasoning_content", "reasoning")
+
+
+class SseText:
+    """Feed it a stream's chunks in order; each call returns the text pieces (one per
+    event) the chunk completed."""
+
+    __slots__ = ("_rest", "_skip")
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self._skip = False  # inside an overlong line: drop until its end
+
+    def feed(self, chunk: bytes) -> list[str]:
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            self._keep(chunk)
+            return []
+        data = self._rest + chunk[:end] if self._rest else chunk[:end]
+        if self._skip:
+            cut = data.find(b"\n")
+            data = data[cut + 1 :] if cut >= 0 else b""
+            self._skip = False
+        self._rest = b""
+        self._keep(chunk[end + 1 :])
+        pieces: list[str] = []
+        for line in data.split(b"\n"):
+            if line.startswith(b"data:") and any(hint in line for hint in _HINTS):
+                _event_text(line[5:], pieces)
+        return pieces
+
+    def _keep(self, tail: bytes) -> None:
+        if self._skip or not tail:
+            return
+        if len(self._rest) + len(tail) > MAX_LINE:
+            self._rest, self._skip = b"", True
+        else:
+            self._rest += tail
+
+
+def _event_text(payload: bytes, out: list[str]) -> None:
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(event, dict):
+        return
+    choices = event.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict):
+                _choice_text(choice, "delta", out)
+    elif event.get("type") == "content_block_delta":
+        _block_text(event.get("delta"), out)
+
+
+def _choice_text(choice: dict[str, Any], key: str, out: list[str]) -> None:
+    """An OpenAI choice: its `delta` (chat stream) or `message` (chat body), else its
+    `text` (completions)."""
+    part = choice.get(key)
+    if isinstance(part, dict):
+        for field in _DELTA_FIELDS:
+            text = part.get(field)
+            if isinstance(text, str) and text:
+                out.append(text)
+        return
+    text = choice.get("text")
+    if isinstance(text, str) and text:
+        out.append(text)
+
+
+def _block_text(block: Any, out: list[str]) -> None:
+    """An Anthropic text or thinking block, or such a block's delta."""
+    if not isinstance(block, dict):
+        return
+    for field in ("text", "thinking"):
+        text = block.get(field)
+        if isinstance(text, str) and text:
+            out.append(text)
+            return
+
+
+def body_text(body: bytes) -> str:
+    """The generated text of a whole answer's body ("" when it has none, or is no JSON)."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ""
+    if not isinstance(value, dict):
+        return ""
+    out: list[str] = []
+    choices = value.get("choices")
+    content = value.get("content")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict):
+                _choice_text(choice, "message", out)
+    elif isinstance(content, list):
+        for block in content:
+            _block_text(block, out)
+    return "".join(out)

@@ -1,0 +1,71 @@
+"""The stream validator's counts, kept as plain numbers and handed to Prometheus at scrape
+time (the stage counts; `ValidatorCollector` reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from hivenet_router.observability.series import CounterSeries, HistogramSeries
+
+RESULTS: Final = ("clean", "degenerate", "late_degenerate")
+TARGETS: Final = ("provider", "agent")
+# The held window adds up to hold_ms to a stream's first byte: buckets from a few
+# milliseconds to the longest sensible window.
+HOLD_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0)
+
+
+class ValidatorMetrics:
+    """What the stream validator saw: streams by verdict, fallbacks by target and result,
+    and how long first chunks were held back."""
+
+    __slots__ = ("fallbacks", "hold", "streams")
+
+    def __init__(self) -> None:
+        self.streams = CounterSeries(
+            "hivenet_validator_streams_total",
+            "Local answers the stream validator judged, by verdict",
+            ("result",),
+        )
+        self.fallbacks = CounterSeries(
+            "hivenet_validator_fallbacks_total",
+            "Degenerate local answers sent elsewhere, by target and how that went",
+            ("to", "result"),
+        )
+        self.hold = HistogramSeries(
+            "hivenet_validator_hold_seconds",
+            "Time an answer's first chunks were held back before the verdict",
+            (),
+            HOLD_BUCKETS,
+        )
+        # Every series exists from the start: a dashboard tells "none yet" from "not
+        # scraped", and a rate over a fresh router starts at zero.
+        for result in RESULTS:
+            self.streams.inc((result,), 0.0)
+        for target in TARGETS:
+            for outcome in ("ok", "error"):
+                self.fallbacks.inc((target, outcome), 0.0)
+        self.hold.values[()] = [0.0] * (len(HOLD_BUCKETS) + 2)
+
+    def judged(self, result: str) -> None:
+        self.streams.inc((result,))
+
+    def fell_back(self, target: str, ok: bool) -> None:
+        self.fallbacks.inc((target, "ok" if ok else "error"))
+
+    def held(self, seconds: float) -> None:
+        self.hold.observe((), seconds)
+
+
+class ValidatorCollector(Collector):
+    def __init__(self, metrics: ValidatorMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        m = self._metrics
+        yield m.streams.family()
+        yield m.fallbacks.family()
+        yield m.hold.family()

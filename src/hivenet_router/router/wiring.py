@@ -24,6 +24,7 @@ from hivenet_router.gateway.validator import StreamValidator
 from hivenet_router.gateway.wallet import WalletStage
 from hivenet_router.http1.messages import Answer, App, Request
 from hivenet_router.observability.audit import AuditObserver
+from hivenet_router.observability.cache_metrics import CacheCollector
 from hivenet_router.observability.collectors import (
     AgentCollector,
     RequestsCollector,
@@ -36,6 +37,7 @@ from hivenet_router.observability.requestlog import RequestLog
 from hivenet_router.observability.routing_metrics import RoutingCollector
 from hivenet_router.observability.sync_metrics import SyncCollector
 from hivenet_router.observability.tracing import Tracing, TracingCollector, configured
+from hivenet_router.observability.validator_metrics import ValidatorCollector, ValidatorMetrics
 from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
@@ -103,6 +105,7 @@ class Router:
     # The wallets' ledger (--ledger-dsn): run beside the chores, closed at shutdown.
     ledger: Ledger | None = None
     policy_for: Callable[[str], Policy] = field(default=lambda model: BUILT_IN)
+    validator_metrics: ValidatorMetrics = field(default_factory=ValidatorMetrics)
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -125,13 +128,16 @@ def _wallet(router: Router) -> Stage | None:
 
 def _cache(router: Router) -> Stage:
     site = router.site
-    if site is None:
-        return ResponseCache(router.policy_for, router.dispatcher.clock)
-    return ResponseCache(router.policy_for, router.dispatcher.clock, site.client, site.keys.prefix)
+    extra = (site.client, site.keys.prefix) if site is not None else ()
+    stage = ResponseCache(router.policy_for, router.dispatcher.clock, *extra)
+    router.metrics.add(CacheCollector(stage.snapshot))
+    return stage
 
 
 def _validator(router: Router) -> Stage:
-    return StreamValidator(router.policy_for, router.dispatcher.to_provider)
+    return StreamValidator(
+        router.policy_for, router.dispatcher.to_provider, metrics=router.validator_metrics
+    )
 
 
 # Stages and observers by the names configuration uses for them. A factory may return None:
@@ -240,12 +246,7 @@ def assemble(
         dispatcher=dispatcher,
         relay=relay,
         tracing=tracing,
-        edge=Edge(
-            shared.auth,
-            observers,
-            Cors(cfg.cors_allowed_origins) if cfg.cors_allowed_origins else None,
-            tracing,
-        ),
+        edge=_edge(shared, observers, tracing),
         public_app=_not_yet,
         sessions=sessions,
         authenticator=_authenticator(shared, sessions, directory),
@@ -283,10 +284,7 @@ def assemble(
             sync_view=site.view if site is not None else None,
         ),
     )
-    router.policy_for = policy_for
-    if cfg.ledger_dsn:
-        router.ledger = Ledger(cfg.ledger_dsn, Path(cfg.disk_db_path), cfg.ledger_timeout)
-        router.admin.more.extend(WalletApi(router.ledger, cfg.http_body_timeout).routes())
+    _gateway(router, cfg, policy_for)
     built = [OBSERVERS[name](router, cfg) for name in cfg.observers]
     if tracing is not None:
         built.append(tracing)
@@ -294,6 +292,20 @@ def assemble(
     _collect(router)
     router.public_app = _public_app(shared, router)
     return router
+
+
+def _gateway(router: Router, cfg: RouterConfig, policy_for: Callable[[str], Policy]) -> None:
+    """The gateway stages' shared parts: the policy lookup and, with --ledger-dsn, the
+    ledger and its admin routes."""
+    router.policy_for = policy_for
+    if cfg.ledger_dsn:
+        router.ledger = Ledger(cfg.ledger_dsn, Path(cfg.disk_db_path), cfg.ledger_timeout)
+        router.admin.more.extend(WalletApi(router.ledger, cfg.http_body_timeout).routes())
+
+
+def _edge(shared: Shared, observers: Observers, tracing: Tracing | None) -> Edge:
+    origins = shared.config.cors_allowed_origins
+    return Edge(shared.auth, observers, Cors(origins) if origins else None, tracing)
 
 
 def _authenticator(
@@ -370,6 +382,7 @@ def _collect(router: Router) -> None:
     )
     if router.site is not None:
         router.metrics.add(SyncCollector(router.site.snapshot))
+    router.metrics.add(ValidatorCollector(router.validator_metrics))
     router.metrics.add(
         RequestsCollector(
             inflight=lambda: list(router.edge.inflight.values()),

@@ -1,0 +1,277 @@
+"""One answer in flight, read by many: identical requests share one engine call.
+
+The first request of a key starts a flight: one task (the pump) opens the upstream answer
+and reads it into a buffer, chunk by chunk, as fast as the upstream gives it. Every request
+of that key, the first included, reads the buffer through its own cursor (a `Reader`, the
+source of its own `Answer`), so each client goes at its own pace: a slow reader never
+slows the pump or the others, and chunks are shared by reference, never copied.
+
+A reader that leaves does not stop the flight while another still reads; when the last one
+leaves before the end, the pump is cancelled and the upstream closed as `client_gone`, so
+the engine stops. The upstream answer is closed exactly once, by the pump, when it ends:
+its close hooks (admission, dispatch's slots) run then. A failure reaches every reader at
+the same point: a refusal before the head (`ApiError`) as the same error, a break
+mid-stream (`AnswerBroken`) after the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
+from hivenet_router.domain.errors import ApiError, ErrorCode
+
+log = logging.getLogger("hivenet.cache")
+
+MAX_READERS: Final = 10_000  # readers of one flight; more go on by themselves
+
+Opener = Callable[[], Awaitable[Answer]]
+
+
+class OwnError(Exception):
+    """The flight's first request was refused for reasons of its own (its limits, its
+    wallet): the others are not refused with it but go on by themselves."""
+
+
+class Flight:
+    """One upstream answer and its buffer. Made by the stage, started once, read by
+    `join()`ed readers."""
+
+    def __init__(
+        self, key: str, on_end: Callable[[Flight, Outcome], None], max_readers: int = MAX_READERS
+    ) -> None:
+        self.key = key
+        self.max_readers = max_readers
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.body: bytes | None = None  # a whole answer; None for a stream
+        self.origin = ""
+        self.chunks: list[bytes] = []
+        self.size = 0  # bytes in `chunks` (or the whole body)
+        self.ended = False  # the pump is over, however it ended
+        self.complete = False  # ... and the upstream was read to its end
+        self.failure: AnswerBroken | None = None  # mid-stream, after `chunks`
+        self.refusal: BaseException | None = None  # before the head
+        self.own = False  # `refusal` was the first request's own
+        self.readers = 0
+        self.stopping = False  # the last reader left: the pump is being cancelled
+        self.keepers = 0  # readers that are no client (the site publisher): woken when alone
+        self.remote = False  # the answer came from a flight on another router of the site
+        self.stored: object = None  # what the stage kept of it, for the site publisher
+        self._on_end = on_end
+        self._head = asyncio.Event()
+        self._more = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def joinable(self) -> bool:
+        return not (self.ended or self.stopping) and self.readers < self.max_readers
+
+    def start(self, opener: Opener, deadline: float, tasks: set[asyncio.Task[None]]) -> None:
+        """Run the pump; the upstream's stream is read within `deadline` (loop time).
+        `tasks` holds the pump until it ends (the loop keeps only weak references)."""
+        task = self._task = asyncio.get_running_loop().create_task(self._pump(opener, deadline))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        # A pump cancelled before it ran never reaches its own end: end it here.
+        task.add_done_callback(lambda _: self._end(Outcome.CLIENT_GONE))
+
+    def join(self, first: bool = False, keeper: bool = False) -> Reader:
+        self.readers += 1
+        self.keepers += keeper
+        return Reader(self, first, keeper)
+
+    def _leave(self, keeper: bool) -> None:
+        self.readers -= 1
+        self.keepers -= keeper
+        if self.keepers and self.readers == self.keepers and not self.ended:
+            self._wake()  # the keeper decides whether to go on without clients
+        if self.readers == 0 and not self.ended and self._task is not None:
+            # Nobody is left to read: stop the upstream (the pump closes it). From now on
+            # an identical request starts a flight of its own.
+            self.stopping = True
+            self._task.cancel()
+
+    # -- the pump -----------------------------------------------------------------------------
+
+    async def _pump(self, opener: Opener, deadline: float) -> None:
+        try:
+            upstream = await opener()
+        except asyncio.CancelledError:
+            self._end(Outcome.CLIENT_GONE)
+            raise
+        except OwnError as exc:
+            self.own = True
+            self._refuse(exc.__cause__ or exc)
+            return
+        except Exception as exc:
+            self._refuse(exc)
+            return
+        self.status, self.headers, self.origin = upstream.status, upstream.headers, upstream.origin
+        self.body = upstream.body
+        if upstream.body is not None:
+            self.size = len(upstream.body)
+        elif upstream.first is not None:
+            self._append(upstream.first)
+        self._head.set()
+        outcome = await self._read(upstream, deadline)
+        try:
+            self._end(outcome)
+        finally:
+            await upstream.close(outcome)
+
+    async def _read(self, upstream: Answer, deadline: float) -> Outcome:
+        """Read the upstream to its end into the buffer; how it ended."""
+        if upstream.body is not None or upstream.first is None:
+            return Outcome.OK  # whole, or a stream with nothing in it (as the relay reads it)
+        try:
+            async with asyncio.timeout_at(deadline):
+                while (chunk := await upstream.next_chunk()) is not None:
+                    self._append(chunk)
+            return Outcome.OK
+        except AnswerBroken as exc:
+            self.failure = exc
+            return Outcome.BROKEN
+        except TimeoutError:
+            self.failure = AnswerBroken(
+                ErrorCode.REQUEST_TIMEOUT, "request deadline expired during the stream"
+            )
+            return Outcome.TIMEOUT
+        except asyncio.CancelledError:
+            self.failure = AnswerBroken(ErrorCode.BACKEND_ERROR, "the shared answer was stopped")
+            return Outcome.CLIENT_GONE
+        except Exception as exc:
+            log.exception("reading a shared answer failed")
+            self.failure = AnswerBroken(ErrorCode.BACKEND_ERROR, f"stream failed: {exc}")
+            return Outcome.BROKEN
+
+    def _append(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        self._wake()
+
+    def _wake(self) -> None:
+        more, self._more = self._more, asyncio.Event()
+        more.set()
+
+    def _refuse(self, exc: BaseException) -> None:
+        self.refusal = exc
+        self._end(Outcome.BROKEN)
+
+    def _end(self, outcome: Outcome) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.complete = outcome is Outcome.OK and self.refusal is None
+        self._head.set()
+        self._wake()
+        try:
+            self._on_end(self, outcome)
+        except Exception:
+            log.exception("a flight's end hook failed")
+
+
+class Reader:
+    """One request's cursor over a flight: the source of its answer."""
+
+    __slots__ = ("_cursor", "_first", "_flight", "_keeper", "_left")
+
+    def __init__(self, flight: Flight, first: bool, keeper: bool = False) -> None:
+        self._flight = flight
+        self._first = first  # the request that started the flight
+        self._keeper = keeper
+        self._cursor = 0
+        self._left = False
+
+    async def answer(self, deadline: float, origin: str | None = None) -> Answer:
+        """Wait (until `deadline`, loop time) for the flight's head, then this reader's
+        answer. Raises the flight's refusal (OwnError to a reader other than the first when
+        the refusal was the first request's own)."""
+        flight = self._flight
+        try:
+            if not flight._head.is_set():
+                async with asyncio.timeout_at(deadline):
+                    await flight._head.wait()
+        except TimeoutError:
+            self.close(Outcome.TIMEOUT)
+            raise ApiError(
+                ErrorCode.REQUEST_TIMEOUT,
+                "Request deadline exceeded waiting for an identical request's answer",
+            ) from None
+        except BaseException:
+            self.close(Outcome.CLIENT_GONE)
+            raise
+        if flight.refusal is not None:
+            self.close(Outcome.BROKEN)
+            if flight.own and not self._first:
+                raise OwnError()
+            raise flight.refusal
+        where = flight.origin if origin is None else origin
+        if flight.body is not None:
+            return Answer(flight.status, flight.headers, self, body=flight.body, origin=where)
+        first = flight.chunks[0] if flight.chunks else None
+        self._cursor = 1
+        return Answer(flight.status, flight.headers, self, first=first, origin=where)
+
+    async def read(self) -> bytes | None:
+        flight = self._flight
+        while True:
+            if self._cursor < len(flight.chunks):
+                chunk = flight.chunks[self._cursor]
+                self._cursor += 1
+                return chunk
+            if flight.failure is not None:
+                raise flight.failure
+            if flight.ended:
+                return None
+            await flight._more.wait()
+
+    def available(self) -> list[bytes]:
+        """Every chunk buffered past the cursor, at once (the site publisher batches)."""
+        chunks = self._flight.chunks[self._cursor :]
+        self._cursor += len(chunks)
+        return chunks
+
+    async def wait(self, timeout: float) -> None:
+        """Until the flight changes (a chunk, its end, a reader leaving) or `timeout`."""
+        flight = self._flight
+        if self._cursor < len(flight.chunks) or flight.ended:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await flight._more.wait()
+        except TimeoutError:
+            pass
+
+    def close(self, outcome: Outcome) -> None:
+        if not self._left:
+            self._left = True
+            self._flight._leave(self._keeper)
+
+
+class Flights:
+    """The flights of this router by key: the one a new identical request joins."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Flight] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def get(self, key: str) -> Flight | None:
+        flight = self._by_key.get(key)
+        return flight if flight is not None and flight.joinable else None
+
+    def add(self, flight: Flight) -> bool:
+        """Register `flight` unless a running one has its key."""
+        if self.get(flight.key) is not None:
+            return False
+        self._by_key[flight.key] = flight
+        return True
+
+    def discard(self, flight: Flight) -> None:
+        if self._by_key.get(flight.key) is flight:
+            del self._by_key[flight.key]

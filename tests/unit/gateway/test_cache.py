@@ -1,0 +1,292 @@
+"""The cache stage with a stand-in for the rest of the pipeline: off costs nothing, a stored
+answer is replayed, identical requests in flight share one call, and what must not be
+cached or shared is not."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import orjson
+import pytest
+
+from hivenet_router.auth.providers import Principal
+from hivenet_router.clock import ManualClock
+from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.domain.request import Job, RequestFacts
+from hivenet_router.gateway.cache import ResponseCache
+from hivenet_router.gateway.cache_store import Stored
+from hivenet_router.gateway.cache_valkey import SharedCache, decode, encode
+from hivenet_router.gateway.settings import CacheSettings
+from hivenet_router.observability.events import Observers
+from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.policy.document import BUILT_IN, Policy
+
+ROUTE = "/v1/chat/completions"
+CHUNKS = [b'data: {"id":"a","n":1}\n\n', b'data: {"n":2}\n\n', b"data: [DONE]\n\n"]
+
+
+class Source:
+    def __init__(self, chunks: list[bytes], gate: asyncio.Event | None = None) -> None:
+        self.chunks = list(chunks)
+        self.gate = gate
+        self.closed: list[Outcome] = []
+
+    async def read(self) -> bytes | None:
+        if self.gate is not None:
+            await self.gate.wait()
+        if not self.chunks:
+            return None
+        chunk = self.chunks.pop(0)
+        if chunk == b"BREAK":
+            raise AnswerBroken(ErrorCode.BACKEND_ERROR, "engine stopped")
+        return chunk
+
+    def close(self, outcome: Outcome) -> None:
+        self.closed.append(outcome)
+
+
+class Engine:
+    """The rest of the pipeline: counts calls, answers a stream, may wait or fail."""
+
+    def __init__(self, chunks: list[bytes] | None = None) -> None:
+        self.chunks = chunks if chunks is not None else CHUNKS
+        self.calls = 0
+        self.gate: asyncio.Event | None = None
+        self.error: ApiError | None = None
+        self.errors: list[ApiError] = []  # raised by the next calls, one each
+        self.hold: asyncio.Event | None = None  # the stream waits for it after its first chunk
+        self.dispatched = True
+        self.sources: list[Source] = []
+        self.closes: list[Outcome] = []
+
+    async def __call__(self, ticket: Ticket) -> Answer:
+        self.calls += 1
+        ticket.dispatched = self.dispatched
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        if self.errors:
+            raise self.errors.pop(0)
+        source = Source(self.chunks[1:], self.hold)
+        self.sources.append(source)
+        answer = Answer(200, [("Content-Type", "text/event-stream")], source, first=self.chunks[0])
+        answer.on_close(lambda outcome, usage: self.closes.append(outcome))
+        return answer
+
+
+def ticket(body: dict[str, Any], tenant: str = "acme", headers: Any = ()) -> Ticket:
+    t = Ticket("rid", ROUTE, 0.0, Observers())
+    raw = orjson.dumps(body)
+    t.facts = RequestFacts(ROUTE, "m", "llm", True, None)
+    t.job = Job(ROUTE, "m", "llm", True, raw, list(headers))
+    t.principal = Principal(tenant, "k", "k", frozenset())
+    t.deadline = asyncio.get_running_loop().time() + 30
+    return t
+
+
+BODY = {"model": "m", "stream": True, "temperature": 0, "messages": [{"role": "user"}]}
+
+
+DEFAULTS = CacheSettings()
+
+
+def stage(settings: CacheSettings | None = DEFAULTS, **kw: Any) -> ResponseCache:
+    policy: Policy = dataclasses.replace(BUILT_IN, response_cache=settings)
+    return ResponseCache(lambda model: policy, ManualClock(), **kw)
+
+
+async def read(answer: Answer, outcome: Outcome = Outcome.OK) -> bytes:
+    out = [answer.first or b""] if answer.body is None else [answer.body]
+    while answer.body is None and (chunk := await answer.next_chunk()) is not None:
+        out.append(chunk)
+    await answer.close(outcome)
+    return b"".join(out)
+
+
+async def test_off_calls_next_and_marks_nothing() -> None:
+    cache, engine = stage(None), Engine()
+    t = ticket(BODY)
+    await read(await cache(t, engine))
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2 and t.cache == "" and t.bill
+    assert cache.snapshot().results == {"hit": 0, "miss": 0, "dedup": 0, "bypass": 0}
+
+
+async def test_a_finished_answer_is_replayed_byte_for_byte() -> None:
+    cache, engine = stage(CacheSettings(bill_hits=False)), Engine()
+    first = ticket(BODY)
+    fresh = await read(await cache(first, engine))
+    assert first.cache == "" and first.headers_out["X-Hivenet-Cache"] == "miss"
+    again = ticket({**BODY, "messages": [{"role": "user"}]})
+    replay = await cache(again, engine)
+    assert await read(replay) == fresh == b"".join(CHUNKS)
+    assert engine.calls == 1 and engine.closes == [Outcome.OK]
+    assert again.cache == "hit" and not again.bill and again.origin == "cache"
+    assert replay.usage is not None or replay.usage is None  # metered like any stream
+    snap = cache.snapshot()
+    assert snap.entries == 1 and snap.bytes > len(fresh) and snap.results["hit"] == 1
+
+
+async def test_identical_requests_in_flight_share_one_call() -> None:
+    cache, engine = stage(), Engine()
+    engine.gate = asyncio.Event()
+    tickets = [ticket(BODY) for _ in range(5)]
+    pending = [asyncio.ensure_future(cache(t, engine)) for t in tickets]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert cache.snapshot().flights == 1
+    engine.gate.set()
+    answers = await asyncio.gather(*pending)
+    streams = await asyncio.gather(*(read(a) for a in answers))
+    assert set(streams) == {b"".join(CHUNKS)} and engine.calls == 1
+    assert [t.cache for t in tickets] == ["", "dedup", "dedup", "dedup", "dedup"]
+    assert tickets[1].bill and tickets[1].origin == "cache"
+    assert engine.closes == [Outcome.OK] and cache.snapshot().flights == 0
+
+
+async def test_not_repeatable_and_no_store_pass_through() -> None:
+    cache, engine = stage(), Engine()
+    hot = {**BODY, "temperature": 0.7}
+    for body, headers in ((hot, ()), (BODY, [("cache-control", "no-store")])):
+        for _ in range(2):
+            t = ticket(body, headers=headers)
+            await read(await cache(t, engine))
+            assert t.cache == "" and "X-Hivenet-Cache" not in t.headers_out
+    assert engine.calls == 4 and cache.snapshot().results["bypass"] == 4
+    seeded = {**hot, "seed": 1}
+    await read(await cache(ticket(seeded), engine))
+    await read(await cache(ticket(seeded), engine))
+    assert engine.calls == 5  # a seed makes it repeatable
+
+
+async def test_repeatable_only_off_caches_sampled_answers_too() -> None:
+    cache, engine = stage(CacheSettings(repeatable_only=False)), Engine()
+    hot = {**BODY, "temperature": 0.7}
+    await read(await cache(ticket(hot), engine))
+    await read(await cache(ticket(hot), engine))
+    assert engine.calls == 1
+
+
+async def test_no_cache_skips_the_stored_answer_but_refreshes_it() -> None:
+    cache, engine = stage(), Engine()
+    await read(await cache(ticket(BODY), engine))
+    t = ticket(BODY, headers=[("cache-control", "no-cache")])
+    await read(await cache(t, engine))
+    assert engine.calls == 2 and t.cache == ""
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2
+
+
+async def test_tenants_do_not_share_unless_the_policy_says_so() -> None:
+    cache, engine = stage(), Engine()
+    await read(await cache(ticket(BODY, "acme"), engine))
+    await read(await cache(ticket(BODY, "other"), engine))
+    assert engine.calls == 2
+    shared, engine = stage(CacheSettings(shared=True)), Engine()
+    await read(await shared(ticket(BODY, "acme"), engine))
+    t = ticket(BODY, "other")
+    await read(await shared(t, engine))
+    assert engine.calls == 1 and t.cache == "hit"
+
+
+async def test_errors_are_shared_with_followers_and_never_stored() -> None:
+    cache, engine = stage(), Engine()
+    engine.gate = asyncio.Event()
+    engine.error = ApiError(ErrorCode.BACKEND_ERROR, "engine failed", "backend")
+    pending = [asyncio.ensure_future(cache(ticket(BODY), engine)) for _ in range(3)]
+    await asyncio.sleep(0)
+    engine.gate.set()
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(r is engine.error for r in results) and engine.calls == 1
+    engine.error = None
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2  # nothing was stored
+
+
+async def test_a_leaders_own_refusal_sends_its_followers_on_alone() -> None:
+    cache, engine = stage(), Engine()
+    engine.gate = asyncio.Event()
+    engine.errors = [ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, "your rate")]
+    engine.dispatched = False
+    leader = asyncio.ensure_future(cache(ticket(BODY), engine))
+    await asyncio.sleep(0)
+    follower = asyncio.ensure_future(cache(ticket(BODY), engine))
+    await asyncio.sleep(0)
+    engine.gate.set()
+    with pytest.raises(ApiError):
+        await leader
+    assert await read(await follower) == b"".join(CHUNKS)
+    assert engine.calls == 2
+
+
+async def test_a_broken_stream_is_not_stored() -> None:
+    cache, engine = stage(), Engine([CHUNKS[0], b"BREAK"])
+    answer = await cache(ticket(BODY), engine)
+    with pytest.raises(AnswerBroken):
+        await read(answer)
+    await answer.close(Outcome.BROKEN)
+    engine.chunks = CHUNKS
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2 and engine.closes == [Outcome.BROKEN, Outcome.OK]
+
+
+async def test_a_client_gone_before_the_end_stores_nothing() -> None:
+    cache, engine = stage(), Engine()
+    engine.hold = asyncio.Event()
+    answer = await cache(ticket(BODY), engine)
+    await answer.close(Outcome.CLIENT_GONE)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert engine.closes == [Outcome.CLIENT_GONE]
+    engine.hold = None
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2
+
+
+async def test_an_answer_over_max_entry_bytes_is_served_not_stored() -> None:
+    big = [b"data: " + b"x" * 2000 + b"\n\n", b"data: [DONE]\n\n"]
+    cache = stage(CacheSettings(max_entry_bytes=1024, max_bytes=4096))
+    engine = Engine(big)
+    assert await read(await cache(ticket(BODY), engine)) == b"".join(big)
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2 and cache.snapshot().entries == 0
+
+
+async def test_dedup_only_shares_but_stores_nothing() -> None:
+    cache, engine = stage(CacheSettings(store=False)), Engine()
+    await read(await cache(ticket(BODY), engine))
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2 and cache.snapshot().entries == 0
+
+
+class FakeValkey:
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.deleted: list[str] = []
+
+    async def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    async def delete(self, key: str) -> None:
+        self.deleted.append(key)
+        self.values.pop(key, None)
+
+
+async def test_a_malformed_shared_entry_is_a_miss_and_deleted() -> None:
+    client = FakeValkey()
+    shared = SharedCache(client, "hivenet:{s}:", ManualClock())
+    good = Stored(200, "application/json", False, b"{}", 1_700_000_000.0)
+    assert decode(encode(good)) == good
+    client.values["hivenet:{s}:cache:k"] = b"\xff\x00garbage"
+    assert await shared.get("k") is None
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert client.deleted == ["hivenet:{s}:cache:k"] and shared.errors == {"malformed": 1}
+    wrong_version = bytearray(encode(good))
+    wrong_version[1] = 9  # the first field of the msgpack array: the version
+    client.values["hivenet:{s}:cache:k"] = bytes(wrong_version)
+    assert await shared.get("k") is None

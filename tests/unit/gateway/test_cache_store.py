@@ -1,0 +1,95 @@
+"""The in-memory store: TTL on an injected clock, least recently used out first, the byte
+bound, and answers too large to keep."""
+
+from __future__ import annotations
+
+from hivenet_router.clock import ManualClock
+from hivenet_router.gateway.cache_store import ENTRY_OVERHEAD, MemoryStore, Stored
+
+BIG = 1 << 30
+
+
+def answer(clock: ManualClock, data: bytes = b"data: x\n\n") -> Stored:
+    return Stored(200, "text/event-stream", True, data, clock.wall())
+
+
+def test_an_entry_lives_for_its_ttl() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    assert store.put("k", answer(clock), 10.0, 100, BIG)
+    clock.advance(9.9)
+    assert store.get("k") is not None
+    clock.advance(0.2)
+    assert store.get("k") is None
+    assert len(store) == 0 and store.bytes == 0
+
+
+def test_an_entry_read_from_elsewhere_keeps_only_the_rest_of_its_ttl() -> None:
+    clock = ManualClock()
+    old = answer(clock)
+    clock.advance(8)
+    store = MemoryStore(clock)
+    assert store.put("k", old, 10.0, 100, BIG)
+    clock.advance(2.5)
+    assert store.get("k") is None
+    assert not store.put("k", old, 10.0, 100, BIG)  # already past its ttl
+
+
+def test_max_age_skips_an_older_entry_without_dropping_it() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    store.put("k", answer(clock), 100.0, 100, BIG)
+    clock.advance(20)
+    assert store.get("k", max_age=10) is None
+    assert store.get("k", max_age=30) is not None
+
+
+def test_least_recently_used_goes_first() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    for name in "abc":
+        store.put(name, answer(clock), 100.0, 3, BIG)
+    assert store.get("a") is not None  # a is now the most recent
+    store.put("d", answer(clock), 100.0, 3, BIG)
+    assert store.get("b") is None
+    assert all(store.get(name) is not None for name in "acd")
+    assert store.evictions == 1
+
+
+def test_the_byte_bound_holds_and_an_oversize_answer_is_not_kept() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    one = answer(clock, b"x" * 1000)
+    bound = 2 * one.size + 10
+    store.put("a", one, 100.0, 100, bound)
+    store.put("b", one, 100.0, 100, bound)
+    store.put("c", one, 100.0, 100, bound)
+    assert len(store) == 2 and store.bytes == 2 * one.size <= bound
+    assert store.get("a") is None
+    assert not store.put("huge", answer(clock, b"x" * bound), 100.0, 100, bound)
+    assert store.get("huge") is None and len(store) == 2
+    assert one.size == 1000 + len("text/event-stream") + ENTRY_OVERHEAD
+
+
+def test_expired_entries_go_as_the_store_is_written() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    store.put("a", answer(clock), 1.0, 100, BIG)
+    store.put("b", answer(clock), 100.0, 100, BIG)
+    clock.advance(2)
+    store.put("c", answer(clock), 100.0, 100, BIG)
+    assert len(store) == 2 and store.evictions == 0  # expiries are not evictions
+    store.put("d", answer(clock), 1.0, 100, BIG)
+    clock.advance(2)
+    assert store.sweep() == 1 and len(store) == 2
+
+
+def test_a_replaced_entry_is_counted_once() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    entry = answer(clock)
+    store.put("a", entry, 100.0, 100, BIG)
+    store.put("a", entry, 100.0, 100, BIG)
+    assert len(store) == 1 and store.bytes == entry.size
+    store.delete("a")
+    assert len(store) == 0 and store.bytes == 0

@@ -126,6 +126,31 @@ def test_a_stream_is_audited_after_its_last_chunk(fleet: tuple[Cluster, Router, 
     assert entry["output_tokens"] == usage[-1].completion_tokens > 0
 
 
+def test_a_client_that_hangs_up_after_the_last_event_was_served(
+    fleet: tuple[Cluster, Router, str],
+) -> None:
+    """SDKs close the connection as soon as they read `[DONE]`, often before the agent's
+    end of stream reaches the router: that request succeeded (200), it did not lose its
+    client (499)."""
+    c, router, _ = fleet
+    # An engine with a pace: its end of stream reaches the router apart from `[DONE]`.
+    paced = "audited-paced"
+    c.agent(router, c.sim(paced, "--itl", "2ms", "--ttft-base", "1ms", name="paced"), name="paced")
+    wait_until(lambda: paced in _listed(router))
+    ids = [str(uuid.uuid4()) for _ in range(20)]
+    body = {"model": paced, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    for rid in ids:
+        with httpx.Client(timeout=5) as http:
+            headers = {"Authorization": f"Bearer {KEY}", "X-Request-ID": rid}
+            url = router.url + "/v1/chat/completions"
+            with http.stream("POST", url, json=body, headers=headers) as reply:
+                for line in reply.iter_lines():
+                    if line == "data: [DONE]":
+                        break  # hang up at once, as the SDKs do
+    statuses = [records(router, rid)[0]["status_code"] for rid in ids]
+    assert statuses == [200] * len(ids)
+
+
 @pytest.mark.parametrize("supplied", ["not-a-uuid", "8b9e4a6d" * 2000, "'; DROP TABLE"])
 def test_an_invalid_request_id_is_replaced(
     fleet: tuple[Cluster, Router, str], supplied: str

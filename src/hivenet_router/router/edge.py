@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hivenet_router.auth.providers import AuthState
+from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.http1.messages import Answer, App, Request, Response
 from hivenet_router.observability.events import Ended, Observers
@@ -121,8 +122,9 @@ class Edge:
         try:
             response = await self._answer(request, ticket, handler, guard)
         except BaseException:
-            # Only the client going away (or a cut at shutdown) leaves the edge unanswered.
-            self._end(ticket, CLIENT_GONE)
+            # Only the client going away (or a cut at shutdown) leaves the edge unanswered;
+            # a client that left after the whole stream (its last event) was served.
+            self._end(ticket, 200 if ticket.outcome is Outcome.OK else CLIENT_GONE)
             raise
         if isinstance(response, Response):
             response.headers["X-Request-ID"] = rid

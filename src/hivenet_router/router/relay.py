@@ -46,12 +46,14 @@ class Relay:
             "X-Request-ID": ticket.request_id,
         }
         outcome = Outcome.CLIENT_GONE
+        written = b""  # the last chunk the client was sent
         try:
             response = await http.stream(request, answer.status, headers)
             async with asyncio.timeout_at(ticket.deadline):
                 chunk = answer.first
                 while chunk is not None:
                     await response.write(chunk)
+                    written = chunk
                     chunk = await answer.next_chunk()
             outcome = Outcome.OK
         except AnswerBroken as exc:
@@ -66,7 +68,11 @@ class Relay:
                 "request deadline expired during the stream",
             )
         except asyncio.CancelledError:
-            if self.stopping:
+            if complete(written):
+                # SDKs hang up as soon as they read the last event, often before the
+                # source's own end arrives: the client had the whole answer.
+                outcome = Outcome.OK
+            elif self.stopping:
                 outcome = Outcome.BROKEN
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(1.0):
@@ -100,3 +106,9 @@ class Relay:
             data = b"event: error\n" + data
         with contextlib.suppress(ConnectionError):
             await response.write(data)
+
+
+def complete(chunk: bytes) -> bool:
+    """Does this chunk end a whole answer: OpenAI's `[DONE]` or Anthropic's message_stop?"""
+    tail = chunk[-64:]
+    return tail.rstrip().endswith(b"data: [DONE]") or b"event: message_stop" in chunk[-256:]

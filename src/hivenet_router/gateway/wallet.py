@@ -1,14 +1,95 @@
-"""The wallet stage: 402 at or below zero, a hold at admission, a settle at the end (stub)."""
+"""The wallet stage: 402 at or below zero, a hold at admission, a settle at the end.
+
+Before the request goes on, its worst case (the prompt's bytes as tokens, the declared or
+default output) is held on the tenant's wallet, if the wallet has anything left; once the
+answer is closed, what it cost is charged and the hold released, in one idempotent
+transaction (gateway/ledger.py). The ledger failing never fails a request: it goes on
+unbilled and its charge waits on local disk (fail-open).
+
+What a request costs: the usage its answer reported, at its model's price in the policy.
+An answer that reported none (a stream without `include_usage`, a stream cut short) is
+charged what was metered: the input estimate and one output token per SSE data event. An
+error answer (status 400 and above) costs nothing; so does an answer a cache served when
+its policy does not bill hits. `/v1/messages/count_tokens` is free and never checked;
+embeddings and rerank pay for their input only.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from decimal import Decimal
+from typing import Final
 
 from hivenet_router.domain.answer import Answer
-from hivenet_router.gateway.ledger import Ledger
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.domain.request import RequestFacts, Usage
+from hivenet_router.gateway.ledger import HoldResult, Ledger
+from hivenet_router.gateway.pending import Charge
+from hivenet_router.gateway.settings import Price
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
+
+log = logging.getLogger("hivenet.router")
+
+# Routes that generate tokens (the others pay for their input only), and those never billed.
+GENERATING_ROUTES: Final = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+FREE_ROUTES: Final = frozenset({"/v1/messages/count_tokens"})
+DEFAULT_OUTPUT_TOKENS: Final = 4096  # held when a request declares no max_tokens
+MESSAGE_OVERHEAD: Final = 4  # tokens of role and framing per message
+IMAGE_TOKENS: Final = 1600  # held per image (a large image in most vision models)
+ESTIMATE_TOKENS_PER_BYTE: Final = 1 / 3.2  # the metered input when no usage was reported
+_LOGGED_MODELS_MAX: Final = 1000
+
+
+def worst_case(price: Price, facts: RequestFacts) -> Decimal:
+    """The most this request can cost: every prompt byte a token (no tokenizer makes more),
+    plus the output it declared, or DEFAULT_OUTPUT_TOKENS."""
+    tokens_in = facts.text_bytes + MESSAGE_OVERHEAD * facts.messages + IMAGE_TOKENS * facts.images
+    tokens_out = 0
+    if facts.route in GENERATING_ROUTES:
+        declared = facts.max_output_tokens
+        tokens_out = declared if declared is not None else DEFAULT_OUTPUT_TOKENS
+    return price.cost(tokens_in, tokens_out)
+
+
+def estimated_input(facts: RequestFacts) -> int:
+    return (
+        math.ceil(facts.text_bytes * ESTIMATE_TOKENS_PER_BYTE) + MESSAGE_OVERHEAD * facts.messages
+    )
+
+
+def missing_prices(policies: Iterable[Policy]) -> list[str]:
+    """Policies that serve a model without a price, named with those models. A policy that
+    names no models (the default) serves every model no other policy names: it needs a
+    price for all of them (`input_per_million` and `output_per_million` at the top of its
+    `prices` block)."""
+    out: list[str] = []
+    for policy in policies:
+        prices = policy.prices
+        if not policy.models:
+            if prices is None or prices.default is None:
+                out.append(f"{policy.name} (the default: every model no other policy names)")
+            continue
+        lacking = [m for m in policy.models if prices is None or prices.for_model(m) is None]
+        if lacking:
+            out.append(f"{policy.name}: {', '.join(lacking)}")
+    return out
+
+
+class _Meter:
+    """Output metered from a stream, for an answer that reports no usage."""
+
+    __slots__ = ("events",)
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.events += chunk.count(b"data:")
 
 
 class WalletStage:
@@ -17,6 +98,95 @@ class WalletStage:
     def __init__(self, ledger: Ledger, policy_for: Callable[[str], Policy]) -> None:
         self.ledger = ledger
         self.policy_for = policy_for
+        self._unpriced: set[str] = set()  # models already logged as having no price
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
-        return await next(ticket)
+        facts = ticket.facts
+        if facts is None or facts.route in FREE_ROUTES:
+            return await next(ticket)
+        principal = ticket.principal
+        tenant = str(principal.tenant) if principal is not None else "default"
+        price, currency = self._price(facts.model)
+        base = Charge(
+            self.ledger.new_charge_id(),
+            ticket.request_id,
+            tenant,
+            currency,
+            facts.model,
+            Decimal(0),
+        )
+        held = await self.ledger.hold(
+            base.charge_id, ticket.request_id, tenant, currency, worst_case(price, facts)
+        )
+        if held.refused:
+            self.ledger.stats.refused[held.status] += 1
+            raise ApiError(ErrorCode.INSUFFICIENT_BALANCE, _refusal(tenant, currency, held))
+        if held.unbilled:
+            self.ledger.stats.unbilled += 1
+        try:
+            answer = await next(ticket)
+        except BaseException:
+            if held.status != "skipped":  # a hold was (or may have been) taken: give it back
+                self.ledger.settle_soon(replace(base, record=False))
+            raise
+        meter = _Meter()
+        if answer.streamed:
+            if answer.first is not None:
+                meter.feed(answer.first)
+            answer.on_chunk(meter.feed)
+        answer.on_close(
+            lambda outcome, usage: self._settle(ticket, facts, base, price, answer, usage, meter)
+        )
+        return answer
+
+    def _price(self, model: str) -> tuple[Price, str]:
+        policy = self.policy_for(model)
+        prices = policy.prices
+        price = prices.for_model(model) if prices is not None else None
+        if price is None or prices is None:
+            self.ledger.stats.refused["no_price"] += 1
+            if model not in self._unpriced and len(self._unpriced) < _LOGGED_MODELS_MAX:
+                self._unpriced.add(model)
+                log.error("wallets: model %s has no price in policy %s", model, policy.name)
+            raise ApiError(
+                ErrorCode.BACKEND_UNAVAILABLE,
+                f"model {model} has no price in its policy ({policy.name}), so it cannot be "
+                "billed; the operator must add one",
+            )
+        return price, prices.currency
+
+    def _settle(
+        self,
+        ticket: Ticket,
+        facts: RequestFacts,
+        base: Charge,
+        price: Price,
+        answer: Answer,
+        usage: Usage | None,
+        meter: _Meter,
+    ) -> None:
+        """The close hook: work out the cost now (the audit record shows it), write it in the
+        background. Runs once, whatever the outcome."""
+        if answer.status >= 400:
+            tokens_in = tokens_out = 0  # an error answer generated nothing
+        elif usage is not None:
+            tokens_in, tokens_out = usage.input_tokens, usage.output_tokens
+        else:
+            tokens_in = estimated_input(facts)
+            tokens_out = meter.events if facts.route in GENERATING_ROUTES else 0
+        cost = price.cost(tokens_in, tokens_out) if ticket.bill else Decimal(0)
+        ticket.charge = cost
+        self.ledger.settle_soon(
+            replace(base, amount=cost, input_tokens=tokens_in, output_tokens=tokens_out)
+        )
+
+
+def _refusal(tenant: str, currency: str, held: HoldResult) -> str:
+    if held.status == "no_wallet":
+        return f"tenant {tenant} has no wallet; an operator must credit it first"
+    if held.status == "currency":
+        return (
+            f"tenant {tenant}'s wallet is in {held.detail} but this model is priced in "
+            f"{currency}; no charge can be taken"
+        )
+    return f"tenant {tenant} has no balance left ({held.detail} {currency} available)"

@@ -24,6 +24,7 @@ from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.gateway.wallet import missing_prices
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.server import HttpServer, Limits
 from hivenet_router.listeners import (
@@ -33,7 +34,7 @@ from hivenet_router.listeners import (
     start_site,
 )
 from hivenet_router.policy.document import PolicyError
-from hivenet_router.policy.store import PolicyStore
+from hivenet_router.policy.store import PolicySet, PolicyStore
 from hivenet_router.router.auth_grpc import GrpcAuthServer
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord
@@ -126,9 +127,13 @@ class RouterProcess:
             )
         except AuthConfigError as exc:
             raise ConfigError(f"authentication: {exc}") from None
-        policies.check = lambda candidate: auth.conflict(
-            lambda name, models, quota: itpm_conflict(name, models, quota, candidate)
+        policies.check = lambda candidate: (
+            auth.conflict(lambda name, models, quota: itpm_conflict(name, models, quota, candidate))
+            or _unpriced(config, candidate)
         )
+        problem = _unpriced(config, policies.current)
+        if problem is not None:
+            raise ConfigError(problem)
         check_names(config)
         return cls(config, secret, SystemClock(), policies, providers, auth)
 
@@ -346,6 +351,20 @@ class RouterProcess:
             await asyncio.to_thread(writer.close)
         if router.tracing is not None:
             await asyncio.to_thread(router.tracing.close)  # sends what is left, bounded
+
+
+def _unpriced(config: RouterConfig, policies: PolicySet) -> str | None:
+    """With wallets on, every model a policy serves needs a price: refused at start and on
+    reload rather than found by the first client of that model."""
+    if not config.ledger_dsn:
+        return None
+    missing = missing_prices([policies.default, *policies.named.values()])
+    if not missing:
+        return None
+    return (
+        "--ledger-dsn bills every request, but these policies serve models without a price "
+        f"(add a prices block): {'; '.join(missing)}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

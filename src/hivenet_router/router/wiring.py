@@ -38,6 +38,7 @@ from hivenet_router.observability.routing_metrics import RoutingCollector
 from hivenet_router.observability.sync_metrics import SyncCollector
 from hivenet_router.observability.tracing import Tracing, TracingCollector, configured
 from hivenet_router.observability.validator_metrics import ValidatorCollector, ValidatorMetrics
+from hivenet_router.observability.wallet_metrics import WalletCollector
 from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
@@ -383,6 +384,8 @@ def _collect(router: Router) -> None:
     if router.site is not None:
         router.metrics.add(SyncCollector(router.site.snapshot))
     router.metrics.add(ValidatorCollector(router.validator_metrics))
+    if router.ledger is not None:
+        router.metrics.add(WalletCollector(router.ledger.snapshot))
     router.metrics.add(
         RequestsCollector(
             inflight=lambda: list(router.edge.inflight.values()),

@@ -1,0 +1,275 @@
+"""The ledger against a real PostgreSQL: migrations, holds, idempotent settles, the pending
+store across an outage and a restart, stale holds, the reconciliation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import asyncpg
+import pytest
+from blockbuster import BlockBuster
+
+from hivenet_router.gateway.ledger import Ledger, LedgerUnavailable, migrations
+from hivenet_router.gateway.pending import Charge, PendingStore
+from tests.postgres import Postgres, allow_connect_reads, postgres_server
+
+USD = "USD"
+
+
+@pytest.fixture(autouse=True)
+def _connect_reads(blockbuster: BlockBuster) -> None:
+    allow_connect_reads(blockbuster)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Postgres]:
+    with postgres_server() as pg:
+        yield pg
+
+
+@pytest.fixture
+def dsn(server: Postgres) -> str:
+    return server.database()
+
+
+async def until(check: Callable[[], object], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    dsn: str, directory: Path, timeout: float = 2.0, hold_ttl: float = 900.0
+) -> AsyncIterator[Ledger]:
+    ledger = Ledger(dsn, directory, timeout, hold_ttl=hold_ttl)
+    task = asyncio.create_task(ledger.run())
+    try:
+        await until(lambda: ledger.up)
+        yield ledger
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await ledger.close()
+
+
+async def sql(dsn: str, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+def charge(ledger: Ledger, tenant: str, amount: str, record: bool = True) -> Charge:
+    return Charge(ledger.new_charge_id(), "req", tenant, USD, "m", Decimal(amount), 10, 20, record)
+
+
+async def test_migrations_apply_once_and_two_routers_starting_together_do_not_race(
+    dsn: str, tmp_path: Path
+) -> None:
+    known = len(await asyncio.to_thread(migrations))
+    async with (
+        running(dsn, tmp_path / "a") as first,
+        running(dsn, tmp_path / "b") as second,
+    ):
+        assert first.schema_version == second.schema_version == known
+    async with running(dsn, tmp_path / "c") as again:  # a restart finds nothing to apply
+        assert again.schema_version == known
+    rows = await sql(dsn, "SELECT version FROM wallet_migrations")
+    assert [row["version"] for row in rows] == [1]
+
+
+async def test_a_schema_newer_than_the_code_keeps_wallets_fail_open(
+    dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running(dsn, tmp_path):
+        pass
+    await sql(dsn, "INSERT INTO wallet_migrations (version, name) VALUES (99, 'future')")
+    ledger = Ledger(dsn, tmp_path, 2.0)
+    task = asyncio.create_task(ledger.run())
+    try:
+        await until(lambda: ledger.stats.errors["schema"] >= 1)
+        assert not ledger.up
+        held = await ledger.hold("k", "r", "acme", USD, Decimal(1))
+        assert held.status == "skipped" and held.unbilled
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await ledger.close()
+    assert "schema version 99 is newer than this router knows (1)" in caplog.text
+
+
+async def test_hold_refuses_an_empty_missing_or_foreign_wallet(dsn: str, tmp_path: Path) -> None:
+    async with running(dsn, tmp_path) as ledger:
+        assert (await ledger.hold("k1", "r", "nobody", USD, Decimal(1))).status == "no_wallet"
+        await ledger.credit("euro", Decimal(5), "EUR", None)
+        foreign = await ledger.hold("k2", "r", "euro", USD, Decimal(1))
+        assert (foreign.status, foreign.detail) == ("currency", "EUR")
+        await ledger.credit("acme", Decimal("0.5"), None, "first")
+        assert (await ledger.hold("k3", "r", "acme", USD, Decimal(2))).status == "held"
+        # 0.5 - 2 held: nothing left for a second request
+        short = await ledger.hold("k4", "r", "acme", USD, Decimal(1))
+        assert (short.status, short.detail) == ("insufficient", "-1.5")
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and (wallet.balance, wallet.held) == (Decimal("0.5"), 2)
+
+
+async def test_a_settle_charges_once_however_often_it_is_retried(dsn: str, tmp_path: Path) -> None:
+    async with running(dsn, tmp_path) as ledger:
+        await ledger.credit("acme", Decimal(10), USD, None)
+        one = charge(ledger, "acme", "1.25")
+        assert (await ledger.hold(one.charge_id, "req", "acme", USD, Decimal(3))).status == "held"
+        results = await asyncio.gather(*(ledger.settle(one) for _ in range(5)))
+        assert sorted(results) == ["duplicate"] * 4 + ["settled"]
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and (wallet.balance, wallet.held) == (Decimal("8.75"), 0)
+        rows = await ledger.entries("acme", 10, None)
+        assert [(r["kind"], r["amount"], r["balance_after"]) for r in rows] == [
+            ("charge", Decimal("-1.25"), Decimal("8.75")),
+            ("credit", Decimal(10), Decimal(10)),
+        ]
+        assert (await ledger.reconcile()).ok
+        assert ledger.stats.charges == 1
+
+
+async def test_a_release_gives_the_hold_back_without_a_ledger_row(dsn: str, tmp_path: Path) -> None:
+    async with running(dsn, tmp_path) as ledger:
+        await ledger.credit("acme", Decimal(1), USD, None)
+        gone = charge(ledger, "acme", "0", record=False)
+        await ledger.hold(gone.charge_id, "req", "acme", USD, Decimal(5))
+        assert await ledger.settle(gone) == "released"
+        assert await ledger.settle(gone) == "released"  # again: nothing more to release
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and (wallet.balance, wallet.held) == (1, 0)
+        assert len(await ledger.entries("acme", 10, None)) == 1  # the credit only
+
+
+async def test_concurrent_holds_overdraw_by_at_most_one_worst_case(
+    dsn: str, tmp_path: Path
+) -> None:
+    worst = Decimal("0.3")
+    async with running(dsn, tmp_path) as ledger:
+        await ledger.credit("acme", Decimal(1), USD, None)
+        keys = [ledger.new_charge_id() for _ in range(40)]
+        held = await asyncio.gather(*(ledger.hold(key, "r", "acme", USD, worst) for key in keys))
+        admitted = [key for key, h in zip(keys, held, strict=True) if h.status == "held"]
+        assert len(admitted) == 4  # 1.0 -> 0.7 -> 0.4 -> 0.1 -> -0.2: the fourth was the last
+        for key in admitted:
+            await ledger.settle(Charge(key, "r", "acme", USD, "m", worst))
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and wallet.balance == Decimal("-0.2") >= -worst
+        assert wallet.held == 0 and (await ledger.reconcile()).ok
+
+
+async def test_charges_wait_on_disk_while_the_database_is_down_and_are_billed_once(
+    server: Postgres, dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "hivenet.router")
+    async with running(dsn, tmp_path, timeout=0.5) as ledger:
+        await ledger.credit("acme", Decimal(10), USD, None)
+        held = charge(ledger, "acme", "1")
+        await ledger.hold(held.charge_id, "req", "acme", USD, Decimal(2))
+        server.kill()
+        try:
+            ledger.settle_soon(held)  # fails: goes to disk
+            await ledger.idle(5)
+            late = [charge(ledger, "acme", "0.5") for _ in range(3)]
+            for one in late:
+                ledger.settle_soon(one)
+            await ledger.idle(5)
+            assert not ledger.up and ledger.snapshot().pending == 4
+            assert (await ledger.hold("k", "r", "acme", USD, Decimal(1))).status == "skipped"
+        finally:
+            server.start()
+        await until(lambda: ledger.up and ledger.snapshot().pending == 0)
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and (wallet.balance, wallet.held) == (Decimal("7.5"), 0)
+        assert (await ledger.reconcile()).ok
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("ledger unreachable" in w for w in warnings) == 1  # once per outage
+    assert sum("4 pending charges billed" in w for w in warnings) == 1
+
+
+async def test_pending_charges_survive_a_restart(dsn: str, tmp_path: Path) -> None:
+    # A router that never reached its database: the charge is kept on disk at shutdown.
+    away = Ledger("postgresql://u:hunter2@127.0.0.1:1/db", tmp_path, 0.2)
+    task = asyncio.create_task(away.run())
+    await until(lambda: away.stats.errors["connect"] >= 1)
+    away.settle_soon(Charge(away.new_charge_id(), "r", "newco", USD, "m", Decimal("0.25")))
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await away.close()
+    store = PendingStore(tmp_path)
+    assert await store.open() == 1
+    await store.close()
+    # The next start bills it; the tenant had no wallet: one opens, below zero.
+    async with running(dsn, tmp_path) as ledger:
+        await until(lambda: ledger.snapshot().pending == 0)
+        wallet = await ledger.wallet("newco")
+        assert wallet is not None and wallet.balance == Decimal("-0.25")
+        assert (await ledger.reconcile()).ok
+
+
+async def test_an_unreachable_dsn_is_warned_once_without_its_password(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = Ledger("postgresql://u:hunter2@127.0.0.1:1/db", tmp_path, 0.2)
+    task = asyncio.create_task(ledger.run())
+    try:
+        await until(lambda: ledger.stats.errors["connect"] >= 2)
+        with pytest.raises(LedgerUnavailable):
+            await ledger.credit("acme", Decimal(1), USD, None)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await ledger.close()
+    assert "hunter2" not in caplog.text
+    assert caplog.text.count("ledger unreachable") == 1
+
+
+async def test_stale_holds_expire(dsn: str, tmp_path: Path) -> None:
+    async with running(dsn, tmp_path, hold_ttl=0.05) as ledger:
+        await ledger.credit("acme", Decimal(1), USD, None)
+        await ledger.hold("dead-router-1", "r", "acme", USD, Decimal(3))
+    await asyncio.sleep(0.1)
+    async with running(dsn, tmp_path, hold_ttl=0.05) as ledger:  # expires at its start
+        await until(lambda: ledger.stats.holds_expired == 1)
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and wallet.held == 0
+        assert (await ledger.reconcile()).ok
+
+
+async def test_the_ledger_pages_newest_first_and_is_append_only(dsn: str, tmp_path: Path) -> None:
+    async with running(dsn, tmp_path) as ledger:
+        for n in range(1, 6):
+            await ledger.credit("acme", Decimal(n), USD, f"credit {n}")
+        first = await ledger.entries("acme", 2, None)
+        assert [row["note"] for row in first] == ["credit 5", "credit 4"]
+        rest = await ledger.entries("acme", 10, first[-1]["id"])
+        assert [row["note"] for row in rest] == ["credit 3", "credit 2", "credit 1"]
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await sql(dsn, "UPDATE ledger SET amount = 0")
+
+
+async def test_the_reconciliation_finds_a_wallet_edited_outside_the_ledger(
+    dsn: str, tmp_path: Path
+) -> None:
+    async with running(dsn, tmp_path) as ledger:
+        await ledger.credit("acme", Decimal(3), USD, None)
+        await ledger.credit("other", Decimal(3), USD, None)
+        assert (await ledger.reconcile()).ok
+        await sql(dsn, "UPDATE wallets SET balance = balance + 1 WHERE tenant = 'acme'")
+        result = await ledger.reconcile()
+        assert not result.ok and result.tenants == 2
+        assert [m["tenant"] for m in result.mismatches] == ["acme"]
+        assert result.mismatches[0]["ledger_sum"] == "3"

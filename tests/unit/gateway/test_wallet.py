@@ -1,0 +1,236 @@
+"""The wallet stage over a real ledger: refusals, the charge from reported or metered usage,
+the hold given back on every ending, fail-open, and the start-time price check."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from blockbuster import BlockBuster
+
+from hivenet_router.auth.providers import Principal
+from hivenet_router.domain.answer import Answer, Outcome, Whole
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.domain.request import RequestFacts
+from hivenet_router.gateway.ledger import Ledger
+from hivenet_router.gateway.settings import Price, Prices
+from hivenet_router.gateway.wallet import WalletStage, missing_prices, worst_case
+from hivenet_router.observability.events import Observers
+from hivenet_router.pipeline.stage import Next
+from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.policy.document import BUILT_IN
+from tests.postgres import Postgres, allow_connect_reads, postgres_server
+
+# 0.001 per input token, 0.002 per output token
+PRICE = Price(Decimal(1000), Decimal(2000))
+PRICED = dataclasses.replace(BUILT_IN, name="priced", prices=Prices("USD", PRICE))
+USAGE = b'{"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}'
+
+
+@pytest.fixture(autouse=True)
+def _connect_reads(blockbuster: BlockBuster) -> None:
+    allow_connect_reads(blockbuster)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Postgres]:
+    with postgres_server() as pg:
+        yield pg
+
+
+@pytest.fixture
+async def ledger(server: Postgres, tmp_path: Path) -> AsyncIterator[Ledger]:
+    ledger = Ledger(server.database(), tmp_path, 2.0)
+    task = asyncio.create_task(ledger.run())
+    async with asyncio.timeout(10):
+        while not ledger.up:
+            await asyncio.sleep(0.02)
+    yield ledger
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await ledger.close()
+
+
+def ticket(tenant: str = "acme", route: str = "/v1/chat/completions") -> Ticket:
+    t = Ticket("5c1d2a3b-0000-4000-8000-000000000001", route, 0.0, Observers())
+    t.principal = Principal(tenant, "k1", "n", frozenset())
+    t.facts = RequestFacts(route, "m", "llm", False, 100, text_bytes=32, messages=1)
+    return t
+
+
+def whole(body: bytes = USAGE, status: int = 200) -> Next:
+    async def next(t: Ticket) -> Answer:
+        return Answer(status, [], Whole(), body=body)
+
+    return next
+
+
+class Chunks:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def read(self) -> bytes | None:
+        return self.chunks.pop(0) if self.chunks else None
+
+    def close(self, outcome: Outcome) -> None:
+        pass
+
+
+async def serve(stage: WalletStage, t: Ticket, next: Next, outcome: Outcome = Outcome.OK) -> None:
+    answer = await stage(t, next)
+    while await answer.next_chunk() is not None:
+        pass
+    await answer.close(outcome)
+    await stage.ledger.idle(5)
+
+
+async def test_an_unfunded_tenant_is_refused_with_402(ledger: Ledger) -> None:
+    stage = WalletStage(ledger, lambda model: PRICED)
+    with pytest.raises(ApiError) as refused:
+        await stage(ticket(), whole())
+    assert refused.value.code is ErrorCode.INSUFFICIENT_BALANCE
+    assert refused.value.http_status == 402
+    assert "has no wallet" in refused.value.message
+    await ledger.credit("acme", Decimal("0.001"), "USD", None)
+    await serve(stage, ticket(), whole())  # funded: served, and now below zero
+    with pytest.raises(ApiError, match="no balance left"):
+        await stage(ticket(), whole())
+    assert ledger.snapshot().refused == {
+        "insufficient": 1,
+        "no_wallet": 1,
+        "currency": 0,
+        "no_price": 0,
+    }
+
+
+async def test_a_served_request_is_charged_its_reported_usage_once(ledger: Ledger) -> None:
+    await ledger.credit("acme", Decimal(1), "USD", None)
+    stage = WalletStage(ledger, lambda model: PRICED)
+    t = ticket()
+    await serve(stage, t, whole())
+    assert t.charge == Decimal("0.02")  # 10 x 0.001 + 5 x 0.002
+    wallet = await ledger.wallet("acme")
+    assert wallet is not None and (wallet.balance, wallet.held) == (Decimal("0.98"), 0)
+    rows = await ledger.entries("acme", 10, None)
+    first = rows[0]
+    assert (first["kind"], first["input_tokens"], first["output_tokens"]) == ("charge", 10, 5)
+    assert (await ledger.reconcile()).ok
+
+
+async def test_a_failed_request_gives_its_hold_back_without_a_charge(ledger: Ledger) -> None:
+    await ledger.credit("acme", Decimal(1), "USD", None)
+    stage = WalletStage(ledger, lambda model: PRICED)
+
+    async def failing(t: Ticket) -> Answer:
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and wallet.held == worst_case(PRICE, t.facts)  # type: ignore[arg-type]
+        raise ApiError(ErrorCode.NO_CAPACITY, "full")
+
+    with pytest.raises(ApiError, match="full"):
+        await stage(ticket(), failing)
+    await ledger.idle(5)
+    wallet = await ledger.wallet("acme")
+    assert wallet is not None and (wallet.balance, wallet.held) == (1, 0)
+    assert len(await ledger.entries("acme", 10, None)) == 1  # the credit only
+
+
+async def test_a_stream_without_usage_is_charged_what_was_metered(ledger: Ledger) -> None:
+    await ledger.credit("acme", Decimal(1), "USD", None)
+    stage = WalletStage(ledger, lambda model: PRICED)
+    event = b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
+
+    async def streaming(t: Ticket) -> Answer:
+        return Answer(200, [], Chunks([event, event, b"data: [DONE]\n\n"]), first=event)
+
+    t = ticket()
+    await serve(stage, t, streaming, Outcome.CLIENT_GONE)
+    # input estimated (32 bytes / 3.2 + 4 = 14 tokens), output one token per data event (4)
+    assert t.charge == Decimal("0.014") + Decimal("0.008")
+
+
+async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger) -> None:
+    await ledger.credit("acme", Decimal(1), "USD", None)
+    stage = WalletStage(ledger, lambda model: PRICED)
+    failed = ticket()
+    await serve(stage, failed, whole(b'{"error": {"message": "bad"}}', status=500))
+    hit = ticket()
+    hit.bill = False
+    await serve(stage, hit, whole())
+    assert failed.charge == hit.charge == 0
+    rows = await ledger.entries("acme", 10, None)
+    assert [r["kind"] for r in rows] == ["charge", "charge", "credit"]
+    wallet = await ledger.wallet("acme")
+    assert wallet is not None and (wallet.balance, wallet.held) == (1, 0)
+
+
+async def test_a_model_without_a_price_is_refused_and_named(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    stage = WalletStage(ledger, lambda model: BUILT_IN)
+    for _ in range(2):
+        with pytest.raises(ApiError) as refused:
+            await stage(ticket(), whole())
+        assert refused.value.code is ErrorCode.BACKEND_UNAVAILABLE
+        assert "model m has no price" in refused.value.message
+    assert caplog.text.count("has no price in policy built-in") == 1
+    assert ledger.snapshot().refused["no_price"] == 2
+
+
+async def test_a_wallet_in_another_currency_is_refused_naming_both(ledger: Ledger) -> None:
+    await ledger.credit("acme", Decimal(5), "EUR", None)
+    stage = WalletStage(ledger, lambda model: PRICED)
+    with pytest.raises(ApiError, match="in EUR but this model is priced in USD"):
+        await stage(ticket(), whole())
+
+
+async def test_count_tokens_is_free_and_never_checked(ledger: Ledger) -> None:
+    stage = WalletStage(ledger, lambda model: BUILT_IN)  # no price, no wallet: still served
+    t = ticket(route="/v1/messages/count_tokens")
+    await serve(stage, t, whole(b'{"input_tokens": 3}'))
+    assert t.charge is None
+
+
+async def test_without_its_database_the_stage_fails_open_and_keeps_the_charge(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger("postgresql://u:p@127.0.0.1:1/db", tmp_path, 0.2)  # never reached
+    try:
+        stage = WalletStage(ledger, lambda model: PRICED)
+        t = ticket(tenant="nobody")
+        await serve(stage, t, whole())
+        assert t.charge == Decimal("0.02")
+        snapshot = ledger.snapshot()
+        assert (snapshot.unbilled, snapshot.pending, snapshot.up) == (1, 1, False)
+    finally:
+        await ledger.close()
+
+
+def test_missing_prices_names_policies_and_their_unpriced_models() -> None:
+    named = dataclasses.replace(
+        BUILT_IN,
+        name="chat",
+        models=("a", "b", "c"),
+        prices=Prices("USD", None, (("a", PRICE),)),
+    )
+    unpriced = dataclasses.replace(BUILT_IN, name="embed", models=("e",))
+    assert missing_prices([PRICED, named, unpriced]) == ["chat: b, c", "embed: e"]
+    assert missing_prices([BUILT_IN]) == [
+        "built-in (the default: every model no other policy names)"
+    ]
+    everything = dataclasses.replace(named, prices=Prices("USD", PRICE))
+    assert missing_prices([PRICED, everything]) == []
+
+
+def test_the_worst_case_counts_every_prompt_byte_and_the_declared_output() -> None:
+    facts = RequestFacts("/v1/chat/completions", "m", "llm", False, 100, text_bytes=32, messages=2)
+    assert worst_case(PRICE, facts) == Decimal("0.04") + Decimal("0.2")
+    undeclared = dataclasses.replace(facts, max_output_tokens=None)
+    assert worst_case(PRICE, undeclared) == Decimal("0.04") + Decimal("8.192")
+    embeddings = dataclasses.replace(facts, route="/v1/embeddings")
+    assert worst_case(PRICE, embeddings) == Decimal("0.04")

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-site test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input soak docs clean
+.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input soak docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -19,6 +19,10 @@ run: $(STAMP)
 ## Start a site on loopback, in the foreground: Valkey and 3 Sentinels, 3 routers, 2 agents.
 run-site: $(STAMP)
 	$(BIN)/python scripts/run_site.py
+
+## `make run` with wallets: a throwaway PostgreSQL, priced policies, a funded tenant.
+run-wallets: $(STAMP)
+	$(BIN)/python scripts/run_wallets.py $(ARGS)
 
 ## Lint, type-check and run every test (real llama.cpp engines included).
 test: $(STAMP) lint engines clients prometheus

@@ -4,6 +4,7 @@ the stream validator and with the response cache, the start-up check of prices, 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -15,11 +16,16 @@ from typing import Any
 import httpx2 as httpx
 import orjson
 import pytest
+import yaml
 
+from tests.integration.test_dashboards import promtool
 from tests.postgres import Postgres, postgres_server
 from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_registered, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts-gateway.yml"
+# Series only a router of a site has (the shared cache's store calls).
+SITE_ONLY = {"hivenet_cache_store_errors_total"}
 MODEL = "m"
 PRICES = "prices: {input_per_million: 1000, output_per_million: 2000}\n"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -181,8 +187,16 @@ def test_a_cache_hit_is_billed_as_the_policy_says(
     assert billed[second] == (billed[first] if bill_hits else 0)
     assert records[second].get("billed", True) is bill_hits
     assert reconciled(router)
-    hits = metric(router.metrics(), "hivenet_cache_requests_total", result="hit")
-    assert hits == 1.0
+    exported = router.metrics()
+    assert metric(exported, "hivenet_cache_requests_total", result="hit") == 1.0
+    # every series the gateway's alert rules read exists on a router with the stages on
+    for rule in yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]:
+        for name in set(re.findall(r"\bhivenet_\w+", rule["expr"])) - SITE_ONLY:
+            assert metric(exported, name) is not None, f"{rule['alert']} reads missing {name}"
+
+
+def test_promtool_accepts_the_gateway_rules() -> None:
+    promtool("check", "rules", str(ALERTS))
 
 
 def test_make_run_wallets_serves_and_charges() -> None:

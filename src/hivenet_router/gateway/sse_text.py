@@ -7,7 +7,9 @@ What counts as generated text: chat `delta.content`, the reasoning deltas some e
 
 Chunks are cut wherever the network cut them: an event may span chunks, a chunk may hold
 many events. `SseText` keeps the unfinished last line between chunks and parses only
-`data:` lines that can carry text; anything it cannot read is skipped, never raised.
+`data:` lines that can carry text; anything it cannot read is skipped, never raised. It
+also notes the answer's terminal event (OpenAI `data: [DONE]`, Anthropic `message_stop`):
+once a chunk carrying it has gone out, the client holds a complete answer.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ class SseText:
     """Feed it a stream's chunks in order; each call returns the text pieces (one per
     event) the chunk completed."""
 
-    __slots__ = ("_rest", "_skip")
+    __slots__ = ("_rest", "_skip", "done")
 
     def __init__(self) -> None:
         self._rest = b""
         self._skip = False  # inside an overlong line: drop until its end
+        self.done = False  # the terminal event has been fed: no text follows
 
     def feed(self, chunk: bytes) -> list[str]:
         end = chunk.rfind(b"\n")
@@ -47,8 +50,13 @@ class SseText:
         self._keep(chunk[end + 1 :])
         pieces: list[str] = []
         for line in data.split(b"\n"):
-            if line.startswith(b"data:") and any(hint in line for hint in _HINTS):
-                _event_text(line[5:], pieces)
+            if line.startswith(b"data:"):
+                if any(hint in line for hint in _HINTS):
+                    _event_text(line[5:], pieces)
+                elif _terminal(line[5:]):
+                    self.done = True
+            elif line.startswith(b"event:") and line[6:].strip() == b"message_stop":
+                self.done = True
         return pieces
 
     def _keep(self, tail: bytes) -> None:
@@ -58,6 +66,21 @@ class SseText:
             self._rest, self._skip = b"", True
         else:
             self._rest += tail
+
+
+def _terminal(payload: bytes) -> bool:
+    """Is this `data:` payload the end of an answer: `[DONE]`, or an Anthropic message_stop
+    sent without its `event:` line?"""
+    payload = payload.strip()
+    if payload == b"[DONE]":
+        return True
+    if b'"message_stop"' not in payload:
+        return False
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(event, dict) and event.get("type") == "message_stop"
 
 
 def _event_text(payload: bytes, out: list[str]) -> None:

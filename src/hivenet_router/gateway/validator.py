@@ -4,14 +4,16 @@
 For a policy with a `stream_validator` block, the first chunks of a local stream are held
 back (up to `hold_chunks` chunks or `hold_ms`, never past the request's deadline) and their
 text judged (`degenerate.Detector`). Clean: the held chunks go out as one first chunk and
-the rest flows through unbuffered, still watched when `after_hold` is on: a loop found later
-ends the stream with the `degenerate_output` error event (AnswerBroken). Degenerate within
-the hold: the local answer is closed as broken (its stream is reset, so the engine stops
-generating, and routing counts a failure of that agent), and the request goes to the
-policy's fallback provider, or, when the policy has none, once more through dispatch with
-the failed agent avoided. The client receives one clean stream or one error: nothing of the
-rejected attempt was sent. A whole (non-streamed) answer is judged the same way, at no cost
-in latency. Provider answers are not judged; a second local answer is, with no third try.
+the rest flows through unbuffered, still watched when `after_hold` is on: a loop found in a
+later chunk ends the stream, that chunk unsent, with the `degenerate_output` error event
+(AnswerBroken). The last judgement, when the terminal event arrives, is only counted: the
+client then holds every word. Degenerate within the hold: the local answer is closed as
+broken (its stream is reset, so the engine stops generating, and routing counts a failure
+of that agent), and the request goes to the policy's fallback provider, or, when the policy
+has none, once more through dispatch with the failed agent avoided. The client receives one
+clean stream or one error: nothing of the rejected attempt was sent. A whole (non-streamed)
+answer is judged the same way, at no cost in latency. Provider answers are not judged; a
+second local answer is, with no third try.
 
 This stage calls `next` twice on the agent path (the one exception to the pipeline's
 "at most once"): the first answer is closed, and everything dispatch took for it given back,
@@ -84,6 +86,9 @@ class StreamValidator:
             await self._hold(ticket, hold, settings)
             if not hold.detector.degenerate:
                 return self._release(hold, settings)
+            # A read the window closed on must not outlive the answer: closing resets the
+            # stream, and the read would fail with nobody to take its error.
+            hold.discard()
         self.metrics.judged("degenerate")
         await answer.close(Outcome.BROKEN)  # resets the engine's stream; the agent failed
         return await self._replace(ticket, next, policy, settings, answer.origin, retry)
@@ -109,7 +114,9 @@ class StreamValidator:
         """The clean answer: the held chunks as its first chunk, then the rest of the local
         answer. Closing it closes the local answer once, with the same outcome."""
         local = hold.answer
-        watch = hold.detector if settings.after_hold and not hold.ended else None
+        # Nothing is left to judge once the end, or the terminal event, was in the window.
+        done = hold.ended or hold.text.done
+        watch = hold.detector if settings.after_hold and not done else None
         source = Checked(local, hold.pending, hold.text, watch, hold.ended)
         hold.pending = None
         first = b"".join(hold.chunks) if hold.chunks else None
@@ -187,12 +194,18 @@ class Hold:
         self.detector.feed_all(self.text.feed(chunk))
 
     async def fill(self, count: int, until: float, loop: asyncio.AbstractEventLoop) -> None:
-        """Read until `count` chunks, the loop time `until`, the end, a failed read (it is
-        raised in order, from the released answer), or a verdict of degenerate."""
-        answer, detector = self.answer, self.detector
+        """Read until `count` chunks, the loop time `until`, the end or the terminal event,
+        a failed read (it is raised in order, from the released answer), or a verdict of
+        degenerate."""
+        answer, detector, text = self.answer, self.detector, self.text
         if answer.first is not None:
             self.take(answer.first)
-        while not self.ended and len(self.chunks) < count and not detector.degenerate:
+        while (
+            not self.ended
+            and not text.done
+            and len(self.chunks) < count
+            and not detector.degenerate
+        ):
             remaining = until - loop.time()
             if remaining <= 0:
                 break
@@ -208,8 +221,8 @@ class Hold:
                 self.ended = True
             else:
                 self.take(chunk)
-        if self.ended:
-            detector.finish()
+        if self.ended or text.done:
+            detector.finish()  # the text is complete: the final verdict, while it can replace
         else:
             detector.settle()
 
@@ -220,7 +233,12 @@ class Hold:
 
 
 class Checked:
-    """The rest of a local answer after its held window, watched for a late loop."""
+    """The rest of a local answer after its held window, watched for a late loop.
+
+    A loop found in a chunk ends the stream before that chunk goes out. Once the answer's
+    terminal event has come, the text is complete and judged a last time; that verdict is
+    only counted: the client has a whole answer, which an error event would spoil, and the
+    agent did finish it."""
 
     __slots__ = ("_detector", "_ended", "_local", "_pending", "_text", "looped")
 
@@ -245,13 +263,21 @@ class Checked:
         pending, self._pending = self._pending, None
         chunk = await pending if pending is not None else await self._local.next_chunk()
         detector = self._detector
+        if detector is None:
+            self._ended = chunk is None
+            return chunk
         if chunk is None:
-            self._ended = True
-            if detector is not None and detector.finish() is not None:
+            # An end without a terminal event: the client has no complete answer yet.
+            self._ended, self._detector = True, None
+            if detector.finish() is not None:
                 self._loop(detector)
             return None
-        if detector is not None and detector.feed_all(self._text.feed(chunk)) is not None:
+        text = self._text
+        if detector.feed_all(text.feed(chunk)) is not None:
             self._loop(detector)
+        if text.done:
+            self._detector = None
+            self.looped = detector.finish() is not None
         return chunk
 
     def _loop(self, detector: Detector) -> None:

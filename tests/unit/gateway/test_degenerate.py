@@ -6,7 +6,9 @@ text the integration tests stream.
 
 from __future__ import annotations
 
+import base64
 import re
+from collections.abc import Callable
 
 import pytest
 
@@ -149,6 +151,65 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"\s*\w+|\s*[^\w\s]+|\s+", text)
 
 
+def fine_tokens(text: str) -> list[str]:
+    """Smaller pieces, as some tokenizers stream code: digits in threes, each newline and
+    each level of indentation alone, one punctuation mark at a time."""
+    return re.findall(r"\d{1,3}|\n|[ ]{2,4}|[ ]?[^\W\d]+|[ ]?[^\w\s]|\s", text)
+
+
+# Code and data that repeat themselves by nature: none of it is a loop.
+NESTED_JSON = (
+    "{\n"
+    + "".join("  " * i + f'"level{i}": {{\n' for i in range(1, 10))
+    + "  " * 10
+    + '"leaf": true\n'
+    + "".join("  " * i + "}\n" for i in range(9, -1, -1))
+)
+DEEP_CODE = (
+    "def check(x):\n"
+    + "".join("    " * i + f"if x.get('k{i}'):\n" for i in range(1, 10))
+    + "    " * 10
+    + "return True\n"
+    + "    return False\n"
+)
+BRACKETS = (
+    f"Nested: {'[' * 16}1{']' * 16}, calls: {'f(' * 12}x{')' * 12}, and a minified end "
+    f"{'}' * 24} closes it all."
+)
+WIDE_TABLE = (
+    "| "
+    + " | ".join(f"q{i}" for i in range(16))
+    + " |\n|"
+    + " --- |" * 16
+    + "\n"
+    + "\n".join("| " + " | ".join(str(r * 16 + c) for c in range(16)) + " |" for r in range(4))
+)
+BLANK_FORM = (
+    "| Name | Date | Signature | Notes |\n| --- | --- | --- | --- |\n" + "|  |  |  |  |\n" * 8
+)
+SEPARATOR_ROWS = "| --- | --- | --- | --- |\n" * 6  # held-window case only: the rows repeat whole
+BASE64 = (
+    "The key is "
+    + base64.b64encode(bytes((i * 73 + 41) % 256 for i in range(240))).decode()
+    + " and the header, mostly zero bytes, is "
+    + base64.b64encode(b"\x89PNG" + bytes(60) + b"\x01\x02").decode()
+    + "."
+)
+NUMBERS = (
+    f"Two to the 256th is {2**256}, a googol is 1{'0' * 100}, the zero address is "
+    f"0x{'0' * 40}, and pi starts 3.14159265358979323846264338327950288419716939937510."
+)
+CODE_LIKE = {
+    "nested_json": NESTED_JSON,
+    "deep_code": DEEP_CODE,
+    "brackets": BRACKETS,
+    "wide_table": WIDE_TABLE,
+    "blank_form": BLANK_FORM,
+    "base64": BASE64,
+    "numbers": NUMBERS,
+}
+
+
 def loop(count: int) -> list[str]:
     """The simulator's degenerate answer (--fault-repeat-rate): " over and over and ..."."""
     return [(" over", " and")[i % 2] for i in range(count)]
@@ -248,15 +309,68 @@ def test_collapsing_compression_is_seen_without_word_boundaries() -> None:
 
 
 def test_the_same_chunk_over_and_over() -> None:
+    """A run counts the words it makes, once the text has min_words words."""
+    words = tokens(PROSE)[: TUNED.min_words]
     detector = Detector(TUNED)
-    for _ in range(TUNED.max_same_chunk - 1):
-        assert detector.feed("!") is None
-    assert detector.feed("!") == SAME_CHUNK
+    assert detector.feed_all(words) is None
+    assert flagged_at(detector, [" again"] * 20) == TUNED.max_same_chunk
+    assert detector.reason == SAME_CHUNK
+    # Glued text: 16 characters make a word, so "!" takes 8 x 16 pieces.
+    glued = Detector(TUNED)
+    glued.feed_all(words)
+    assert flagged_at(glued, ["!"] * 200) == TUNED.max_same_chunk * 16
+    assert glued.reason == SAME_CHUNK
     # Empty pieces (role deltas, keep-alives) neither count nor break a run.
     other = Detector(TUNED)
     for _ in range(20):
         assert other.feed("") is None
     assert other.feed_all(["a", "b"] * 10) is None  # alternating is no run (n-grams judge it)
+
+
+def test_the_same_chunk_waits_for_min_words() -> None:
+    """The reviewer's case: a zero address streamed as "000" thirteen times, five words
+    in, is no loop; nor are nine pieces of indentation after a table's separator row."""
+    zero = ["Use", " the", " zero", " address", " `", "0", "x", *["000"] * 13, "0", "`"]
+    detector = Detector(TUNED)
+    assert detector.feed_all([*zero, " as", " the", " burn", " address", "."]) is None
+    assert detector.finish() is None
+    indent = Detector(TUNED)
+    assert indent.feed_all(["|", *["---", "|"] * 6, "\n", *["  "] * 9]) is None
+    assert indent.finish() is None
+    early = Detector(TUNED)  # eight words, but fewer than min_words in all
+    assert early.feed_all([" again"] * (TUNED.min_words - 1)) is None
+
+
+def test_whitespace_and_several_words_make_no_run() -> None:
+    words = tokens(PROSE)[: TUNED.min_words]
+    detector = Detector(TUNED)
+    detector.feed_all(words)
+    assert detector.feed_all(["    "] * 20 + ["\n"] * 20) is None  # 5 and 1.25 words
+    assert detector.feed_all([" --- |"] * 30) is None  # n-grams of markup: not counted
+    # A whitespace loop is still seen once it makes max_same_chunk words (128 newlines).
+    assert flagged_at(detector, ["\n"] * 200) == TUNED.max_same_chunk * 16
+
+
+@pytest.mark.parametrize("split", [tokens, fine_tokens], ids=["tokens", "fine"])
+@pytest.mark.parametrize("name", sorted(CODE_LIKE))
+def test_code_and_data_are_never_flagged(name: str, split: Callable[[str], list[str]]) -> None:
+    text = CODE_LIKE[name]
+    pieces = split(text)
+    detector = Detector(TUNED)
+    assert detector.feed_all(pieces) is None and detector.finish() is None
+    assert judge(text, TUNED) is None
+    fraction, ratio = scan(pieces)
+    assert fraction < 0.35 and ratio > 0.12  # measured: 0.06 and 0.29 at worst
+
+
+@pytest.mark.parametrize("split", [tokens, fine_tokens], ids=["tokens", "fine"])
+@pytest.mark.parametrize("name", [*sorted(CODE_LIKE), "separator_rows"])
+def test_code_and_data_pass_the_held_window(name: str, split: Callable[[str], list[str]]) -> None:
+    """What the validator judges in a 15-chunk hold of one-token chunks."""
+    text = SEPARATOR_ROWS if name == "separator_rows" else CODE_LIKE[name]
+    pieces = split(text)[: ValidatorSettings().hold_chunks]
+    detector = Detector(TUNED)
+    assert detector.feed_all(pieces) is None and detector.settle() is None
 
 
 def test_short_text_is_not_judged() -> None:

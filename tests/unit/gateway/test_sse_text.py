@@ -110,3 +110,36 @@ def test_whole_bodies() -> None:
     assert body_text(orjson.dumps(completion)) == "Once."
     assert body_text(orjson.dumps(claude)) == "a b"
     assert body_text(b"not json") == body_text(b"[1]") == body_text(b'{"data": []}') == ""
+
+
+def test_the_terminal_event_is_noted_however_it_is_cut() -> None:
+    stream = chat(" last") + b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\ndata: [DONE]\n\n'
+    line_end = stream.rindex(b"[DONE]") + len(b"[DONE]")  # where its line ends
+    for size in (1, 5, 64, len(stream)):
+        parser = SseText()
+        for i in range(0, len(stream), size):
+            parser.feed(stream[i : i + size])
+            assert parser.done == (i + size > line_end), (size, i)  # once its line is whole
+    crlf = SseText()
+    crlf.feed(b"data: [DONE]\r\n\r\n")
+    assert crlf.done
+
+
+def test_anthropic_message_stop_is_terminal() -> None:
+    with_event = SseText()
+    with_event.feed(anthropic(" a") + b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert with_event.done
+    bare = SseText()
+    bare.feed(b'data: {"type":"message_stop"}\n\n')
+    assert bare.done
+
+
+def test_text_that_mentions_the_end_is_no_end() -> None:
+    parser = SseText()
+    pieces = parser.feed(
+        chat("data: [DONE]") + anthropic('{"type":"message_stop"}') + b"data: [DONE] soon\n\n"
+    )
+    assert pieces == ["data: [DONE]", '{"type":"message_stop"}'] and not parser.done
+    unfinished = SseText()
+    unfinished.feed(b"data: [DONE]")  # the line is not whole yet
+    assert not unfinished.done

@@ -5,7 +5,9 @@ local answer is closed exactly once with the outcome it had."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import orjson
 import pytest
@@ -32,7 +34,13 @@ def chat(text: str) -> bytes:
     return b"data: " + orjson.dumps(delta) + b"\n\n"
 
 
+def anthropic(text: str) -> bytes:
+    event = {"type": "content_block_delta", "delta": {"type": "text_delta", "text": text}}
+    return b"event: content_block_delta\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
 END = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":40}}\n\ndata: [DONE]\n\n'
+STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 
 
 def clean(count: int = 40) -> list[bytes]:
@@ -66,6 +74,42 @@ class Script:
 
     def close(self, outcome: Outcome) -> None:
         self.closed.append(outcome)
+
+
+class Resets:
+    """A local answer's source that behaves like an agent stream: a read waits until data
+    comes, and closing resets the stream, so a read still waiting then fails."""
+
+    def __init__(self, items: Sequence[bytes | Exception]) -> None:
+        self.items = list(items)
+        self.reset = asyncio.Event()
+        self.closed: list[Outcome] = []
+        self.failed_after_close = 0
+
+    async def read(self) -> bytes | None:
+        if self.items:
+            item = self.items.pop(0)
+            if isinstance(item, Exception):
+                raise item
+            return item
+        await self.reset.wait()
+        self.failed_after_close += 1
+        raise AnswerBroken(ErrorCode.AGENT_DISCONNECTED, "stream reset")
+
+    def close(self, outcome: Outcome) -> None:
+        self.closed.append(outcome)
+        self.reset.set()
+
+
+def loop_errors(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """What the loop would log (a task's exception never retrieved, for one)."""
+    errors: list[str] = []
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        errors.append(str(context["message"]))
+
+    loop.set_exception_handler(handler)
+    return errors
 
 
 class Local:
@@ -319,14 +363,41 @@ async def test_a_degenerate_whole_answer_is_replaced_too() -> None:
 
 
 async def test_an_anthropic_loop_is_seen() -> None:
-    def delta(text: str) -> bytes:
-        event = {"type": "content_block_delta", "delta": {"type": "text_delta", "text": text}}
-        return b"event: content_block_delta\ndata: " + orjson.dumps(event) + b"\n\n"
-
     start = b'event: message_start\ndata: {"type":"message_start","message":{}}\n\n'
-    local = Local([start] + [delta((" over", " and")[i % 2]) for i in range(30)], "peer-a")
+    local = Local([start] + [anthropic((" over", " and")[i % 2]) for i in range(30)], "peer-a")
     cloud = Cloud()
     assert await stage(policy(), cloud)(ticket(), Dispatch(local.answer)) is cloud.result
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["read_waiting", "read_failed"])
+def test_a_loop_judged_as_the_window_closes_drops_the_read_in_flight(failing: bool) -> None:
+    """The window ends (hold_ms, or a failed read) with a read in flight, and the last
+    judgement finds a loop: that read is dropped before the local answer is closed, so it
+    neither runs on against the reset stream nor leaves an error nobody takes."""
+
+    async def main() -> None:
+        errors = loop_errors(asyncio.get_running_loop())
+        # Two words in turn: no n-gram limit, only the deflate at the window's end sees it.
+        settings = ValidatorSettings(
+            hold_chunks=100, hold_ms=200, max_repeat_fraction=1.0, min_compression_ratio=0.5
+        )
+        items: list[bytes | Exception] = [chat((" bbb", " aaa")[i % 2]) for i in range(13)]
+        if failing:
+            items.append(AnswerBroken(ErrorCode.AGENT_DISCONNECTED, "gone"))
+        source = Resets(items)
+        local = Answer(200, HEADERS, source, first=chat(" aaa"), origin="peer-a")
+        cloud = Cloud()
+        validator = stage(policy(settings), cloud)
+        answer = await validator(ticket(), Dispatch(local))
+        assert answer is cloud.result and source.closed == [Outcome.BROKEN]
+        assert count(validator, "streams", "degenerate") == 1
+        await asyncio.sleep(1)
+        gc.collect()
+        await asyncio.sleep(0)
+        assert source.failed_after_close == 0
+        assert errors == []
+
+    run_in_virtual_time(ManualClock(), main())
 
 
 # -- after the hold --------------------------------------------------------------------------
@@ -348,6 +419,64 @@ async def test_a_late_loop_ends_the_stream_with_an_error() -> None:
     assert local.closed_once(Outcome.BROKEN)
     assert count(validator, "streams", "late_degenerate") == 1
     assert count(validator, "streams", "clean") == 0
+
+
+def two_words(count: int, event: Callable[[str], bytes] = chat) -> list[bytes]:
+    """A loop only the last deflate sees, with the settings below: `count` words of two in
+    turn, too few for a deflate on the way (every 16 words)."""
+    return [event((" aaa", " bbb")[i % 2]) for i in range(count)]
+
+
+LATE = ValidatorSettings(hold_chunks=2, max_repeat_fraction=1.0, min_compression_ratio=0.5)
+
+
+@pytest.mark.parametrize("shape", ["openai", "anthropic"])
+async def test_a_verdict_after_the_terminal_event_is_only_counted(shape: str) -> None:
+    """The last judgement comes when the answer is complete: the client has every byte,
+    [DONE] (or message_stop) included, so the stream ends as it is; the loop shows in the
+    metrics only."""
+    event, end = (chat, END) if shape == "openai" else (anthropic, STOP)
+    local = Local([*two_words(14, event), end], "peer-a")
+    validator = stage(policy(LATE), Cloud())
+    answer = await validator(ticket(), Dispatch(local.answer))
+    body, outcome = await relay(answer)
+    assert outcome is Outcome.OK and body == local.bytes
+    assert local.closed_once(Outcome.OK)
+    assert count(validator, "streams", "late_degenerate") == 1
+    assert count(validator, "streams", "clean") == 0
+
+
+async def test_an_end_without_a_terminal_event_still_breaks() -> None:
+    """No [DONE] came: the client has no complete answer, and a loop ends it with the error."""
+    local = Local(two_words(14), "peer-a")
+    validator = stage(policy(LATE), Cloud())
+    body, outcome = await relay(await validator(ticket(), Dispatch(local.answer)))
+    assert outcome is Outcome.BROKEN and body == local.bytes
+    assert local.closed_once(Outcome.BROKEN)
+    assert count(validator, "streams", "late_degenerate") == 1
+
+
+async def test_a_loop_in_the_terminal_chunk_holds_it_back() -> None:
+    """A chunk whose own text is the loop is not sent, even the one that carries [DONE]."""
+    last = b"".join(chat((" over", " and")[i % 2]) for i in range(60)) + END
+    local = Local([*clean(20)[:-1], last], "peer-a")
+    validator = stage(policy(ValidatorSettings(hold_chunks=2)), Cloud())
+    body, outcome = await relay(await validator(ticket(), Dispatch(local.answer)))
+    assert outcome is Outcome.BROKEN and b"over" not in body and b"[DONE]" not in body
+    assert local.closed_once(Outcome.BROKEN)
+
+
+async def test_the_hold_ends_at_the_terminal_event() -> None:
+    """A window that reaches [DONE] judges the complete text, where a loop is still
+    replaced, and then waits for nothing more."""
+    local = Local([*two_words(14), END], "peer-a")
+    cloud = Cloud()
+    settings = ValidatorSettings(
+        hold_chunks=100, max_repeat_fraction=1.0, min_compression_ratio=0.5
+    )
+    answer = await stage(policy(settings), cloud)(ticket(), Dispatch(local.answer))
+    assert answer is cloud.result and local.closed_once(Outcome.BROKEN)
+    assert local.script.reads == 14  # the chunk with [DONE] was the last one read
 
 
 async def test_after_hold_off_lets_a_late_loop_through() -> None:

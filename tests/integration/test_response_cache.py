@@ -198,3 +198,22 @@ def test_an_engine_error_is_shared_with_followers_and_not_stored(
     sim.set_faults(error_rate=0, latency=0)
     assert post(router).status_code == 200  # the error was not stored
     assert engine_calls(sim) == before + calls + 1
+
+
+def test_an_anthropic_stream_ends_with_message_stop_and_is_replayed(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    router, sim = start(make_cluster, tmp_path, "{}")
+    ask: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}],
+        "extra_body": {"temperature": 0},  # this SDK's stream() has no such argument
+    }
+    texts = []
+    with router.anthropic(ACME) as claude:
+        for _ in range(2):
+            with claude.messages.stream(**ask) as stream:
+                texts.append("".join(stream.text_stream))
+    assert texts[0] == texts[1] and texts[0]
+    assert engine_calls(sim) == 1  # ended with message_stop: stored, then replayed

@@ -7,8 +7,11 @@ running (`dedup`: it joins that request's flight, here or, with the site store, 
 router); or by leading a flight of its own (`miss`): the rest of the pipeline (admission,
 dispatch) runs once for every request that joins it. A hit or a follower never takes
 admission capacity nor reaches an engine. Only whole, successful (200) answers read to
-their end are stored: never errors, broken or timed-out streams, or streams every reader
-left before the end.
+their end are stored: never errors (in-band ones included), broken, cut or timed-out
+streams, or streams every reader left before the end.
+
+The stage owns tasks (each flight's pump, the site publishers and store writes): `close()`
+stops them at shutdown, before the site store's client goes.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any, Final
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, Outcome, Whole
+from hivenet_router.domain.errors import ApiError
 from hivenet_router.gateway.cache_key import Directives, directives, request_key
-from hivenet_router.gateway.cache_store import MemoryStore, Stored
+from hivenet_router.gateway.cache_store import MemoryStore, Stored, storable
 from hivenet_router.gateway.cache_valkey import LeaderLost, SharedCache
-from hivenet_router.gateway.flight import Flight, Flights, OwnError
+from hivenet_router.gateway.flight import SHARED_HEADERS, Flight, Flights, OwnError
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.cache_metrics import RESULTS, CacheSnapshot
 from hivenet_router.pipeline.stage import Next
@@ -36,6 +40,7 @@ HEADER: Final = "X-Hivenet-Cache"  # hit, dedup or miss, on the response
 # dispatch's own timeout (with its phase) is what it reports.
 LEADER_GRACE: Final = 1.0
 FOLLOW_TRIES: Final = 2  # flights joined whose leader was refused for its own reasons
+CLOSE_WAIT: Final = 2.0  # seconds close() gives the pumps, then the site publishers
 
 
 class ResponseCache:
@@ -56,12 +61,27 @@ class ResponseCache:
         self.shared = SharedCache(valkey, prefix, clock) if valkey is not None else None
         self.results = dict.fromkeys(RESULTS, 0)
         self._pumps: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
         settings = self.policy_for(ticket.model).response_cache
-        if settings is None or ticket.job is None:
+        if settings is None or ticket.job is None or self._closed:
             return await next(ticket)
         return await self._cached(ticket, next, settings)
+
+    async def close(self) -> None:
+        """Stop every task the stage owns: each flight's pump (its engine call is closed
+        as `client_gone`, its readers get an error), then the site publishers (they publish
+        the end and release their locks) and store writes, each within CLOSE_WAIT seconds.
+        Requests that arrive afterwards pass through uncached."""
+        self._closed = True
+        pumps = set(self._pumps)
+        for pump in pumps:
+            pump.cancel()
+        if pumps:
+            await asyncio.wait(pumps, timeout=CLOSE_WAIT)
+        if self.shared is not None:
+            await self.shared.close(CLOSE_WAIT)
 
     def snapshot(self) -> CacheSnapshot:
         return CacheSnapshot(
@@ -129,8 +149,12 @@ class ResponseCache:
         return Answer(stored.status, headers, Whole(), body=stored.data, origin=ORIGIN)
 
     async def _follow(self, ticket: Ticket, flight: Flight, settings: CacheSettings) -> Answer:
-        reader = flight.join()
-        answer = await reader.answer(ticket.deadline, origin=ORIGIN)
+        reader = flight.join(deadline=ticket.deadline)
+        try:
+            answer = await reader.answer(ticket.deadline, origin=ORIGIN)
+        except ApiError:
+            ticket.headers_out.update(flight.refusal_headers)
+            raise
         self._mark(ticket, "dedup", settings)
         return answer
 
@@ -156,7 +180,11 @@ class ResponseCache:
         opener = functools.partial(self._open, ticket, next, flight, listed, want)
         reader = flight.join(first=True)
         flight.start(opener, ticket.deadline, self._pumps)
-        answer = await reader.answer(ticket.deadline + LEADER_GRACE)
+        try:
+            answer = await reader.answer(ticket.deadline + LEADER_GRACE)
+        except ApiError:
+            ticket.headers_out.update(flight.refusal_headers)  # a remote leader's refusal
+            raise
         if flight.remote:
             self._mark(ticket, "dedup", settings)
             answer.origin = ORIGIN
@@ -178,8 +206,9 @@ class ResponseCache:
                 if mine:
                     shared.publish(flight.key, nonce, flight, ticket.deadline)
                 elif not want.no_cache:
+                    headers = flight.refusal_headers
                     try:
-                        answer = await shared.follow(flight.key, nonce, ticket.deadline)
+                        answer = await shared.follow(flight.key, nonce, ticket.deadline, headers)
                     except LeaderLost:
                         pass  # it died or was refused on its own account: go on alone
                     else:
@@ -191,6 +220,9 @@ class ResponseCache:
             if not ticket.dispatched:
                 # Refused before dispatch (its rate, its budget): the others are not.
                 raise OwnError() from exc
+            for name in SHARED_HEADERS:
+                if name in ticket.headers_out:
+                    flight.refusal_headers[name] = ticket.headers_out[name]
             raise
 
     def _ended(self, settings: CacheSettings, flight: Flight, outcome: Outcome) -> None:
@@ -203,6 +235,8 @@ class ResponseCache:
         streamed = flight.body is None
         data = b"".join(flight.chunks) if streamed else flight.body
         assert data is not None
+        if not storable(streamed, data):
+            return  # an error inside a 200, or a stream cut before its last event
         content_type = _content_type(flight.headers)
         stored = Stored(flight.status, content_type, streamed, data, self.clock.wall())
         ttl = settings.ttl_seconds

@@ -3,18 +3,33 @@ the whole store within an entry count and a byte size.
 
 One store per router. Its bounds are the inserting policy's (`max_entries`, `max_bytes`):
 with one policy, or policies that agree on them, that is the policy's bound exactly.
+Expired entries go as the store is used: at most once every SWEEP_EVERY seconds, a read or
+a write drops them all (a pass over the entries, amortised over that time).
+
+`encode` and `decode` are a stored answer's form in the site store (msgpack, versioned).
+`storable` says whether a 200 answer is one to keep: a stream that ended with its terminal
+event and carries no error event, or a body that is no error envelope. (The gateway may not
+import the relay's own check, so it has this one.)
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+import orjson
 
 from hivenet_router.clock import Clock
 
 # What an entry costs beyond its answer's bytes (the key, the record, the dict slot), so a
 # store of many small answers is bounded too.
 ENTRY_OVERHEAD = 256
+VERSION: Final = 1  # of a stored answer's form in the site store
+SWEEP_EVERY: Final = 30.0  # seconds between two passes that drop expired entries
+# A stream's last event sits in its last bytes; an event is far shorter than this.
+_TAIL: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +54,48 @@ class _Slot:
     expires: float  # monotonic
 
 
+class _Entry(msgspec.Struct, array_like=True):
+    version: int
+    status: int
+    content_type: str
+    streamed: bool
+    created_ms: int
+    data: bytes
+
+
+def encode(stored: Stored) -> bytes:
+    return msgspec.msgpack.encode(
+        _Entry(
+            VERSION,
+            stored.status,
+            stored.content_type,
+            stored.streamed,
+            int(stored.created * 1000),
+            stored.data,
+        )
+    )
+
+
+def decode(raw: bytes) -> Stored | None:
+    """The stored answer, or None for a value that is malformed or of another version."""
+    try:
+        entry = msgspec.msgpack.decode(raw, type=_Entry)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if entry.version != VERSION or not 100 <= entry.status <= 599:
+        return None
+    return Stored(
+        entry.status, entry.content_type, entry.streamed, entry.data, entry.created_ms / 1000
+    )
+
+
 class MemoryStore:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._slots: OrderedDict[str, _Slot] = OrderedDict()
         self.bytes = 0
         self.evictions = 0  # entries pushed out by the bounds (not expiries)
+        self._sweep_at = clock.monotonic() + SWEEP_EVERY
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -52,6 +103,7 @@ class MemoryStore:
     def get(self, key: str, max_age: float | None = None) -> Stored | None:
         """The live entry under `key`, now the most recently used; an expired one is
         dropped. `max_age` (the request's Cache-Control) skips an older entry but keeps it."""
+        self._chore()
         slot = self._slots.get(key)
         if slot is None:
             return None
@@ -66,6 +118,7 @@ class MemoryStore:
     def put(self, key: str, stored: Stored, ttl: float, max_entries: int, max_bytes: int) -> bool:
         """Keep `stored` for `ttl` seconds (less its age), then trim to the bounds. False
         when it alone is over `max_bytes` (it is not kept)."""
+        self._chore()
         if stored.size > max_bytes:
             return False
         remaining = ttl - max(self._clock.wall() - stored.created, 0.0)
@@ -80,8 +133,15 @@ class MemoryStore:
     def delete(self, key: str) -> None:
         self._drop(key)
 
+    def _chore(self) -> None:
+        now = self._clock.monotonic()
+        if now >= self._sweep_at:
+            self._sweep_at = now + SWEEP_EVERY
+            self.sweep()
+
     def sweep(self) -> int:
-        """Drop every expired entry; returns how many (a chore, not on the request path)."""
+        """Drop every expired entry; returns how many (reads and writes do it every
+        SWEEP_EVERY seconds)."""
         now = self._clock.monotonic()
         dead = [key for key, slot in self._slots.items() if slot.expires <= now]
         for key in dead:
@@ -104,3 +164,48 @@ class MemoryStore:
         slot = self._slots.pop(key, None)
         if slot is not None:
             self.bytes -= slot.stored.size
+
+
+def storable(streamed: bool, data: bytes) -> bool:
+    """Is this 200 answer whole and no error? A stream must end with its terminal event
+    (OpenAI's `data: [DONE]`, Anthropic's `event: message_stop`) and carry no error event
+    (an `event: error`, or a data line whose JSON has a top-level "error": vLLM's in-band
+    failure); a body must not be a JSON object with a top-level "error"."""
+    if not streamed:
+        return b'"error"' not in data or not _is_error(data)
+    return _finished(data) and (b"error" not in data or not _has_error_event(data))
+
+
+def _fields(block: bytes) -> list[tuple[bytes, bytes]]:
+    """An SSE event block's lines as (field, value) pairs."""
+    out = []
+    for line in block.splitlines():
+        name, _, value = line.partition(b":")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def _finished(data: bytes) -> bool:
+    tail = data[-_TAIL:].replace(b"\r\n", b"\n").rstrip()
+    last = tail.rsplit(b"\n\n", 1)[-1]  # the last event
+    return any(
+        (name == b"data" and value == b"[DONE]") or (name == b"event" and value == b"message_stop")
+        for name, value in _fields(last)
+    )
+
+
+def _has_error_event(data: bytes) -> bool:
+    for name, value in _fields(data):
+        if name == b"event" and value == b"error":
+            return True
+        if name == b"data" and b'"error"' in value and _is_error(value):
+            return True
+    return False
+
+
+def _is_error(raw: bytes) -> bool:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("error") is not None

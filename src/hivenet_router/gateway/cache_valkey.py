@@ -6,13 +6,16 @@ Keys, under the site's prefix (one hash slot):
   created ms, bytes]`, expiring with the policy's TTL. A value that does not decode, or
   of another version, is a miss and is deleted.
 - `flight:<key>`: the lock of the site's flight for that key, holding its leader's nonce;
-  the leader renews it every second while its answer runs (PX 3 s), so a leader that dies
-  lets it lapse within seconds.
+  the leader renews it every second from its claim to its end (PX 3 s), head wait included,
+  so a leader that dies lets it lapse within seconds. A renewal that finds the lock lapsed
+  takes it again; one that finds another router's nonce has lost it: the leader stops
+  publishing (a gone entry) and serves its own router's clients only.
 - `flight:<key>:<nonce>`: the flight's stream: a head entry, chunk entries, then one end,
   error or gone entry; every entry numbered, so a gap (MAXLEN trimmed it) is seen. Kept a
   little after the end for followers still reading.
 - `flight:<key>:<nonce>:w`: how many routers follow the flight: a leader whose own clients
-  all left keeps going while another router still reads.
+  all left keeps going while another router still reads. Followers refresh its expiry
+  (KEEP_MS) as they read, so it outlives any stream that is still read.
 
 A follower router reads the stream with one task per key (XREAD BLOCK from the start) into
 a local flight that its own identical requests share. Store errors never fail a request:
@@ -31,37 +34,35 @@ import msgspec
 from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode, code_from_str
-from hivenet_router.gateway.cache_store import Stored
-from hivenet_router.gateway.flight import Flight, Reader
+from hivenet_router.gateway.cache_store import Stored, decode, encode
+from hivenet_router.gateway.flight import Flight, OwnError, Reader
 
 log = logging.getLogger("hivenet.cache")
 
-VERSION: Final = 1
 LOCK_MS: Final = 3_000
 RENEW_EVERY: Final = 1.0  # seconds
+RELEASE_WAIT: Final = 1.0  # seconds a lock release may take at the end (or at shutdown)
 BLOCK_MS: Final = 200  # under the site client's 0.5 s socket timeout
 IDLE_CHECK: Final = 1.0  # seconds without an entry before a follower checks its leader
-KEEP_MS: Final = 30_000  # a finished flight's stream, for followers still reading it
+KEEP_MS: Final = 30_000  # a finished flight's stream, and a follower count not refreshed
 MAX_STREAM: Final = 100_000  # entries per flight stream (MAXLEN ~)
 READ_COUNT: Final = 512
 
-# KEYS: lock. ARGV: nonce, ms. Renew or release the lock only while it is still ours.
+# KEYS: lock, stream. ARGV: nonce, lock ms, stream ms. Renew the lock while it is ours, take
+# it again if it lapsed (a pause, a store restart); 0 when another router holds it. The
+# stream lives on with it, however long the engine is silent.
 RENEW = (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+    "local held = redis.call('GET', KEYS[1]) "
+    "if held == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) "
+    "elseif not held then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) "
+    "else return 0 end "
+    "redis.call('PEXPIRE', KEYS[2], ARGV[3]) return 1"
 )
-RELEASE = (
+# KEYS: key. ARGV: value. Delete it only while it holds that value (a lock that is still
+# ours, a malformed entry no router has replaced since).
+DELETE_IF = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
-
-
-class _Entry(msgspec.Struct, array_like=True):
-    version: int
-    status: int
-    content_type: str
-    streamed: bool
-    created_ms: int
-    data: bytes
 
 
 class _Head(msgspec.Struct, array_like=True):
@@ -76,32 +77,7 @@ class _Error(msgspec.Struct, array_like=True):
     message: str
     source: str
     status: int
-
-
-def encode(stored: Stored) -> bytes:
-    return msgspec.msgpack.encode(
-        _Entry(
-            VERSION,
-            stored.status,
-            stored.content_type,
-            stored.streamed,
-            int(stored.created * 1000),
-            stored.data,
-        )
-    )
-
-
-def decode(raw: bytes) -> Stored | None:
-    """The stored answer, or None for a value that is malformed or of another version."""
-    try:
-        entry = msgspec.msgpack.decode(raw, type=_Entry)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    if entry.version != VERSION or not 100 <= entry.status <= 599:
-        return None
-    return Stored(
-        entry.status, entry.content_type, entry.streamed, entry.data, entry.created_ms / 1000
-    )
+    retry_after: str = ""  # added later: older routers ignore it, newer read it as ""
 
 
 class LeaderLost(Exception):
@@ -116,6 +92,7 @@ class SharedCache:
         self.clock = clock
         self.errors: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def failed(self, kind: str, exc: BaseException) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -140,12 +117,14 @@ class SharedCache:
         stored = decode(raw) if isinstance(raw, bytes) else None
         if stored is None:
             self.failed("malformed", ValueError("a stored answer did not decode; deleted"))
-            self.spawn(self._delete(key))
+            self.spawn(self.drop(key, raw))
         return stored
 
-    async def _delete(self, key: str) -> None:
+    async def drop(self, key: str, raw: Any) -> None:
+        """Delete the stored answer under `key` if it is still `raw` (another router may
+        have written a good one since)."""
         try:
-            await self.client.delete(self.entry_key(key))
+            await self.client.eval(DELETE_IF, 1, self.entry_key(key), raw)
         except Exception as exc:
             self.failed("delete", exc)
 
@@ -159,9 +138,27 @@ class SharedCache:
             self.failed("set", exc)
 
     def spawn(self, work: Any) -> None:
+        if self._closed:
+            work.close()  # after close: a store write is best-effort, the loop is ending
+            return
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def close(self, timeout: float) -> None:
+        """Let the publishers publish their flights' ends and release their locks, and the
+        store writes finish, for up to `timeout` seconds; then cancel what is left (a
+        publisher still releases its lock, within RELEASE_WAIT)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout
+        while self._tasks and (left := until - loop.time()) > 0:
+            await asyncio.wait(set(self._tasks), timeout=left)  # they may spawn more
+        self._closed = True
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=RELEASE_WAIT + 0.5)
 
     # -- flights ------------------------------------------------------------------------------
 
@@ -184,13 +181,20 @@ class SharedCache:
         reader = flight.join(keeper=True)
         self.spawn(Publisher(self, key, nonce, flight, reader, deadline).run())
 
-    async def follow(self, key: str, nonce: str, deadline: float) -> Answer:
+    async def follow(
+        self, key: str, nonce: str, deadline: float, headers: dict[str, str] | None = None
+    ) -> Answer:
         """The answer of another router's flight, read from its stream. Raises LeaderLost
-        when that flight ends before its head, ApiError with the leader's refusal."""
+        when that flight ends before its head, ApiError with the leader's refusal (whose
+        Retry-After goes into `headers`)."""
         follower = Follower(self, key, nonce)
         try:
             async with asyncio.timeout_at(deadline):
-                return await follower.open()
+                return await follower.open(headers if headers is not None else {})
+        except AnswerBroken:
+            # Its end came before anything was served from it: not an answer, not a refusal.
+            follower.close(Outcome.BROKEN)
+            raise LeaderLost() from None
         except TimeoutError:
             follower.close(Outcome.TIMEOUT)
             raise ApiError(
@@ -224,45 +228,96 @@ class Publisher:
         self.lock = shared.lock_key(key)
         self.seq = 0
         self.pending: list[dict[bytes, bytes]] = []
+        self.lost = False  # another router took the lock: no more publishing
+        self.stored_written = False
 
     def _add(self, kind: bytes, data: bytes = b"") -> None:
         self.pending.append({b"k": kind, b"n": str(self.seq).encode(), b"d": data})
         self.seq += 1
 
     async def run(self) -> None:
+        """Publish the flight from the claim to its end, the lock renewed all along."""
+        renewing = asyncio.get_running_loop().create_task(self._renew())
         try:
             await self._run()
         except Exception as exc:
             self.shared.failed("publish", exc)
         finally:
+            renewing.cancel()
             self.reader.close(Outcome.OK)
+            stored = self.flight.stored
+            if isinstance(stored, tuple) and not self.stored_written:
+                self.shared.put(self.key, *stored)  # ended after the last publish
+            await asyncio.wait([renewing])
             await self._release()
 
+    async def _renew(self) -> None:
+        """Keep the lock (and the stream) alive; a failed renewal is counted and tried
+        again, a lock another router holds is lost."""
+        while True:
+            await asyncio.sleep(RENEW_EVERY)
+            keys = (self.lock, self.stream)
+            try:
+                ours = await self.shared.client.eval(
+                    RENEW, 2, *keys, self.nonce, LOCK_MS, KEEP_MS + LOCK_MS
+                )
+            except Exception as exc:
+                self.shared.failed("lock", exc)
+                continue
+            if not ours:
+                log.warning("response cache: another router took the lock of a flight")
+                self.lost = True
+                self.flight.wake()
+                return
+
     async def _run(self) -> None:
+        if not await self._head():
+            self._add(b"g")  # followers that have no head yet go on by themselves
+            await self._flush(final=True)
+            return
         try:
             answer = await self.reader.answer(self.deadline)
         except ApiError as exc:
-            if not self.flight.own:
-                error = _Error(exc.code.value, exc.message, exc.source, exc.http_status)
+            if self.flight.stopped:
+                self._add(b"g")  # stopped here, not refused: followers go on by themselves
+            else:
+                retry = self.flight.refusal_headers.get("Retry-After", "")
+                error = _Error(exc.code.value, exc.message, exc.source, exc.http_status, retry)
                 self._add(b"x", msgspec.msgpack.encode(error))
             await self._flush(final=True)
             return
-        except Exception:
-            return  # the leader's own refusal: followers go on by themselves
+        except OwnError:
+            self._add(b"g")  # the leader's own refusal: followers go on by themselves
+            await self._flush(final=True)
+            return
         whole = answer.body is not None
         head = _Head(answer.status, answer.header("content-type") or "", whole, answer.body or b"")
         self._add(b"h", msgspec.msgpack.encode(head))
         if answer.first is not None:
             self._add(b"c", answer.first)
-        renew_at = self.shared.clock.monotonic() + RENEW_EVERY
         while not await self._step():
-            if self.shared.clock.monotonic() >= renew_at:
-                renew_at = self.shared.clock.monotonic() + RENEW_EVERY
-                await self.shared.client.eval(RENEW, 1, self.lock, self.nonce, LOCK_MS)
+            pass
+
+    async def _head(self) -> bool:
+        """Wait for the flight's head; False to give up first: the lock is lost, or the
+        leader's clients left and no router follows (the engine call stops)."""
+        loop = asyncio.get_running_loop()
+        while not self.flight.head_ready and loop.time() < self.deadline:
+            if self.lost or (self._alone() and not await self._watched()):
+                return False
+            await self.reader.wait_head(min(RENEW_EVERY, max(self.deadline - loop.time(), 0)))
+        return True
+
+    def _alone(self) -> bool:
+        return self.flight.readers == self.flight.keepers
 
     async def _step(self) -> bool:
         """Publish what is buffered; True once the flight's end is published."""
         flight = self.flight
+        if self.lost and not flight.ended:
+            self._add(b"g")  # the site's followers now follow the router that took the lock
+            await self._flush(final=True)
+            return True
         for chunk in self.reader.available():
             self._add(b"c", chunk)
         if flight.ended:  # and every chunk is drained above: nothing is added after the end
@@ -276,7 +331,8 @@ class Publisher:
             await self._flush(final=True)
             return True
         await self._flush(final=False)
-        if flight.readers == flight.keepers and not await self._watched():
+        # The flight may end while we await the store: then its end is published, not "g".
+        if self._alone() and not flight.ended and not await self._watched() and not flight.ended:
             self._add(b"g")  # nobody reads it any more, here or elsewhere: stop the engine
             await self._flush(final=True)
             return True
@@ -303,6 +359,7 @@ class Publisher:
                 if isinstance(stored, tuple):
                     entry, ttl = stored
                     pipe.set(self.shared.entry_key(self.key), encode(entry), px=int(ttl * 1000))
+                    self.stored_written = True
                 pipe.pexpire(self.stream, KEEP_MS)
             else:
                 pipe.pexpire(self.stream, KEEP_MS + int(LOCK_MS))
@@ -310,9 +367,10 @@ class Publisher:
 
     async def _release(self) -> None:
         try:
-            await self.shared.client.eval(RELEASE, 1, self.lock, self.nonce)
+            async with asyncio.timeout(RELEASE_WAIT):
+                await self.shared.client.eval(DELETE_IF, 1, self.lock, self.nonce)
         except Exception as exc:
-            self.shared.failed("publish", exc)
+            self.shared.failed("lock", exc)
 
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
@@ -329,13 +387,19 @@ class Follower:
         self.seq = 0
         self.buffered: list[tuple[bytes, bytes]] = []  # (kind, data) read, not yet taken
         self.watching = False
+        self.refreshed = 0.0  # when the follower count's expiry was last pushed back
         self.closed = False
 
-    async def open(self) -> Answer:
+    async def open(self, refusal_headers: dict[str, str]) -> Answer:
+        """The head, and a stream's first chunk. Raises AnswerBroken when the flight ends
+        first, LeaderLost when it gives up, ApiError with its refusal."""
         await self._watch(1)
         kind, data = await self._take()
         if kind == b"x":
-            raise _refusal(data)
+            error = _decode_error(data)
+            if error is not None and error.retry_after:
+                refusal_headers["Retry-After"] = error.retry_after
+            raise _refusal(error)
         if kind != b"h":
             raise LeaderLost()
         try:
@@ -376,6 +440,15 @@ class Follower:
                 pipe.pexpire(watchers, KEEP_MS)
                 await pipe.execute()
             self.watching = delta > 0
+            self.refreshed = self.shared.clock.monotonic()
+        except Exception as exc:
+            self.shared.failed("follow", exc)
+
+    async def _refresh(self) -> None:
+        """Push back the follower count's expiry: the leader goes on while we read."""
+        self.refreshed = self.shared.clock.monotonic()
+        try:
+            await self.shared.client.pexpire(self.stream + ":w", KEEP_MS)
         except Exception as exc:
             self.shared.failed("follow", exc)
 
@@ -383,6 +456,8 @@ class Follower:
         """The next entry; (b"g", b"") when the leader is gone or entries went missing."""
         idle_since = self.shared.clock.monotonic()
         while not self.buffered:
+            if self.watching and self.shared.clock.monotonic() - self.refreshed >= KEEP_MS / 3e3:
+                await self._refresh()
             try:
                 got = await self.shared.client.xread(
                     {self.stream: self.last}, count=READ_COUNT, block=BLOCK_MS
@@ -434,8 +509,7 @@ def _decode_error(data: bytes) -> _Error | None:
         return None
 
 
-def _refusal(data: bytes) -> ApiError:
-    error = _decode_error(data)
+def _refusal(error: _Error | None) -> ApiError:
     code = code_from_str(error.code) if error is not None else None
     if error is None or code is None:
         return ApiError(ErrorCode.BACKEND_ERROR, "an identical request failed", "backend")

@@ -11,12 +11,16 @@ leaves before the end, the pump is cancelled and the upstream closed as `client_
 the engine stops. The upstream answer is closed exactly once, by the pump, when it ends:
 its close hooks (admission, dispatch's slots) run then. A failure reaches every reader at
 the same point: a refusal before the head (`ApiError`) as the same error, a break
-mid-stream (`AnswerBroken`) after the same bytes.
+mid-stream (`AnswerBroken`) after the same bytes, each reader raising its own copy.
+
+The pump reads within the latest deadline of the requests that joined (so one that joined
+late is not cut at the first one's deadline), never past twice the first one's allowance.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -27,6 +31,9 @@ from hivenet_router.domain.errors import ApiError, ErrorCode
 log = logging.getLogger("hivenet.cache")
 
 MAX_READERS: Final = 10_000  # readers of one flight; more go on by themselves
+# Response headers a shared refusal carries to every reader (the rest are the first
+# request's own: its rate-limit figures, its trace).
+SHARED_HEADERS: Final = ("Retry-After",)
 
 Opener = Callable[[], Awaitable[Answer]]
 
@@ -56,6 +63,9 @@ class Flight:
         self.failure: AnswerBroken | None = None  # mid-stream, after `chunks`
         self.refusal: BaseException | None = None  # before the head
         self.own = False  # `refusal` was the first request's own
+        self.stopped = False  # `refusal` is no upstream's: the flight was stopped before it
+        self.refusal_headers: dict[str, str] = {}  # SHARED_HEADERS that came with `refusal`
+        self.deadline = 0.0  # the pump reads until then (loop time); later joiners extend it
         self.readers = 0
         self.stopping = False  # the last reader left: the pump is being cancelled
         self.keepers = 0  # readers that are no client (the site publisher): woken when alone
@@ -65,6 +75,12 @@ class Flight:
         self._head = asyncio.Event()
         self._more = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._latest = 0.0  # how far joiners may extend `deadline`
+        self._timer: asyncio.Timeout | None = None  # the stream's, while it is read
+
+    @property
+    def head_ready(self) -> bool:
+        return self._head.is_set()
 
     @property
     def joinable(self) -> bool:
@@ -73,22 +89,40 @@ class Flight:
     def start(self, opener: Opener, deadline: float, tasks: set[asyncio.Task[None]]) -> None:
         """Run the pump; the upstream's stream is read within `deadline` (loop time).
         `tasks` holds the pump until it ends (the loop keeps only weak references)."""
-        task = self._task = asyncio.get_running_loop().create_task(self._pump(opener, deadline))
+        loop = asyncio.get_running_loop()
+        self.deadline = deadline
+        # A steady trickle of joiners must not keep a stalled upstream forever.
+        self._latest = deadline + max(deadline - loop.time(), 0.0)
+        task = self._task = asyncio.get_running_loop().create_task(self._pump(opener))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         # A pump cancelled before it ran never reaches its own end: end it here.
         task.add_done_callback(lambda _: self._end(Outcome.CLIENT_GONE))
 
-    def join(self, first: bool = False, keeper: bool = False) -> Reader:
+    def join(
+        self, first: bool = False, keeper: bool = False, deadline: float | None = None
+    ) -> Reader:
+        """A reader of the flight; `deadline` (loop time, the joining request's own) lets
+        the pump read that long, within twice the first request's allowance."""
         self.readers += 1
         self.keepers += keeper
+        if deadline is not None:
+            self._extend(deadline)
         return Reader(self, first, keeper)
+
+    def _extend(self, deadline: float) -> None:
+        later = min(deadline, self._latest)
+        if later <= self.deadline:
+            return
+        self.deadline = later
+        if self._timer is not None:
+            self._timer.reschedule(later)
 
     def _leave(self, keeper: bool) -> None:
         self.readers -= 1
         self.keepers -= keeper
         if self.keepers and self.readers == self.keepers and not self.ended:
-            self._wake()  # the keeper decides whether to go on without clients
+            self.wake()  # the keeper decides whether to go on without clients
         if self.readers == 0 and not self.ended and self._task is not None:
             # Nobody is left to read: stop the upstream (the pump closes it). From now on
             # an identical request starts a flight of its own.
@@ -97,7 +131,7 @@ class Flight:
 
     # -- the pump -----------------------------------------------------------------------------
 
-    async def _pump(self, opener: Opener, deadline: float) -> None:
+    async def _pump(self, opener: Opener) -> None:
         try:
             upstream = await opener()
         except asyncio.CancelledError:
@@ -117,18 +151,19 @@ class Flight:
         elif upstream.first is not None:
             self._append(upstream.first)
         self._head.set()
-        outcome = await self._read(upstream, deadline)
+        self.wake()  # a keeper waiting for the head
+        outcome = await self._read(upstream)
         try:
             self._end(outcome)
         finally:
             await upstream.close(outcome)
 
-    async def _read(self, upstream: Answer, deadline: float) -> Outcome:
+    async def _read(self, upstream: Answer) -> Outcome:
         """Read the upstream to its end into the buffer; how it ended."""
         if upstream.body is not None or upstream.first is None:
             return Outcome.OK  # whole, or a stream with nothing in it (as the relay reads it)
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(self.deadline) as self._timer:
                 while (chunk := await upstream.next_chunk()) is not None:
                     self._append(chunk)
             return Outcome.OK
@@ -147,13 +182,16 @@ class Flight:
             log.exception("reading a shared answer failed")
             self.failure = AnswerBroken(ErrorCode.BACKEND_ERROR, f"stream failed: {exc}")
             return Outcome.BROKEN
+        finally:
+            self._timer = None
 
     def _append(self, chunk: bytes) -> None:
         self.chunks.append(chunk)
         self.size += len(chunk)
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake whoever waits for the flight to change (the site publisher)."""
         more, self._more = self._more, asyncio.Event()
         more.set()
 
@@ -165,9 +203,16 @@ class Flight:
         if self.ended:
             return
         self.ended = True
+        if self.refusal is None and not self._head.is_set():
+            # Stopped before its head (its readers left, or the stage is closing): a reader
+            # still waiting gets an error, never an empty answer.
+            self.stopped = True
+            self.refusal = ApiError(
+                ErrorCode.BACKEND_UNAVAILABLE, "the shared answer was stopped before it began"
+            )
         self.complete = outcome is Outcome.OK and self.refusal is None
         self._head.set()
-        self._wake()
+        self.wake()
         try:
             self._on_end(self, outcome)
         except Exception:
@@ -188,8 +233,9 @@ class Reader:
 
     async def answer(self, deadline: float, origin: str | None = None) -> Answer:
         """Wait (until `deadline`, loop time) for the flight's head, then this reader's
-        answer. Raises the flight's refusal (OwnError to a reader other than the first when
-        the refusal was the first request's own)."""
+        answer. Raises the flight's refusal: to the first reader as it was raised (an
+        `AnswerBroken` as an ApiError), to the others as a copy of their own, always an
+        ApiError (OwnError when the refusal was the first request's own)."""
         flight = self._flight
         try:
             if not flight._head.is_set():
@@ -206,9 +252,13 @@ class Reader:
             raise
         if flight.refusal is not None:
             self.close(Outcome.BROKEN)
+            refusal = flight.refusal
+            if self._first and not isinstance(refusal, AnswerBroken):
+                raise refusal
             if flight.own and not self._first:
                 raise OwnError()
-            raise flight.refusal
+            # One object raised from many readers would gather every reader's frames.
+            raise _copy(refusal) from None
         where = flight.origin if origin is None else origin
         if flight.body is not None:
             return Answer(flight.status, flight.headers, self, body=flight.body, origin=where)
@@ -224,7 +274,7 @@ class Reader:
                 self._cursor += 1
                 return chunk
             if flight.failure is not None:
-                raise flight.failure
+                raise AnswerBroken(flight.failure.code, flight.failure.message)
             if flight.ended:
                 return None
             await flight._more.wait()
@@ -234,6 +284,17 @@ class Reader:
         chunks = self._flight.chunks[self._cursor :]
         self._cursor += len(chunks)
         return chunks
+
+    async def wait_head(self, timeout: float) -> None:
+        """Until the flight's head (or refusal), a change (a reader leaving) or `timeout`."""
+        flight = self._flight
+        if flight._head.is_set():
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await flight._more.wait()
+        except TimeoutError:
+            pass
 
     async def wait(self, timeout: float) -> None:
         """Until the flight changes (a chunk, its end, a reader leaving) or `timeout`."""
@@ -250,6 +311,15 @@ class Reader:
         if not self._left:
             self._left = True
             self._flight._leave(self._keeper)
+
+
+def _copy(refusal: BaseException) -> ApiError:
+    """A refusal as a reader of its own raises it: an ApiError, never a bare exception."""
+    if isinstance(refusal, ApiError):
+        return dataclasses.replace(refusal)
+    if isinstance(refusal, AnswerBroken):
+        return ApiError(refusal.code, refusal.message, "backend")
+    return ApiError(ErrorCode.BACKEND_ERROR, "an identical request failed", "backend")
 
 
 class Flights:

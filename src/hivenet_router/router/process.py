@@ -334,6 +334,8 @@ class RouterProcess:
             log.warning("shutdown grace over: cut %d request(s) still in flight", cut)
         await listening.public.close()
         await background.stop()
+        if router.cache is not None:
+            await router.cache.close()  # its engine calls and site locks, before the site
         if router.site is not None:
             await router.site.leave()  # hands its credits back to the site
         if router.ledger is not None:

@@ -107,6 +107,9 @@ class Router:
     ledger: Ledger | None = None
     policy_for: Callable[[str], Policy] = field(default=lambda model: BUILT_IN)
     validator_metrics: ValidatorMetrics = field(default_factory=ValidatorMetrics)
+    # The cache stage, when the stage list has it: closed at shutdown (its engine calls and
+    # site locks) before the site store's client.
+    cache: ResponseCache | None = None
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -130,7 +133,7 @@ def _wallet(router: Router) -> Stage | None:
 def _cache(router: Router) -> Stage:
     site = router.site
     extra = (site.client, site.keys.prefix) if site is not None else ()
-    stage = ResponseCache(router.policy_for, router.dispatcher.clock, *extra)
+    stage = router.cache = ResponseCache(router.policy_for, router.dispatcher.clock, *extra)
     router.metrics.add(CacheCollector(stage.snapshot))
     return stage
 

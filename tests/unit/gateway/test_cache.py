@@ -13,12 +13,10 @@ import pytest
 
 from hivenet_router.auth.providers import Principal
 from hivenet_router.clock import ManualClock
-from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
+from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job, RequestFacts
 from hivenet_router.gateway.cache import ResponseCache
-from hivenet_router.gateway.cache_store import Stored
-from hivenet_router.gateway.cache_valkey import SharedCache, decode, encode
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
@@ -201,7 +199,7 @@ async def test_errors_are_shared_with_followers_and_never_stored() -> None:
     await asyncio.sleep(0)
     engine.gate.set()
     results = await asyncio.gather(*pending, return_exceptions=True)
-    assert all(r is engine.error for r in results) and engine.calls == 1
+    assert all(r == engine.error for r in results) and engine.calls == 1
     engine.error = None
     await read(await cache(ticket(BODY), engine))
     assert engine.calls == 2  # nothing was stored
@@ -263,30 +261,123 @@ async def test_dedup_only_shares_but_stores_nothing() -> None:
     assert engine.calls == 2 and cache.snapshot().entries == 0
 
 
-class FakeValkey:
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-        self.deleted: list[str] = []
-
-    async def get(self, key: str) -> bytes | None:
-        return self.values.get(key)
-
-    async def delete(self, key: str) -> None:
-        self.deleted.append(key)
-        self.values.pop(key, None)
+VLLM_ERROR = b'data: {"error":{"message":"CUDA out of memory","code":500}}\n\n'
+CUT = b'data: {"choices":[{"delta":{"content":"The answer is"}}]}\n\n'
+ANTHROPIC_END = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+ANTHROPIC_ERROR = (
+    b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"x"}}\n\n'
+)
+START = b'event: message_start\ndata: {"type":"message_start","message":{}}\n\n'
 
 
-async def test_a_malformed_shared_entry_is_a_miss_and_deleted() -> None:
-    client = FakeValkey()
-    shared = SharedCache(client, "hivenet:{s}:", ManualClock())
-    good = Stored(200, "application/json", False, b"{}", 1_700_000_000.0)
-    assert decode(encode(good)) == good
-    client.values["hivenet:{s}:cache:k"] = b"\xff\x00garbage"
-    assert await shared.get("k") is None
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [VLLM_ERROR, b"data: [DONE]\n\n"],  # vLLM's failure inside a 200 stream
+        [CUT],  # the engine's stream ended before its terminal event
+        [START, ANTHROPIC_ERROR],  # Anthropic's error event
+        [START, ANTHROPIC_ERROR, ANTHROPIC_END],
+    ],
+    ids=["vllm-error", "cut", "anthropic-error", "anthropic-error-then-stop"],
+)
+async def test_an_error_inside_a_200_stream_or_a_cut_stream_is_not_stored(
+    chunks: list[bytes],
+) -> None:
+    cache, engine = stage(), Engine(chunks)
+    await read(await cache(ticket(BODY), engine))
+    t = ticket(BODY)
+    assert await read(await cache(t, engine)) == b"".join(chunks)
+    assert engine.calls == 2 and t.cache == "" and cache.snapshot().entries == 0
+
+
+async def test_an_anthropic_stream_that_ends_with_message_stop_is_stored() -> None:
+    chunks = [START, b'event: content_block_delta\ndata: {"text":"an error"}\n\n', ANTHROPIC_END]
+    cache, engine = stage(), Engine(chunks)
+    await read(await cache(ticket(BODY), engine))
+    t = ticket(BODY)
+    assert await read(await cache(t, engine)) == b"".join(chunks)
+    assert engine.calls == 1 and t.cache == "hit"
+
+
+class WholeEngine:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.calls = 0
+
+    async def __call__(self, ticket: Ticket) -> Answer:
+        self.calls += 1
+        ticket.dispatched = True
+        return Answer(200, [("content-type", "application/json")], Whole(), body=self.body)
+
+
+async def test_a_whole_200_body_with_an_error_is_not_stored() -> None:
+    whole = {**BODY, "stream": False}
+    cache, engine = stage(), WholeEngine(b'{"error":{"message":"overloaded"}}')
+    for _ in range(2):
+        await read(await cache(ticket(whole), engine))
+    assert engine.calls == 2
+    engine = WholeEngine(b'{"id":"x","error":null,"choices":[]}')  # no error in it
+    for _ in range(2):
+        await read(await cache(ticket(whole), engine))
+    assert engine.calls == 1
+
+
+async def test_a_shared_refusal_carries_retry_after_to_every_follower() -> None:
+    cache, engine = stage(), Engine()
+    engine.gate = asyncio.Event()
+
+    async def refused(t: Ticket) -> Answer:
+        t.dispatched = True
+        t.headers_out["Retry-After"] = "7"
+        t.headers_out["X-RateLimit-Remaining-Requests"] = "3"  # the leader's own figure
+        await engine.gate.wait() if engine.gate else None
+        raise ApiError(ErrorCode.QUEUE_FULL, "queue full")
+
+    tickets = [ticket(BODY) for _ in range(3)]
+    pending = [asyncio.ensure_future(cache(t, refused)) for t in tickets]
+    await asyncio.sleep(0)
+    engine.gate.set()
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(r, ApiError) and r.code is ErrorCode.QUEUE_FULL for r in results)
+    for t in tickets[1:]:
+        assert t.headers_out.get("Retry-After") == "7"
+        assert "X-RateLimit-Remaining-Requests" not in t.headers_out
+
+
+async def test_a_follower_is_cut_at_its_own_deadline_not_the_leaders() -> None:
+    cache, engine = stage(), Engine()
+    engine.hold = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    leader = ticket(BODY)
+    leader.deadline = loop.time() + 0.2
+    first = await cache(leader, engine)
+    follower = ticket(BODY)
+    follower.deadline = loop.time() + 0.35
+    second = await cache(follower, engine)
+    await asyncio.sleep(0.25)  # the leader's deadline has passed (its relay cuts it)
+    await first.close(Outcome.TIMEOUT)
+    engine.hold.set()
+    assert await read(second) == b"".join(CHUNKS)
+    assert engine.closes == [Outcome.OK]
+
+
+async def test_close_stops_every_flight_and_then_passes_requests_through() -> None:
+    cache, engine = stage(), Engine()
+    engine.hold = asyncio.Event()
+    answer = await cache(ticket(BODY), engine)
+    engine.gate = asyncio.Event()
+    waiting = asyncio.ensure_future(cache(ticket({**BODY, "seed": 1}), engine))  # before head
     for _ in range(5):
         await asyncio.sleep(0)
-    assert client.deleted == ["hivenet:{s}:cache:k"] and shared.errors == {"malformed": 1}
-    wrong_version = bytearray(encode(good))
-    wrong_version[1] = 9  # the first field of the msgpack array: the version
-    client.values["hivenet:{s}:cache:k"] = bytes(wrong_version)
-    assert await shared.get("k") is None
+    assert cache.snapshot().flights == 2 and engine.calls == 2
+    await cache.close()
+    assert engine.closes == [Outcome.CLIENT_GONE] and not cache._pumps
+    with pytest.raises(AnswerBroken):
+        await read(answer)
+    with pytest.raises(ApiError) as stopped:
+        await waiting  # the engine call it led was cancelled with its pump
+    assert stopped.value.code is ErrorCode.BACKEND_UNAVAILABLE
+    engine.gate = engine.hold = None
+    t = ticket(BODY)
+    await read(await cache(t, engine))
+    assert engine.calls == 3 and t.cache == "" and "X-Hivenet-Cache" not in t.headers_out

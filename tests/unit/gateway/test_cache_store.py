@@ -3,8 +3,18 @@ bound, and answers too large to keep."""
 
 from __future__ import annotations
 
+import pytest
+
 from hivenet_router.clock import ManualClock
-from hivenet_router.gateway.cache_store import ENTRY_OVERHEAD, MemoryStore, Stored
+from hivenet_router.gateway.cache_store import (
+    ENTRY_OVERHEAD,
+    SWEEP_EVERY,
+    MemoryStore,
+    Stored,
+    decode,
+    encode,
+    storable,
+)
 
 BIG = 1 << 30
 
@@ -93,3 +103,51 @@ def test_a_replaced_entry_is_counted_once() -> None:
     assert len(store) == 1 and store.bytes == entry.size
     store.delete("a")
     assert len(store) == 0 and store.bytes == 0
+
+
+def test_expired_entries_go_as_the_store_is_used() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    for key in "abc":
+        store.put(key, answer(clock), 5.0, 100, BIG)
+    store.put("long", answer(clock), 300.0, 100, BIG)
+    store.get("a")  # recently used: not at the end a write trims from
+    clock.advance(SWEEP_EVERY)
+    assert store.get("long") is not None
+    assert len(store) == 1 and store.bytes == answer(clock).size
+
+
+def test_the_site_form_of_a_stored_answer_round_trips() -> None:
+    good = Stored(200, "application/json", False, b"{}", 1_700_000_000.0)
+    assert decode(encode(good)) == good
+    assert decode(b"\xff\x00garbage") is None
+    wrong_version = bytearray(encode(good))
+    wrong_version[1] = 9  # the first field of the msgpack array: the version
+    assert decode(bytes(wrong_version)) is None
+
+
+DONE = b"data: [DONE]\n\n"
+STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("streamed", "data", "keep"),
+    [
+        (True, b'data: {"choices":[]}\n\n' + DONE, True),
+        (True, b'data: {"choices":[]}\r\n\r\ndata: [DONE]\r\n\r\n', True),
+        (True, b'data: {"content":"an \\"error\\" here"}\n\n' + DONE, True),
+        (True, b"event: message_start\ndata: {}\n\n" + STOP, True),
+        (True, b'data: {"choices":[]}\n\n', False),  # cut before [DONE]
+        (True, b"event: message_start\ndata: {}\n\n", False),  # cut before message_stop
+        (True, b'data: {"error":{"message":"oom"}}\n\n' + DONE, False),
+        (True, b'event: error\ndata: {"type":"error","error":{}}\n\n' + STOP, False),
+        (True, b'data: {"id":"x","error":null}\n\n' + DONE, True),
+        (False, b'{"id":"x","choices":[]}', True),
+        (False, b'{"id":"x","error":null}', True),
+        (False, b'{"error":{"message":"overloaded"}}', False),
+        (False, b'{"type":"error","error":{"type":"overloaded_error"}}', False),
+        (False, b'[{"error":1}]', True),  # not an object: no envelope
+    ],
+)
+def test_storable_keeps_whole_answers_only(streamed: bool, data: bytes, keep: bool) -> None:
+    assert storable(streamed, data) is keep

@@ -145,8 +145,42 @@ async def test_a_refusal_reaches_every_reader() -> None:
     waits = [asyncio.ensure_future(r.answer(deadline())) for r in readers]
     gate.set()
     results = await asyncio.gather(*waits, return_exceptions=True)
-    assert all(result is error for result in results)
+    assert results[0] is error  # the first request's own, as raised
+    assert results[1] == error == results[2]  # the others: a copy each
+    assert results[1] is not error and results[2] is not results[1]
     assert flight.readers == 0
+
+
+async def test_a_copy_carries_no_other_readers_frames() -> None:
+    flight = Flight("k", lambda f, o: None)
+
+    async def opener() -> Answer:
+        raise ApiError(ErrorCode.BACKEND_ERROR, "engine said no", "backend")
+
+    flight.start(opener, deadline(), set())
+    readers = [flight.join(first=i == 0) for i in range(50)]
+    results = await asyncio.gather(*(r.answer(deadline()) for r in readers), return_exceptions=True)
+    depths = []
+    for result in results[1:]:
+        assert isinstance(result, ApiError)
+        depth, frame = 0, result.__traceback__
+        while frame is not None:
+            depth, frame = depth + 1, frame.tb_next
+        depths.append(depth)
+    assert max(depths) <= 2  # one object re-raised 49 times had grown to 49 frames
+
+
+async def test_a_refusal_that_is_no_api_error_reaches_readers_as_one() -> None:
+    flight = Flight("k", lambda f, o: None)
+
+    async def opener() -> Answer:
+        raise AnswerBroken(ErrorCode.BACKEND_UNAVAILABLE, "the other router stopped it")
+
+    flight.start(opener, deadline(), set())
+    readers = [flight.join(first=i == 0) for i in range(3)]
+    results = await asyncio.gather(*(r.answer(deadline()) for r in readers), return_exceptions=True)
+    for result in results:
+        assert isinstance(result, ApiError) and result.code is ErrorCode.BACKEND_UNAVAILABLE
 
 
 async def test_an_own_refusal_stays_with_the_first_reader() -> None:
@@ -170,6 +204,7 @@ async def test_a_break_mid_stream_reaches_every_reader_after_the_same_bytes() ->
     flight, upstream, ends = started()
     readers = [await flight.join(first=i == 0).answer(deadline()) for i in range(3)]
     upstream.feed(b"c1", AnswerBroken(ErrorCode.AGENT_DISCONNECTED, "gone"))
+    raised: list[AnswerBroken] = []
 
     async def until_broken(answer: Answer) -> tuple[list[bytes], ErrorCode]:
         got = [answer.first or b""]
@@ -177,12 +212,14 @@ async def test_a_break_mid_stream_reaches_every_reader_after_the_same_bytes() ->
             while (chunk := await answer.next_chunk()) is not None:
                 got.append(chunk)
         except AnswerBroken as exc:
+            raised.append(exc)
             await answer.close(Outcome.BROKEN)
             return got, exc.code
         raise AssertionError("the stream ended cleanly")
 
     results = await asyncio.gather(*(until_broken(a) for a in readers))
     assert results == [([b"c0", b"c1"], ErrorCode.AGENT_DISCONNECTED)] * 3
+    assert len({id(error) for error in raised}) == 3  # each reader its own
     assert upstream.closed == [Outcome.BROKEN] and ends == [Outcome.BROKEN]
 
 
@@ -233,6 +270,38 @@ async def test_the_stream_is_bounded_by_the_deadline() -> None:
     assert raised.value.code is ErrorCode.REQUEST_TIMEOUT
     await answer.close(Outcome.BROKEN)
     assert upstream.closed == [Outcome.TIMEOUT]
+
+
+async def test_a_later_reader_extends_the_streams_deadline() -> None:
+    upstream = Upstream()
+    flight = Flight("k", lambda f, o: None)
+    loop = asyncio.get_running_loop()
+
+    async def opener() -> Answer:
+        return Answer(200, [], upstream, first=b"c0")
+
+    flight.start(opener, loop.time() + 0.2, set())
+    first = await flight.join(first=True).answer(deadline())
+    late = await flight.join(deadline=loop.time() + 0.35).answer(deadline())
+    await asyncio.sleep(0.25)  # past the first request's deadline
+    upstream.feed(b"c1", None)
+    assert await read_all(late) == [b"c0", b"c1"]
+    assert await read_all(first) == [b"c0", b"c1"]  # its own relay would have cut it
+    assert upstream.closed == [Outcome.OK]
+
+
+async def test_joiners_extend_the_deadline_within_twice_the_first_allowance() -> None:
+    flight, _, _ = started()  # its deadline: 30 s from now
+    reader = flight.join(first=True)
+    start = flight.deadline
+    flight.join(deadline=start + 10).close(Outcome.CLIENT_GONE)
+    assert flight.deadline == start + 10
+    flight.join(deadline=start + 1_000).close(Outcome.CLIENT_GONE)
+    assert start + 29 < flight.deadline < start + 31
+    flight.join(deadline=start - 5).close(Outcome.CLIENT_GONE)  # never earlier
+    assert start + 29 < flight.deadline
+    reader.close(Outcome.CLIENT_GONE)
+    await settle(lambda: flight.ended)
 
 
 async def test_flights_by_key_skip_a_flight_that_is_over() -> None:

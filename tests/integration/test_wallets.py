@@ -242,6 +242,10 @@ def test_charges_pending_at_a_restart_are_billed_by_the_next_start(
         ({"amount": "5", "currency": "XYZ"}, "unknown currency"),
         ({"amount": "5", "currency": "EUR"}, "is in USD, not EUR"),
         ({"amount": "5", "extra": 1}, "unknown field"),
+        ({"amount": "5", "note": "invoice\u0000118"}, "without NUL"),
+        ({"amount": "5", "note": "x" * 501}, "1 to 500 characters"),
+        ({"amount": "5", "reference": ""}, "reference: a string of 1 to 128"),
+        ({"amount": "5", "reference": "a\nb"}, "reference: printable"),
         ({}, "amount: required"),
         ([1], "JSON object"),
     ],
@@ -263,14 +267,31 @@ def test_bad_credits_are_400_with_the_envelope(
     )
     assert raw.status_code == 400
     assert admin(router, "GET", "/admin/wallets/acme").json()["balance"] == "1"
+    assert ledger_up(router)  # a bad credit is its sender's problem, nobody else's
+
+
+def test_a_retried_credit_with_a_reference_is_applied_once(
+    make_cluster: Cluster, tmp_path: Path, pg: Postgres
+) -> None:
+    router = start(make_cluster, tmp_path, pg.dsn(), ["acme"])
+    body = {"amount": "25.00", "note": "invoice 118", "reference": "inv-118"}
+    first = admin(router, "POST", "/admin/wallets/acme/credit", body).json()
+    again = admin(router, "POST", "/admin/wallets/acme/credit", body).json()
+    assert (first["applied"], again["applied"]) == (True, False)
+    assert first["balance"] == again["balance"] == "25.00"
+    other = admin(router, "POST", "/admin/wallets/acme/credit", {**body, "amount": "30"})
+    assert other.status_code == 400 and "was used for a credit of 25.00" in other.text
+    page = admin(router, "GET", "/admin/wallets/acme/ledger").json()
+    assert [e["reference"] for e in page["entries"]] == ["inv-118"]
 
 
 def test_unknown_wallets_bad_pages_and_a_lost_database(
     make_cluster: Cluster, tmp_path: Path, pg: Postgres
 ) -> None:
     router = start(make_cluster, tmp_path, pg.dsn(), ["acme"])
-    missing = admin(router, "GET", "/admin/wallets/nobody")
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    for path in ("/admin/wallets/nobody", "/admin/wallets/nobody/ledger"):
+        missing = admin(router, "GET", path)
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     for query in ("limit=0", "limit=501", "limit=x", "before=-1"):
         page = admin(router, "GET", f"/admin/wallets/acme/ledger?{query}")
         assert page.status_code == 400, query

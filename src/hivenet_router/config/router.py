@@ -430,7 +430,8 @@ class RouterConfig:
         2.0,
         flag="--ledger-timeout",
         env="HIVENET_ROUTER_LEDGER_TIMEOUT",
-        help="Longest wait for one ledger call before the request goes on unbilled (fail-open)",
+        help="Longest wait for a ledger connection, then for the call on it (at most twice "
+        "this), before the request goes on unbilled (fail-open)",
     )
     observers: tuple[str, ...] = option(
         ("metrics", "audit", "access"),

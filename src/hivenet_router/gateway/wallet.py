@@ -8,7 +8,7 @@ unbilled and its charge waits on local disk (fail-open).
 
 What a request costs: the usage its answer reported, at its model's price in the policy.
 An answer that reported none (a stream without `include_usage`, a stream cut short) is
-charged what was metered: the input estimate and one output token per SSE data event. An
+charged what was metered: the input estimate and one output token per SSE data line. An
 error answer (status 400 and above) costs nothing; so does an answer a cache served when
 its policy does not bill hits. `/v1/messages/count_tokens` is free and never checked;
 embeddings and rerank pay for their input only.
@@ -81,15 +81,40 @@ def missing_prices(policies: Iterable[Policy]) -> list[str]:
 
 
 class _Meter:
-    """Output metered from a stream, for an answer that reports no usage."""
+    """Output metered from a stream, for an answer that reports no usage: one token per SSE
+    `data:` line (at a line start, so text that says "data:" is not counted), but the
+    closing `data: [DONE]`. A line split across chunks is carried over, as much of it as
+    the decision needs."""
 
-    __slots__ = ("events",)
+    __slots__ = ("_events", "_line")
+    _HEAD = 16  # bytes of a line kept: enough to tell `data: [DONE]` from other data
 
     def __init__(self) -> None:
-        self.events = 0
+        self._events = 0
+        self._line = b""
 
     def feed(self, chunk: bytes) -> None:
-        self.events += chunk.count(b"data:")
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if len(self._line) < self._HEAD:
+                self._line += piece[: self._HEAD - len(self._line)]
+            if end < 0:
+                return
+            self._events += self._is_data(self._line)
+            self._line = b""
+            start = end + 1
+
+    @staticmethod
+    def _is_data(line: bytes) -> bool:
+        line = line.rstrip(b"\r")
+        return line.startswith(b"data:") and line[5:].strip() != b"[DONE]"
+
+    @property
+    def events(self) -> int:
+        """Data lines so far, the unfinished last one included (a stream cut short)."""
+        return self._events + self._is_data(self._line)
 
 
 class WalletStage:
@@ -121,6 +146,15 @@ class WalletStage:
         if held.refused:
             self.ledger.stats.refused[held.status] += 1
             raise ApiError(ErrorCode.INSUFFICIENT_BALANCE, _refusal(tenant, currency, held))
+        if held.status == "busy":
+            # A healthy ledger with every connection in use: refused rather than let
+            # through unchecked, so that a burst cannot overdraw a wallet.
+            self.ledger.stats.refused["busy"] += 1
+            raise ApiError(
+                ErrorCode.BACKEND_UNAVAILABLE,
+                "the wallet ledger is busy and this request's balance could not be checked; "
+                "retry shortly",
+            )
         if held.unbilled:
             self.ledger.stats.unbilled += 1
         try:

@@ -22,6 +22,8 @@ class WalletSnapshot:
     holds_expired: int  # holds released because their request never settled
     refused: dict[str, int] = field(default_factory=dict)  # by reason
     errors: dict[str, int] = field(default_factory=dict)  # failed ledger calls by kind
+    dead: int = 0  # charges the ledger refused for their own data, kept on disk, not retried
+    lost: int = 0  # charges neither billed nor kept (the disk refused them at shutdown)
 
 
 def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
@@ -44,6 +46,16 @@ class WalletCollector(Collector):
             "hivenet_wallet_pending_charges",
             "Charges kept on local disk until the ledger can take them",
             value=now.pending,
+        )
+        yield GaugeMetricFamily(
+            "hivenet_wallet_dead_charges",
+            "Charges the ledger refused for their own data: kept on local disk, never retried",
+            value=now.dead,
+        )
+        yield CounterMetricFamily(
+            "hivenet_wallet_lost_charges",
+            "Charges neither billed nor kept on disk (the disk refused them at shutdown)",
+            value=now.lost,
         )
         yield CounterMetricFamily(
             "hivenet_wallet_unbilled",

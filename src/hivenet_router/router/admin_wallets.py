@@ -2,8 +2,10 @@
 
 Money travels as decimal strings (a JSON number is accepted on the way in, read exactly,
 never through a float). Every refusal is the usual error envelope: 400 invalid_parameter
-for a bad amount, currency or cursor; 404 not_found for a tenant without a wallet; 503
-backend_unavailable while the database does not answer.
+for a bad amount, currency, note, reference or cursor (and for values the database
+refuses); 404 not_found for a tenant without a wallet; 503 backend_unavailable while the
+database does not answer (or is busy). These calls have their own, longer timeout
+(`Ledger.admin_timeout`) and their failures never mark the ledger down for requests.
 """
 
 from __future__ import annotations
@@ -18,15 +20,20 @@ from typing import Any, Final, NoReturn
 import orjson
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.gateway.ledger import Ledger, LedgerUnavailable, Wallet
+from hivenet_router.gateway.ledger import Ledger, LedgerRejected, LedgerUnavailable, Wallet
+from hivenet_router.gateway.ledger_admin import (
+    MAX_NOTE,
+    MAX_REFERENCE,
+    MAX_TENANT,
+    text_ok,
+    valid_tenant,
+)
 from hivenet_router.gateway.settings import CURRENCIES
 from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.router.requests import read_body
 
 Handler = Callable[[Request], Awaitable[Answer]]
 
-MAX_TENANT: Final = 128
-MAX_NOTE: Final = 500
 MAX_DECIMALS: Final = 9
 MAX_CREDIT: Final = Decimal(10) ** 15  # one credit, exclusive: a typo, not a top-up
 PAGE_DEFAULT, PAGE_MAX = 50, 500
@@ -45,7 +52,7 @@ def _money(value: Decimal) -> str:
     return format(value, "f")
 
 
-def _view(wallet: Wallet) -> dict[str, str]:
+def _view(wallet: Wallet) -> dict[str, Any]:
     return {
         "tenant": wallet.tenant,
         "currency": wallet.currency,
@@ -79,31 +86,41 @@ def parse_amount(value: object) -> Decimal:
 
 def parse_tenant(request: Request) -> str:
     tenant = request.match_info.get("tenant", "")
-    if not 1 <= len(tenant) <= MAX_TENANT or not tenant.isprintable():
+    if not valid_tenant(tenant):
         _bad(f"tenant: 1 to {MAX_TENANT} printable characters")
     return tenant
 
 
-def _credit_body(raw: bytes) -> tuple[Decimal, str | None, str | None]:
+def _text_field(body: dict[str, Any], name: str, limit: int) -> str | None:
+    value = body.get(name)
+    if value is not None and (
+        not isinstance(value, str) or not 1 <= len(value) <= limit or not text_ok(value)
+    ):
+        _bad(f"{name}: a string of 1 to {limit} characters, without NUL")
+    return value
+
+
+def _credit_body(raw: bytes) -> tuple[Decimal, str | None, str | None, str | None]:
     try:
         body = json.loads(raw, parse_float=Decimal, parse_int=Decimal, parse_constant=_no_constants)
     except (ValueError, RecursionError):
         _bad('the body must be a JSON object: {"amount": "12.50"}')
     if not isinstance(body, dict):
         _bad('the body must be a JSON object: {"amount": "12.50"}')
-    unknown = sorted(set(body) - {"amount", "currency", "note"})
+    unknown = sorted(set(body) - {"amount", "currency", "note", "reference"})
     if unknown:
-        _bad(f"unknown field {unknown[0]!r} (amount, currency, note)")
+        _bad(f"unknown field {unknown[0]!r} (amount, currency, note, reference)")
     if "amount" not in body:
         _bad("amount: required")
     amount = parse_amount(body["amount"])
     currency = body.get("currency")
     if currency is not None and (not isinstance(currency, str) or currency not in CURRENCIES):
         _bad("currency: unknown currency (an ISO 4217 code such as USD)")
-    note = body.get("note")
-    if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
-        _bad(f"note: a string of at most {MAX_NOTE} characters")
-    return amount, currency, note
+    note = _text_field(body, "note", MAX_NOTE)
+    reference = _text_field(body, "reference", MAX_REFERENCE)
+    if reference is not None and not reference.isprintable():
+        _bad("reference: printable characters only")
+    return amount, currency, note, reference
 
 
 def _entry(row: dict[str, Any]) -> dict[str, Any]:
@@ -150,14 +167,25 @@ class WalletApi:
 
     async def credit(self, request: Request) -> Response:
         tenant = parse_tenant(request)
-        amount, currency, note = _credit_body(await read_body(request, self.body_timeout))
+        amount, currency, note, reference = _credit_body(
+            await read_body(request, self.body_timeout)
+        )
         try:
-            wallet = await self.ledger.credit(tenant, amount, currency, note)
+            done = await self.ledger.credit(tenant, amount, currency, note, reference)
+        except LedgerRejected as exc:
+            _bad(f"the ledger refused these values ({exc})")
         except LedgerUnavailable as exc:
             raise _unavailable(exc) from None
-        if currency is not None and wallet.currency != currency:
+        wallet = done.wallet
+        if done.first_amount is not None:  # a retry: the reference was credited before
+            if done.first_amount != amount:
+                _bad(
+                    f"reference: {reference!r} was used for a credit of "
+                    f"{_money(done.first_amount)}, not {_money(amount)}"
+                )
+        elif currency is not None and wallet.currency != currency:
             _bad(f"currency: the wallet of {tenant} is in {wallet.currency}, not {currency}")
-        return _json(_view(wallet))
+        return _json({**_view(wallet), "applied": done.applied})
 
     async def balance(self, request: Request) -> Response:
         tenant = parse_tenant(request)
@@ -176,6 +204,8 @@ class WalletApi:
             rows = await self.ledger.entries(tenant, limit, before)
         except LedgerUnavailable as exc:
             raise _unavailable(exc) from None
+        if rows is None:
+            raise ApiError(ErrorCode.NOT_FOUND, f"no wallet for tenant {tenant}")
         last = rows[-1]["id"] if len(rows) == limit else None
         return _json(
             {

@@ -24,6 +24,7 @@ from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.gateway.ledger_sql import dsn_problem
 from hivenet_router.gateway.wallet import missing_prices
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.server import HttpServer, Limits
@@ -135,6 +136,8 @@ class RouterProcess:
         if problem is not None:
             raise ConfigError(problem)
         check_names(config)
+        if config.ledger_dsn and (problem := dsn_problem(config.ledger_dsn)) is not None:
+            raise ConfigError(problem)
         return cls(config, secret, SystemClock(), policies, providers, auth)
 
     def _announce(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -14,7 +15,7 @@ import asyncpg
 import pytest
 from blockbuster import BlockBuster
 
-from hivenet_router.gateway.ledger import Ledger, LedgerUnavailable, migrations
+from hivenet_router.gateway.ledger import Ledger, LedgerRejected, LedgerUnavailable, migrations
 from hivenet_router.gateway.pending import Charge, PendingStore
 from tests.postgres import Postgres, allow_connect_reads, postgres_server
 
@@ -83,7 +84,7 @@ async def test_migrations_apply_once_and_two_routers_starting_together_do_not_ra
     async with running(dsn, tmp_path / "c") as again:  # a restart finds nothing to apply
         assert again.schema_version == known
     rows = await sql(dsn, "SELECT version FROM wallet_migrations")
-    assert [row["version"] for row in rows] == [1]
+    assert [row["version"] for row in rows] == list(range(1, known + 1))
 
 
 async def test_a_schema_newer_than_the_code_keeps_wallets_fail_open(
@@ -92,6 +93,7 @@ async def test_a_schema_newer_than_the_code_keeps_wallets_fail_open(
     async with running(dsn, tmp_path):
         pass
     await sql(dsn, "INSERT INTO wallet_migrations (version, name) VALUES (99, 'future')")
+    known = len(await asyncio.to_thread(migrations))
     ledger = Ledger(dsn, tmp_path, 2.0)
     task = asyncio.create_task(ledger.run())
     try:
@@ -104,7 +106,7 @@ async def test_a_schema_newer_than_the_code_keeps_wallets_fail_open(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await ledger.close()
-    assert "schema version 99 is newer than this router knows (1)" in caplog.text
+    assert f"schema version 99 is newer than this router knows ({known})" in caplog.text
 
 
 async def test_hold_refuses_an_empty_missing_or_foreign_wallet(dsn: str, tmp_path: Path) -> None:
@@ -273,3 +275,176 @@ async def test_the_reconciliation_finds_a_wallet_edited_outside_the_ledger(
         assert not result.ok and result.tenants == 2
         assert [m["tenant"] for m in result.mismatches] == ["acme"]
         assert result.mismatches[0]["ledger_sum"] == "3"
+
+
+async def test_a_charge_with_odd_values_is_billed_cleaned(dsn: str, tmp_path: Path) -> None:
+    """A model name with NUL passes the body parser, usage can exceed the token columns:
+    the charge is still billed, cleaned, and the ledger stays up."""
+    async with running(dsn, tmp_path) as ledger:
+        await ledger.credit("acme", Decimal(10), USD, None)
+        odd = Charge(ledger.new_charge_id(), "r\x00", "acme", USD, "m\x00" + "x" * 500,
+                     Decimal(1), 3_000_000_000, -5)  # fmt: skip
+        assert await ledger.settle(odd) == "settled" and ledger.up
+        row = (await ledger.entries("acme", 1, None) or [])[0]
+        assert row["model"] == "m" + "x" * 199 and row["request_id"] == "r"
+        assert (row["input_tokens"], row["output_tokens"]) == (2**31 - 1, 0)
+
+
+async def test_a_charge_the_database_refuses_is_set_aside_and_the_rest_billed(
+    dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Charges kept while the ledger was away, the first one unbillable (a tenant name the
+    # database cannot store): it must not hold back the ones behind it.
+    store = PendingStore(tmp_path)
+    await store.open()
+    bad = Charge("bad-1", "r", "ac\x00me", USD, "m", Decimal(1))
+    await store.add(
+        [bad, *(Charge(f"ok-{n}", "r", "acme", USD, "m", Decimal("0.1")) for n in range(20))]
+    )
+    await store.close()
+    async with running(dsn, tmp_path) as ledger:
+        await until(lambda: ledger.snapshot().pending == 0)
+        assert ledger.up and ledger.snapshot().dead == 1
+        assert ledger.stats.errors["rejected"] >= 1 and ledger.stats.charges == 20
+        letters = await ledger.pending.dead_letters(10)
+        assert [(c.charge_id, "CharacterNotInRepertoire" in why) for c, why in letters] == [
+            ("bad-1", True)
+        ]
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and wallet.balance == Decimal(-2)
+        assert (await ledger.hold("k", "r", "acme", USD, Decimal(1))).status == "insufficient"
+    assert "ledger unreachable" not in caplog.text and "dead letter" in caplog.text
+
+
+async def test_a_ledger_failing_every_settle_backs_off_and_warns_once(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database answers every connect but fails every settle: the background loop
+    retries with growing pauses, never in a tight loop, and the outage is said once."""
+    real = asyncpg.Connection.fetchval
+    attempts = 0
+
+    async def fetchval(self: object, query: str, *args: object, **kw: object) -> object:
+        nonlocal attempts
+        if "wallet_settle" in query:
+            attempts += 1
+            raise asyncpg.InternalClientError("cannot switch to state 12")
+        return await real(self, query, *args, **kw)  # type: ignore[arg-type]
+
+    async with running(dsn, tmp_path) as ledger:
+        monkeypatch.setattr(asyncpg.Connection, "fetchval", fetchval)
+        ledger.settle_soon(charge(ledger, "acme", "1"))
+        await asyncio.sleep(2.5)
+        # 0.2 + 0.4 + 0.8 + 1.6 s of pauses: a handful of tries, not thousands
+        assert 2 <= attempts <= 8, attempts
+        assert ledger.snapshot().pending == 1
+    assert caplog.text.count("ledger unreachable") == 1
+
+
+async def test_the_background_loop_survives_a_failing_pending_store(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = PendingStore(tmp_path)
+    await store.open()
+    await store.add([Charge("kept-1", "r", "acme", USD, "m", Decimal("0.5"))])
+    await store.close()
+    real = PendingStore.take
+    failures = 2
+
+    async def take(self: PendingStore, limit: int) -> list[Charge]:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise sqlite3.OperationalError("disk I/O error")
+        return await real(self, limit)
+
+    monkeypatch.setattr(PendingStore, "take", take)
+    async with running(dsn, tmp_path) as ledger:
+        await until(lambda: ledger.snapshot().pending == 0)
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and wallet.balance == Decimal("-0.5")
+    assert caplog.text.count("background turn failed (OperationalError: disk I/O error)") == 1
+
+
+async def test_closing_with_a_disk_that_refuses_is_bounded_and_counts_the_loss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "file").write_text("")  # the store's directory cannot be made under a file
+    ledger = Ledger("postgresql://u:p@127.0.0.1:1/db", tmp_path / "file" / "store", 0.5)
+    task = asyncio.create_task(ledger.run())
+    await until(lambda: ledger.stats.errors["connect"] >= 1)
+    ledger.settle_soon(Charge(ledger.new_charge_id(), "r", "acme", USD, "m", Decimal("0.5")))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(8):
+        await ledger.close()  # returns, and raises nothing
+    assert ledger.snapshot().lost == 1
+    assert "1 unbilled charges lost" in caplog.text
+
+
+async def test_the_hold_of_a_running_request_is_refreshed_a_dead_one_expires(
+    dsn: str, tmp_path: Path
+) -> None:
+    async with running(dsn, tmp_path / "a") as dead_router:
+        await dead_router.credit("acme", Decimal(10), USD, None)
+        await dead_router.hold("dead-1", "r", "acme", USD, Decimal(3))
+    ledger = Ledger(dsn, tmp_path / "b", 2.0, hold_ttl=1.0, chores_every=0.1)
+    task = asyncio.create_task(ledger.run())
+    try:
+        await until(lambda: ledger.up)
+        live = ledger.new_charge_id()
+        assert (await ledger.hold(live, "r", "acme", USD, Decimal(2))).status == "held"
+        await until(lambda: ledger.stats.holds_expired == 1)
+        await asyncio.sleep(1.5)  # the live hold is older than hold_ttl by now
+        rows = await sql(dsn, "SELECT charge_id FROM holds")
+        assert [row["charge_id"] for row in rows] == [live]
+        ledger.settle_soon(Charge(live, "r", "acme", USD, "m", Decimal(1)))
+        await ledger.idle(5)
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and (wallet.balance, wallet.held) == (9, 0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await ledger.close()
+
+
+async def test_a_credit_with_a_reference_is_applied_once(dsn: str, tmp_path: Path) -> None:
+    async with running(dsn, tmp_path) as ledger:
+        first = await ledger.credit("acme", Decimal(5), USD, "invoice 118", "inv-118")
+        again = await ledger.credit("acme", Decimal(5), USD, "invoice 118", "inv-118")
+        assert first.applied and not again.applied and again.first_amount == 5
+        assert again.wallet.balance == 5
+        other = await ledger.credit("other", Decimal(1), USD, None, "inv-118")  # per tenant
+        assert other.applied
+        retries = await asyncio.gather(
+            *(ledger.credit("acme", Decimal(2), USD, None, "inv-119") for _ in range(5))
+        )
+        assert sum(r.applied for r in retries) == 1
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and wallet.balance == 7
+        assert (await ledger.reconcile()).ok
+
+
+async def test_admin_failures_never_take_the_ledger_down(dsn: str, tmp_path: Path) -> None:
+    ledger = Ledger(dsn, tmp_path, 2.0, admin_timeout=0.000_001)
+    task = asyncio.create_task(ledger.run())
+    try:
+        await until(lambda: ledger.up)
+        with pytest.raises(LedgerUnavailable):
+            await ledger.reconcile()  # past its (here absurd) timeout
+        assert ledger.up
+        ledger.admin_timeout = 5.0
+        with pytest.raises(LedgerRejected):
+            await ledger.credit("acme", Decimal(1), USD, "note\x00")
+        assert ledger.up and await ledger.entries("acme", 10, None) is None
+        await ledger.credit("acme", Decimal(1), USD, None)
+        assert (await ledger.hold("k", "r", "acme", USD, Decimal(1))).status == "held"
+        assert await ledger.entries("acme", 10, None) is not None
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await ledger.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from decimal import Decimal
 from pathlib import Path
 
@@ -49,5 +50,49 @@ async def test_nothing_to_add_or_remove_touches_nothing(tmp_path: Path) -> None:
         await store.add([])
         await store.remove([])
         assert store.count == 0 and await store.take(5) == []
+    finally:
+        await store.close()
+
+
+async def test_dead_letters_are_kept_apart_and_never_taken(tmp_path: Path) -> None:
+    store = PendingStore(tmp_path)
+    try:
+        await store.open()
+        await store.add([charge("a"), charge("b"), charge("c")])
+        await store.bury("b", "DataError: out of range")
+        await store.add([charge("d")], dead="CharacterNotInRepertoireError")
+        assert (store.count, store.dead) == (2, 2)
+        assert [c.charge_id for c in await store.take(10)] == ["a", "c"]
+        await store.remove(["a", "b"])  # "b" is a dead letter: not removed by a bill
+        assert (store.count, store.dead) == (1, 2)
+        letters = await store.dead_letters(10)
+        assert [(c.charge_id, why) for c, why in letters] == [
+            ("b", "DataError: out of range"),
+            ("d", "CharacterNotInRepertoireError"),
+        ]
+    finally:
+        await store.close()
+    again = PendingStore(tmp_path)  # the counts are read back at the next start
+    try:
+        assert await again.open() == 1 and again.dead == 2
+    finally:
+        await again.close()
+
+
+async def test_a_file_of_an_older_router_is_upgraded_in_place(tmp_path: Path) -> None:
+    old = sqlite3.connect(tmp_path / FILE_NAME)
+    old.execute(
+        "CREATE TABLE pending (charge_id TEXT PRIMARY KEY, request_id TEXT NOT NULL,"
+        " tenant TEXT NOT NULL, currency TEXT NOT NULL, model TEXT NOT NULL,"
+        " amount TEXT NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,"
+        " record INTEGER NOT NULL)"
+    )
+    old.execute("INSERT INTO pending VALUES ('x', 'req-x', 'acme', 'EUR', 'm', '1.5', 12, 34, 1)")
+    old.commit()
+    old.close()
+    store = PendingStore(tmp_path)
+    try:
+        assert await store.open() == 1
+        assert await store.take(5) == [charge("x", "1.5")]
     finally:
         await store.close()

@@ -17,7 +17,7 @@ from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts
-from hivenet_router.gateway.ledger import Ledger
+from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.settings import Price, Prices
 from hivenet_router.gateway.wallet import WalletStage, missing_prices, worst_case
 from hivenet_router.observability.events import Observers
@@ -106,6 +106,7 @@ async def test_an_unfunded_tenant_is_refused_with_402(ledger: Ledger) -> None:
         "no_wallet": 1,
         "currency": 0,
         "no_price": 0,
+        "busy": 0,
     }
 
 
@@ -150,8 +151,9 @@ async def test_a_stream_without_usage_is_charged_what_was_metered(ledger: Ledger
 
     t = ticket()
     await serve(stage, t, streaming, Outcome.CLIENT_GONE)
-    # input estimated (32 bytes / 3.2 + 4 = 14 tokens), output one token per data event (4)
-    assert t.charge == Decimal("0.014") + Decimal("0.008")
+    # input estimated (32 bytes / 3.2 + 4 = 14 tokens), output one token per data event
+    # (3: the closing [DONE] is none)
+    assert t.charge == Decimal("0.014") + Decimal("0.006")
 
 
 async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger) -> None:
@@ -234,3 +236,32 @@ def test_the_worst_case_counts_every_prompt_byte_and_the_declared_output() -> No
     assert worst_case(PRICE, undeclared) == Decimal("0.04") + Decimal("8.192")
     embeddings = dataclasses.replace(facts, route="/v1/embeddings")
     assert worst_case(PRICE, embeddings) == Decimal("0.04")
+
+
+async def test_the_meter_counts_data_lines_not_the_word_data(ledger: Ledger) -> None:
+    """Text that says "data:" or "[DONE]" is no event; an event split across chunks is one."""
+    await ledger.credit("acme", Decimal(1), "USD", None)
+    stage = WalletStage(ledger, lambda model: PRICED)
+    tricky = b'data: {"choices": [{"delta": {"content": "data: x data: [DONE]"}}]}\n\n'
+    chunks = [tricky, b"da", b'ta: {"choices": []}\r', b"\n\r\n", b"data: [DO", b"NE]\n\n"]
+
+    async def streaming(t: Ticket) -> Answer:
+        return Answer(200, [], Chunks(chunks), first=tricky)
+
+    t = ticket()
+    await serve(stage, t, streaming, Outcome.CLIENT_GONE)
+    assert t.charge == Decimal("0.014") + 3 * Decimal("0.002")  # three data events
+
+
+async def test_a_busy_ledger_refuses_with_503_rather_than_let_through(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def busy(*args: object) -> HoldResult:
+        return HoldResult("busy")
+
+    monkeypatch.setattr(ledger, "hold", busy)
+    stage = WalletStage(ledger, lambda model: PRICED)
+    with pytest.raises(ApiError) as refused:
+        await stage(ticket(), whole())
+    assert refused.value.code is ErrorCode.BACKEND_UNAVAILABLE and "busy" in refused.value.message
+    assert ledger.snapshot().refused["busy"] == 1 and ledger.snapshot().unbilled == 0

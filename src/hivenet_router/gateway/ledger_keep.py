@@ -1,0 +1,120 @@
+"""The ledger's counters, and the keeper of charges on their way to the local disk.
+
+A charge the ledger cannot take now waits in memory until a background writer has put it
+in the pending store (gateway/pending.py). A disk that refuses (full, read-only) is
+retried with backoff while the router runs; at shutdown the writer gets a bounded time,
+and what is still not written is logged and counted as lost: a shutdown never hangs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from hivenet_router.gateway.pending import Charge, PendingStore
+
+log = logging.getLogger("hivenet.router")
+
+DISK_TIMEOUT: Final = 5.0  # at shutdown: the last write of unbilled charges to disk
+MEMORY_MAX: Final = 100_000  # charges kept in memory while the disk refuses them
+RETRY_MAX: Final = 30.0  # the writer's pause between tries on a refusing disk, at most
+REFUSALS: Final = ("insufficient", "no_wallet", "currency", "no_price", "busy")
+ERROR_KINDS: Final = ("connect", "timeout", "query", "schema", "pending", "busy", "rejected")
+
+
+@dataclass(slots=True)
+class LedgerStats:
+    unbilled: int = 0
+    charges: int = 0
+    holds_expired: int = 0
+    lost: int = 0  # charges neither billed nor kept on disk
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
+
+
+class ChargeKeeper:
+    """Charges (with a dead-letter reason, or None: to bill) on their way to disk."""
+
+    def __init__(
+        self, pending: PendingStore, stats: LedgerStats, written: Callable[[], None]
+    ) -> None:
+        self.pending = pending
+        self.stats = stats
+        self._written = written  # called once what waited is on disk
+        self._queue: list[tuple[Charge, str | None]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Charges to bill still in memory."""
+        return sum(1 for _, dead in self._queue if dead is None)
+
+    @property
+    def waiting_dead(self) -> int:
+        return len(self._queue) - self.waiting
+
+    @property
+    def writer(self) -> asyncio.Task[None] | None:
+        """The writer while it runs (idle() waits for it)."""
+        return self._writer if self._writer is not None and not self._writer.done() else None
+
+    def keep(self, charge: Charge, dead: str | None = None) -> None:
+        if len(self._queue) >= MEMORY_MAX:  # the disk has refused them for a long while
+            self.stats.lost += 1
+            if self.stats.lost == 1 or self.stats.lost % 1000 == 0:
+                log.error("%d unbilled charges lost: the disk refuses them", self.stats.lost)
+            return
+        self._queue.append((charge, dead))
+        if self.writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_all())
+
+    async def _write_all(self) -> None:
+        delay = 1.0
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await self._write(batch)
+            except asyncio.CancelledError:
+                self._queue[:0] = batch  # finish() writes them itself
+                raise
+            except Exception as exc:
+                self.stats.errors["pending"] += 1
+                if delay == 1.0:  # once per streak of failures
+                    log.error("cannot keep %d unbilled charges on disk: %s", len(batch), exc)
+                self._queue[:0] = batch  # still in memory; try again
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+        self._written()
+
+    async def _write(self, batch: list[tuple[Charge, str | None]]) -> None:
+        await self.pending.add([charge for charge, dead in batch if dead is None])
+        for charge, dead in batch:
+            if dead is not None:
+                await self.pending.add([charge], dead)
+
+    async def finish(self, wait: float) -> None:
+        """At shutdown: give the writer `wait` seconds, then write the rest once, within
+        DISK_TIMEOUT; what the disk still refuses is logged and counted as lost."""
+        writer = self.writer
+        if writer is not None:
+            _, late = await asyncio.wait([writer], timeout=wait)
+            if late:
+                writer.cancel()  # a refusing disk: it would retry forever
+                await asyncio.gather(writer, return_exceptions=True)
+        if not self._queue:
+            return
+        batch, self._queue = self._queue, []
+        try:
+            async with asyncio.timeout(DISK_TIMEOUT):
+                await self._write(batch)
+        except Exception as exc:
+            self.stats.lost += len(batch)
+            log.error(
+                "%d unbilled charges lost: they cannot be written to %s (%s)",
+                len(batch),
+                self.pending.path,
+                exc or type(exc).__name__,
+            )

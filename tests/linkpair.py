@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from hivenet_router.transport import frames, websocket
+from hivenet_router.transport import frames, websocket, ws_server
 from hivenet_router.transport.link import Link, Stream
 
 Handler = Callable[[Stream], Awaitable[None]]
@@ -45,13 +45,13 @@ class Pair:
 async def link_pair(protocol: str, handler: Handler) -> AsyncIterator[Pair]:
     server_links: list[Link] = []
 
-    async def accept(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=frames.WS_MAX_MSG_SIZE)
-        await ws.prepare(request)
+    async def accept(request: web.Request) -> web.StreamResponse:
+        # The router's own end of the link, as control.py accepts it.
+        response, ws = await ws_server.accept(request, max_size=frames.MAX_FRAME, heartbeat=None)
         link = Link(ws, dialer=False, handlers={protocol: handler}, name="server")
         server_links.append(link)
         await link.run()
-        return ws
+        return response
 
     runner = await serve_ws(accept)
     ws = await websocket.connect(

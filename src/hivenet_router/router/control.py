@@ -32,13 +32,14 @@ from hivenet_router.observability.events import AgentEvent, Observers
 from hivenet_router.router.agent_auth import Sessions
 from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.registry import AgentRecord, Registry
-from hivenet_router.transport import frames, trust
+from hivenet_router.transport import frames, trust, ws_server
 from hivenet_router.transport.link import ROUTER_PROTOCOL, Link, Stream
 
 log = logging.getLogger("hivenet.auth")
 
 LINK_PATH = "/hivenet/link"
 MAX_CONTROL_BODY = 64 * 1024
+LINK_HEARTBEAT = 5.0  # seconds without a byte from the agent before the router pings it
 
 _registration = msgspec.json.Decoder(Registration)
 _renewal = msgspec.json.Decoder(Renewal)
@@ -98,10 +99,13 @@ class ControlPlane:
         if grant is None:
             log.warning("agent connection from %s refused: no valid session", request.remote)
             return _refuse(401, "no valid session")
-        ws = web.WebSocketResponse(
-            heartbeat=5.0, max_msg_size=frames.WS_MAX_MSG_SIZE, autoping=True
-        )
-        await ws.prepare(request)
+        try:
+            response, ws = await ws_server.accept(
+                request, max_size=frames.MAX_FRAME, heartbeat=LINK_HEARTBEAT
+            )
+        except ws_server.UpgradeRefused as exc:
+            log.warning("agent connection from %s refused: %s", request.remote, exc)
+            return _refuse(exc.status, str(exc))
         link = Link(ws, dialer=False, name=f"agent {grant.peer_id}", handlers={})
         binding = Binding(link, grant)
         link.add_handler(ROUTER_PROTOCOL, self._management(binding))
@@ -117,7 +121,7 @@ class ControlPlane:
                 record.disconnects += 1
                 self.observers.on_agent(AgentEvent("disconnected", record.peer_id, record.model))
                 self.registry.announce("disconnected", record)
-        return ws
+        return response
 
     def _management(self, binding: Binding) -> Callable[[Stream], Awaitable[None]]:
         async def handle(stream: Stream) -> None:

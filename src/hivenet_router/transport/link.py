@@ -37,9 +37,9 @@ MAX_STREAMS = 4096
 
 
 class WebSocketLike(Protocol):
-    """What a link needs of a WebSocket: aiohttp's server side on the router, the agent's
-    own client (transport/websocket.py). Messages carry `type` and `data`, with the kind
-    values aiohttp uses."""
+    """What a link needs of a WebSocket: the router's own server end
+    (transport/ws_server.py) and the agent's own client (transport/websocket.py). Messages
+    carry `type` and `data`, with the kind values aiohttp uses."""
 
     async def send_bytes(self, data: bytes) -> None: ...
 

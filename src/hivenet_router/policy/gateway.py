@@ -70,20 +70,23 @@ def blocks(reader: _Reader, items: dict[str, yaml.Node]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "prices" in items:
         out["prices"] = prices(reader, items["prices"])
-    if "response_cache" in items:
-        node = items["response_cache"]
-        if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
-            out["response_cache"] = CacheSettings()
-        else:
-            out["response_cache"] = step_options.settings(
-                reader, node, "response_cache", CacheSettings, check_cache
-            )
-    if "stream_validator" in items:
-        node = items["stream_validator"]
-        if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
-            out["stream_validator"] = ValidatorSettings()
-        else:
-            out["stream_validator"] = step_options.settings(
-                reader, node, "stream_validator", ValidatorSettings, check_validator
-            )
+    for block, kind, check in (
+        ("response_cache", CacheSettings, check_cache),
+        ("stream_validator", ValidatorSettings, check_validator),
+    ):
+        if block in items:
+            out[block] = _switched_on(reader, items[block], block, kind, check)
     return out
+
+
+def _switched_on(
+    reader: _Reader, node: yaml.Node, block: str, kind: Any, check: Any
+) -> CacheSettings | ValidatorSettings:
+    """A settings block; the key alone (no value) takes every default, as `{}` does."""
+    if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
+        made: CacheSettings | ValidatorSettings = kind()
+        return made
+    settings: CacheSettings | ValidatorSettings = step_options.settings(
+        reader, node, block, kind, check
+    )
+    return settings

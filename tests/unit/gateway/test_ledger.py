@@ -7,35 +7,21 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from pathlib import Path
 
 import asyncpg
 import pytest
-from blockbuster import BlockBuster
 
 from hivenet_router.gateway.ledger import Ledger, LedgerRejected, LedgerUnavailable, migrations
 from hivenet_router.gateway.pending import Charge, PendingStore
-from tests.postgres import Postgres, allow_connect_reads, postgres_server
+from tests.postgres import Postgres
 
 USD = "USD"
 
 
-@pytest.fixture(autouse=True)
-def _connect_reads(blockbuster: BlockBuster) -> None:
-    allow_connect_reads(blockbuster)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Postgres]:
-    with postgres_server() as pg:
-        yield pg
-
-
-@pytest.fixture
-def dsn(server: Postgres) -> str:
-    return server.database()
+pytestmark = pytest.mark.usefixtures("_connect_reads")
 
 
 async def until(check: Callable[[], object], timeout: float = 10.0) -> None:

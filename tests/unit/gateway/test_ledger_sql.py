@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,31 +15,17 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
-from blockbuster import BlockBuster
 
 from hivenet_router.gateway.ledger import Ledger
 from hivenet_router.gateway.ledger_sql import dsn_problem, dsn_secrets, redact
 from hivenet_router.gateway.pending import Charge
-from tests.postgres import Blackhole, Postgres, allow_connect_reads, postgres_server
+from tests.postgres import Blackhole, Postgres
 from tests.unit.gateway.test_ledger import running, until
 
 USD = "USD"
 
 
-@pytest.fixture(autouse=True)
-def _connect_reads(blockbuster: BlockBuster) -> None:
-    allow_connect_reads(blockbuster)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Postgres]:
-    with postgres_server() as pg:
-        yield pg
-
-
-@pytest.fixture
-def dsn(server: Postgres) -> str:
-    return server.database()
+pytestmark = pytest.mark.usefixtures("_connect_reads")
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from blockbuster import BlockBuster
 
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.answer import Answer, Outcome, Whole
@@ -24,7 +23,7 @@ from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN
-from tests.postgres import Postgres, allow_connect_reads, postgres_server
+from tests.postgres import Postgres
 
 # 0.001 per input token, 0.002 per output token
 PRICE = Price(Decimal(1000), Decimal(2000))
@@ -32,15 +31,7 @@ PRICED = dataclasses.replace(BUILT_IN, name="priced", prices=Prices("USD", PRICE
 USAGE = b'{"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}'
 
 
-@pytest.fixture(autouse=True)
-def _connect_reads(blockbuster: BlockBuster) -> None:
-    allow_connect_reads(blockbuster)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Postgres]:
-    with postgres_server() as pg:
-        yield pg
+pytestmark = pytest.mark.usefixtures("_connect_reads")
 
 
 @pytest.fixture

@@ -32,7 +32,12 @@ from typing import Any, Final, TypeVar
 
 from hivenet_router.gateway import ledger_admin
 from hivenet_router.gateway.ledger_admin import Credited, Reconciliation, Wallet, valid_tenant
-from hivenet_router.gateway.ledger_keep import DISK_TIMEOUT, ChargeKeeper, LedgerStats
+from hivenet_router.gateway.ledger_keep import (
+    DISK_TIMEOUT,
+    ChargeKeeper,
+    LedgerStats,
+    SettleQueue,
+)
 from hivenet_router.gateway.ledger_sql import (
     Database,
     LedgerBusy,
@@ -43,6 +48,7 @@ from hivenet_router.gateway.ledger_sql import (
     migrate,
     migrations,
     settle_args,
+    settle_many,
 )
 from hivenet_router.gateway.pending import Charge, PendingStore
 from hivenet_router.observability.wallet_metrics import WalletSnapshot
@@ -121,6 +127,7 @@ class Ledger:
         self._live: set[str] = set()  # charge IDs held and not yet settled: refreshed
         self._wake = asyncio.Event()
         self._keeper = ChargeKeeper(self.pending, self.stats, self._wake.set)
+        self._settling = SettleQueue(self._settle_batch, self._keep_all, self._tasks)
         self._warned = False  # an outage was reported: its end will be too
         self._down_since = 0.0
         self._billed_in_outage = 0
@@ -169,12 +176,53 @@ class Ledger:
         return HoldResult(head, detail)
 
     def settle_soon(self, charge: Charge) -> None:
-        """Settle in the background (close hooks must not wait on the database); a charge
-        the ledger cannot take now goes to the pending store."""
+        """Settle in the background (close hooks must not wait on the database), batched
+        (ledger_keep.SettleQueue); a charge the ledger cannot take now goes to the pending
+        store."""
         self._live.discard(charge.charge_id)
-        task = asyncio.get_running_loop().create_task(self._settle_or_keep(charge))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._settling.put(charge)
+
+    async def _settle_batch(self, batch: list[Charge]) -> None:
+        """One statement for the lot. A charge refused for its data fails it: the lot is
+        settled one by one, so that only that charge is set aside; an unreachable ledger
+        keeps them all."""
+        if len(batch) > 1 and self.up:
+            statuses: list[str] = []  # stays empty when one charge's data failed the lot
+            try:
+                statuses = await self._settle_many(batch)
+            except LedgerRejected:
+                pass
+            except asyncio.CancelledError:
+                self._keep_all(batch)
+                raise
+            except Exception as exc:
+                if not isinstance(exc, LedgerUnavailable):  # a bug rather than the database
+                    log.error("ledger: settling a batch: %s", self._db.describe(exc))
+                self._keep_all(batch)
+                return
+            for charge, status in zip(batch, statuses, strict=False):
+                self._counted(charge, status)
+            if statuses:
+                return
+        for done, charge in enumerate(batch):
+            try:
+                await self._settle_or_keep(charge)
+            except asyncio.CancelledError:
+                self._keep_all(batch[done + 1 :])
+                raise
+
+    async def _settle_many(self, batch: list[Charge]) -> list[str]:
+        """Like _request, but a rejection is not counted: the charge settled alone is."""
+        try:
+            return await self._db.call(lambda conn: settle_many(conn, batch), self.timeout)
+        except LedgerRejected:
+            raise
+        except LedgerBusy as exc:
+            self.stats.errors[exc.kind] += 1
+            raise
+        except LedgerUnavailable as exc:
+            self._failed(exc)
+            raise
 
     async def _settle_or_keep(self, charge: Charge) -> None:
         try:
@@ -206,6 +254,10 @@ class Ledger:
                 )
             )
         )
+        self._counted(charge, status)
+        return status
+
+    def _counted(self, charge: Charge, status: str) -> None:
         if status == "settled":
             self.stats.charges += 1
         elif status.startswith("currency:"):
@@ -220,7 +272,6 @@ class Ledger:
                 charge.currency,
                 charge.request_id,
             )
-        return status
 
     async def _reject(self, charge: Charge, exc: LedgerRejected, *, on_disk: bool) -> None:
         """A charge the database refuses for its own data: never retried (it would block
@@ -248,6 +299,10 @@ class Ledger:
 
     def _keep(self, charge: Charge, dead: str | None = None) -> None:
         self._keeper.keep(charge, dead)
+
+    def _keep_all(self, charges: list[Charge]) -> None:
+        for charge in charges:
+            self._keeper.keep(charge)
 
     async def _bill_pending(self) -> bool:
         """Bill what waits on disk, a batch at a time, until it is empty or the ledger fails

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -22,6 +22,7 @@ DISK_TIMEOUT: Final = 5.0  # at shutdown: the last write of unbilled charges to 
 MEMORY_MAX: Final = 100_000  # charges kept in memory while the disk refuses them
 RETRY_MAX: Final = 30.0  # the writer's pause between tries on a refusing disk, at most
 REFUSALS: Final = ("insufficient", "no_wallet", "currency", "no_price", "busy")
+SETTLE_BATCH: Final = 256  # charges of the request path settled per statement, at most
 ERROR_KINDS: Final = ("connect", "timeout", "query", "schema", "pending", "busy", "rejected")
 
 
@@ -118,3 +119,48 @@ class ChargeKeeper:
                 self.pending.path,
                 exc or type(exc).__name__,
             )
+
+
+class SettleQueue:
+    """Charges to settle, sent by one task a batch at a time: while a batch is in flight the
+    next one gathers, so a busy router makes one database call per batch, not per request.
+    `send` keeps what it cannot settle; what is still queued when the task is cancelled (a
+    shutdown) goes to `keep`."""
+
+    def __init__(
+        self,
+        send: Callable[[list[Charge]], Awaitable[None]],
+        keep: Callable[[list[Charge]], None],
+        tasks: set[asyncio.Task[None]],
+        size: int = SETTLE_BATCH,
+    ) -> None:
+        self._send = send
+        self._keep = keep
+        self._tasks = tasks  # the ledger's tasks in flight: idle() and close() wait on them
+        self._size = size
+        self._queue: list[Charge] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, charge: Charge) -> None:
+        self._queue.append(charge)
+        if self._sender is None:
+            task = asyncio.get_running_loop().create_task(self._run())
+            self._sender = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self) -> None:
+        try:
+            while self._queue:
+                batch = self._queue[: self._size]
+                del self._queue[: self._size]
+                await self._send(batch)
+        except asyncio.CancelledError:
+            waiting, self._queue = self._queue, []
+            self._keep(waiting)
+            raise
+        finally:
+            self._sender = None  # at once: a charge queued from now on starts a new sender

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -37,6 +38,7 @@ from hivenet_router.gateway.ledger_keep import (
     ChargeKeeper,
     LedgerStats,
     SettleQueue,
+    TurnGather,
 )
 from hivenet_router.gateway.ledger_sql import (
     Database,
@@ -45,6 +47,8 @@ from hivenet_router.gateway.ledger_sql import (
     LedgerUnavailable,
     Migration,
     clean_text,
+    hold_many,
+    hold_one,
     migrate,
     migrations,
     settle_args,
@@ -128,6 +132,7 @@ class Ledger:
         self._wake = asyncio.Event()
         self._keeper = ChargeKeeper(self.pending, self.stats, self._wake.set)
         self._settling = SettleQueue(self._settle_batch, self._keep_all, self._tasks)
+        self._holding = TurnGather(self._send_holds)
         self._warned = False  # an outage was reported: its end will be too
         self._down_since = 0.0
         self._billed_in_outage = 0
@@ -149,15 +154,8 @@ class Ledger:
         if not self.up:
             return HoldResult("skipped")
         try:
-            status = await self._request(
-                lambda conn: conn.fetchval(
-                    "SELECT wallet_hold($1, $2, $3, $4, $5)",
-                    charge_id,
-                    clean_text(request_id),
-                    tenant,
-                    currency,
-                    amount,
-                )
+            status = await self._holding(
+                (charge_id, clean_text(request_id), tenant, currency, amount)
             )
         except LedgerBusy:
             return HoldResult("busy" if self.up else "skipped")
@@ -175,6 +173,22 @@ class Ledger:
             self._live.add(charge_id)
         return HoldResult(head, detail)
 
+    async def _send_holds(self, batch: list[tuple[Any, ...]]) -> list[str | Exception]:
+        """The holds asked in one turn, in one statement. One refused for its data fails
+        the lot: they are then asked one by one, and only it fails."""
+        if len(batch) > 1:
+            with contextlib.suppress(LedgerRejected):
+                return list(await self._request(lambda conn: hold_many(conn, batch)))
+        results: list[str | Exception] = []
+        for args in batch:
+            try:
+                results.append(await self._request(functools.partial(hold_one, args=args)))
+            except LedgerUnavailable as exc:
+                if len(batch) == 1:
+                    raise
+                results.append(exc)
+        return results
+
     def settle_soon(self, charge: Charge) -> None:
         """Settle in the background (close hooks must not wait on the database), batched
         (ledger_keep.SettleQueue); a charge the ledger cannot take now goes to the pending
@@ -187,11 +201,10 @@ class Ledger:
         settled one by one, so that only that charge is set aside; an unreachable ledger
         keeps them all."""
         if len(batch) > 1 and self.up:
-            statuses: list[str] = []  # stays empty when one charge's data failed the lot
             try:
                 statuses = await self._settle_many(batch)
             except LedgerRejected:
-                pass
+                statuses = []
             except asyncio.CancelledError:
                 self._keep_all(batch)
                 raise

@@ -12,17 +12,21 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 from hivenet_router.gateway.pending import Charge, PendingStore
 
 log = logging.getLogger("hivenet.router")
+_A = TypeVar("_A")
 
 DISK_TIMEOUT: Final = 5.0  # at shutdown: the last write of unbilled charges to disk
 MEMORY_MAX: Final = 100_000  # charges kept in memory while the disk refuses them
 RETRY_MAX: Final = 30.0  # the writer's pause between tries on a refusing disk, at most
 REFUSALS: Final = ("insufficient", "no_wallet", "currency", "no_price", "busy")
 SETTLE_BATCH: Final = 256  # charges of the request path settled per statement, at most
+# Holds per statement, at most: the wallets of a batch stay locked until its last hold is
+# taken, and other routers' holds wait on them; a small batch keeps that wait short.
+HOLD_BATCH: Final = 16
 ERROR_KINDS: Final = ("connect", "timeout", "query", "schema", "pending", "busy", "rejected")
 
 
@@ -164,3 +168,51 @@ class SettleQueue:
             raise
         finally:
             self._sender = None  # at once: a charge queued from now on starts a new sender
+
+
+class TurnGather(Generic[_A]):
+    """The calls made during one turn of the event loop, sent together at its end: each
+    caller gets its own result (a string, or the exception `send` gave for it), `size`
+    calls per batch at most. Nothing waits beyond the turn; a batch still in flight does
+    not hold back the next one."""
+
+    def __init__(
+        self, send: Callable[[list[_A]], Awaitable[list[str | Exception]]], size: int = HOLD_BATCH
+    ) -> None:
+        self._send = send
+        self._size = size
+        self._waiting: list[tuple[_A, asyncio.Future[str]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, arg: _A) -> str:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+        self._waiting.append((arg, future))
+        if len(self._waiting) == 1:
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for start in range(0, len(waiting), self._size):
+            batch = waiting[start : start + self._size]
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)  # held until done: the loop keeps only weak references
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[tuple[_A, asyncio.Future[str]]]) -> None:
+        try:
+            results = await self._send([arg for arg, _ in batch])
+        except asyncio.CancelledError:
+            for _, future in batch:
+                future.cancel()
+            raise
+        except Exception as exc:  # every caller hears of it
+            results = [exc] * len(batch)
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():  # its caller went away
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)

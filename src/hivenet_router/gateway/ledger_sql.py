@@ -220,6 +220,30 @@ async def settle_many(conn: Any, charges: list[Charge]) -> list[str]:
     return statuses
 
 
+HOLD: Final = "SELECT wallet_hold($1, $2, $3, $4, $5)"
+# Many holds in one statement, the wallets locked in the order of their tenant (as above).
+HOLD_MANY: Final = (
+    "SELECT s.n, wallet_hold(s.c, s.r, s.t, s.cur, s.a) AS status "
+    "FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
+    "$5::numeric[]) WITH ORDINALITY AS b(c, r, t, cur, a, n) ORDER BY b.t, b.n OFFSET 0) s"
+)
+
+
+async def hold_one(conn: Any, args: tuple[Any, ...]) -> str:
+    return str(await conn.fetchval(HOLD, *args))
+
+
+async def hold_many(conn: Any, holds: list[tuple[Any, ...]]) -> list[str]:
+    """wallet_hold for each row of arguments, in one statement: all or none. Returns each
+    one's status, in the order given."""
+    columns = [list(column) for column in zip(*holds, strict=True)]
+    rows = await conn.fetch(HOLD_MANY, *columns)
+    statuses = [""] * len(holds)
+    for row in rows:
+        statuses[int(row["n"]) - 1] = str(row["status"])
+    return statuses
+
+
 # -- the pool -------------------------------------------------------------------------------
 
 

@@ -151,7 +151,13 @@ async def test_a_burst_on_a_healthy_database_is_refused_never_let_through(
         await until(lambda: ledger.up)
         await ledger.credit("acme", Decimal(1), USD, None)
         keys = [ledger.new_charge_id() for _ in range(1500)]
-        results = await asyncio.gather(*(ledger.hold(k, "r", "acme", USD, worst) for k in keys))
+        # One hold per event-loop turn, as requests arrive: holds of one turn share a
+        # statement, so asked all in one turn they would never saturate the pool.
+        holds = []
+        for key in keys:
+            holds.append(asyncio.create_task(ledger.hold(key, "r", "acme", USD, worst)))
+            await asyncio.sleep(0)
+        results = await asyncio.gather(*holds)
         statuses = {r.status for r in results}
         assert statuses <= {"held", "insufficient", "busy"} and "busy" in statuses, statuses
         admitted = [k for k, r in zip(keys, results, strict=True) if r.status == "held"]

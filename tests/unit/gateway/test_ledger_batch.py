@@ -5,8 +5,6 @@ by a database kill loses nothing."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,30 +14,11 @@ import pytest
 from hivenet_router.gateway.ledger import Ledger
 from hivenet_router.gateway.pending import Charge
 from tests.postgres import Postgres
+from tests.unit.gateway.test_ledger import running, until
 
 USD = "USD"
 
 pytestmark = pytest.mark.usefixtures("_connect_reads")
-
-
-async def until(check: Callable[[], object], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def running(dsn: str, directory: Path, timeout: float = 2.0) -> AsyncIterator[Ledger]:
-    ledger = Ledger(dsn, directory, timeout)
-    task = asyncio.create_task(ledger.run())
-    try:
-        await until(lambda: ledger.up)
-        yield ledger
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await ledger.close()
 
 
 def charge(ledger: Ledger, tenant: str, amount: str) -> Charge:

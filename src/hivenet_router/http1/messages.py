@@ -31,6 +31,8 @@ class Connection(Protocol):
 
     def write_or_raise(self, data: bytes) -> None: ...
 
+    def write_soon(self, data: bytes) -> None: ...
+
     async def drain(self) -> None: ...
 
 
@@ -284,7 +286,7 @@ class Stream:
         if self._head is not None:
             piece, self._head = self._head + piece, None
         conn = self._conn
-        conn.write_or_raise(piece)
+        conn.write_soon(piece)  # with whatever else this loop turn writes to the stream
         if conn.paused:
             await conn.drain()
 

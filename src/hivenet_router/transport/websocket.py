@@ -14,7 +14,9 @@ in the server role. What it does (the frame codec is transport/wsframes.py):
 - pings answered with pongs; a ping sent after `heartbeat` seconds without a byte from the
   peer, and the connection given up if nothing arrives within half that again;
 - the closing handshake, bounded in time;
-- backpressure: `send_bytes` waits while the socket's write buffer is full.
+- backpressure: `send_bytes` waits while the socket's write buffer is full;
+- the frames sent within one turn of the event loop leave in one write (one TLS record, one
+  system call), so many small frames cost about as much as one.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ from hivenet_router.transport.wsframes import (
     encode_frame,
     mask,
 )
+
+# Frames waiting for the end of the loop's turn are written at once past this many bytes.
+FLUSH_AT = 64 * 1024
 
 __all__ = [
     "BINARY",
@@ -122,6 +127,9 @@ class WebSocket:
         self._close_received: asyncio.Future[None] = self._loop.create_future()
         self._last_received = self._loop.time()
         self._pinger: asyncio.Task[None] | None = None
+        self._pending: list[bytes] = []  # frames written in this turn of the event loop
+        self._pending_size = 0
+        self._flush_due = False
 
     def _start(self) -> None:
         """The connection is open: start watching it."""
@@ -174,6 +182,8 @@ class WebSocket:
         self._close_transport()
 
     def _on_lost(self, exc: Exception | None) -> None:
+        self._pending = []
+        self._pending_size = 0
         if not self._close_received.done():
             self._close_received.set_result(None)
         if self._pinger is not None:
@@ -207,11 +217,37 @@ class WebSocket:
     # -- sending ------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
+        """Queue a frame; the frames of one event-loop turn leave in one write (one TLS
+        record, one system call). A burst past FLUSH_AT leaves at once, so the transport's
+        backpressure sees it (and `send_bytes` waits) without delay."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        self._pending.append(data)
+        self._pending_size += len(data)
+        if self._pending_size >= FLUSH_AT:
+            self._flush()
+        elif not self._flush_due:
+            self._flush_due = True
+            self._loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._flush_due = False
+        self._flush()
+
+    def _flush(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        self._pending = []
+        self._pending_size = 0
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
 
     def _close_transport(self) -> None:
+        self._flush()  # a close frame, or frames before it, may still wait for the turn's end
         if self._transport is not None:
             self._transport.close()
 

@@ -9,8 +9,7 @@ connection ends, aiohttp's protocol hears of it as before (its connection count,
 per-source guard, the handler's cancellation).
 
 What differs from the client: frames out unmasked, frames in must be masked; a message over
-the limit closes with 1009; and frames sent within one turn of the event loop leave in one
-write (one TLS record, one system call), so many small frames cost about as much as one.
+the limit closes with 1009. Both ends write the frames of one event-loop turn in one write.
 """
 
 from __future__ import annotations
@@ -23,11 +22,6 @@ from aiohttp import web
 
 from hivenet_router.transport.websocket import SocketProtocol, WebSocket
 from hivenet_router.transport.wsframes import ProtocolError, Unmask, accept_key, mask
-
-# Frames waiting for the end of the loop's turn are written at once past this many bytes,
-# so the transport's backpressure sees a burst (and `send_bytes` waits) without delay.
-FLUSH_AT = 64 * 1024
-
 
 try:
     # aiohttp's compiled XOR (the router imports aiohttp anyway): several times faster than
@@ -56,48 +50,9 @@ class ServerWebSocket(WebSocket):
 
     def __init__(self, max_size: int, heartbeat: float | None) -> None:
         super().__init__(max_size, heartbeat, client=False, unmask=_unmask)
-        self._pending: list[bytes] = []
-        self._pending_size = 0
-        self._flush_due = False
 
     def _error_code(self, error: ProtocolError) -> int:
         return error.code
-
-    def _write(self, data: bytes) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        self._pending.append(data)
-        self._pending_size += len(data)
-        if self._pending_size >= FLUSH_AT:
-            self._flush()
-        elif not self._flush_due:
-            self._flush_due = True
-            self._loop.call_soon(self._flush_soon)
-
-    def _flush_soon(self) -> None:
-        self._flush_due = False
-        self._flush()
-
-    def _flush(self) -> None:
-        pending = self._pending
-        if not pending:
-            return
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        self._pending = []
-        self._pending_size = 0
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
-
-    def _close_transport(self) -> None:
-        self._flush()  # a close frame, or frames before it, may still wait for the turn's end
-        super()._close_transport()
-
-    def _on_lost(self, exc: Exception | None) -> None:
-        self._pending = []
-        self._pending_size = 0
-        super()._on_lost(exc)
 
 
 class _Protocol(SocketProtocol):

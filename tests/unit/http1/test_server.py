@@ -21,6 +21,7 @@ class App:
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
+        self.go_on = asyncio.Event()
 
     async def __call__(self, request: Request) -> Answer:
         if request.path == "/wait":
@@ -33,6 +34,12 @@ class App:
             out = await stream(request, 200, {"Content-Type": "text/event-stream"})
             for n in range(3):
                 await out.write(b"data: %d\n\n" % n)
+            return out
+        if request.path == "/pause":  # one piece, then nothing until the test says
+            out = await stream(request, 200, {"Content-Type": "text/event-stream"})
+            await out.write(b"data: first\n\n")
+            await self.go_on.wait()
+            await out.write(b"data: second\n\n")
             return out
         try:
             body = await request.read()
@@ -197,6 +204,60 @@ async def test_streams_are_chunked_or_closed_for_http_1_0(served: Served) -> Non
     status, headers, body = await answer(reader)
     assert status == b"HTTP/1.1 200 OK" and "transfer-encoding" not in headers
     assert body.endswith(b"data: 2\n\n")
+    writer.close()
+
+
+class _CountingTransport:
+    """Counts the writes that reach a connection's transport."""
+
+    def __init__(self, inner: asyncio.Transport) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self.inner.write(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+async def _counted(server: HttpServer) -> _CountingTransport:
+    for _ in range(100):
+        if server.connections:
+            break
+        await asyncio.sleep(0.01)
+    (conn,) = server.connections
+    counting = _CountingTransport(conn._transport)  # type: ignore[arg-type]
+    conn._transport = counting  # type: ignore[assignment]
+    return counting
+
+
+async def test_a_stream_written_in_one_turn_leaves_in_one_write(served: Served) -> None:
+    server, _, connect = served
+    reader, writer = await connect()
+    counting = await _counted(server)
+    writer.write(b"GET /stream HTTP/1.1\r\n\r\n")
+    _, _, body = await answer(reader)
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    assert len(counting.writes) == 1  # head, three chunks and the end, together
+    writer.close()
+
+
+async def test_a_piece_leaves_at_the_end_of_its_turn_not_at_the_end(served: Served) -> None:
+    server, app, connect = served
+    reader, writer = await connect()
+    counting = await _counted(server)
+    writer.write(b"GET /pause HTTP/1.1\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200")
+    first = await asyncio.wait_for(reader.readuntil(b"data: first\n\n\r\n"), 5)
+    assert first.endswith(b"data: first\n\n\r\n")  # while the stream still waits
+    assert len(counting.writes) == 1
+    app.go_on.set()
+    rest = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+    assert b"data: second" in rest
+    assert len(counting.writes) == 2  # the second piece and the end, together
     writer.close()
 
 

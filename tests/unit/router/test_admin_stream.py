@@ -44,6 +44,9 @@ class Conn:
     def write_or_raise(self, data: bytes) -> None:
         self.sent.append(data)
 
+    def write_soon(self, data: bytes) -> None:
+        self.sent.append(data)
+
     async def drain(self) -> None:
         self._never = asyncio.get_running_loop().create_future()
         await self._never

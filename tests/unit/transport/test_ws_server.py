@@ -347,7 +347,7 @@ async def test_frames_of_one_turn_leave_in_one_write_and_big_ones_at_once(
     assert len(counting.writes) == 1
     for n in range(5):
         assert await asyncio.wait_for(raw.frame(), 5) == (OP_BINARY, b"small %d" % n)
-    big = os.urandom(ws_server.FLUSH_AT)
+    big = os.urandom(websocket.FLUSH_AT)
     await socket.send_bytes(big)
     assert len(counting.writes) == 2  # past FLUSH_AT: written without waiting
     assert await asyncio.wait_for(raw.frame(), 5) == (OP_BINARY, big)

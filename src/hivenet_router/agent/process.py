@@ -22,8 +22,8 @@ from hivenet_router.config.agent import AgentConfig, load_backend_api_key
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.values import ListenAddress
 from hivenet_router.http1.client import EngineClient
-from hivenet_router.observability.tracing import AgentTracing
-from hivenet_router.observability.tracing import configured as tracing_configured
+from hivenet_router.observability.spans import AgentTracing
+from hivenet_router.observability.spans import configured as tracing_configured
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
 from hivenet_router.transport.tls import RouterTlsIdentity

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
-from hivenet_router.observability.tracing import AgentTracing
+from hivenet_router.observability.spans import AgentTracing
 from hivenet_router.transport.link import Stream, StreamReset
 
 log = logging.getLogger("hivenet.agent")
@@ -92,13 +92,19 @@ class BackendProxy:
             body = await stream.read_all(MAX_REQUEST_BYTES)
             headers = [(k, v) for k, v in head.headers if k.lower() not in self._drop]
             headers += self._auth
-            async with self._slot():
+            slots = self._slots
+            if slots is not None:
+                await self._take(slots)
+            try:
                 span = self._tracing.start(head.path, headers) if self._tracing else None
                 try:
                     await self._forward(stream, head.method, head.path, headers, body)
                 finally:
                     if span is not None:
                         span.end()
+            finally:
+                if slots is not None:
+                    slots.release()
         finally:
             self._count(-1)
 
@@ -108,12 +114,8 @@ class BackendProxy:
         if self.full != was:
             self._on_turn()
 
-    @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        slots = self._slots
-        if slots is None:
-            yield
-            return
+    async def _take(self, slots: asyncio.Semaphore) -> None:
+        """Wait for a slot (plain acquire and release: no context manager per request)."""
         if slots.locked() and not self._overbooked:
             self._overbooked = True
             log.info(
@@ -121,10 +123,9 @@ class BackendProxy:
                 "here for a slot (their view of this agent's load was a heartbeat old)",
                 self.capacity,
             )
-        async with slots:
-            if self.active <= self.capacity:
-                self._overbooked = False
-            yield
+        await slots.acquire()
+        if self.active <= self.capacity:
+            self._overbooked = False
 
     async def _forward(
         self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes

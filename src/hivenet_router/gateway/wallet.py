@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Final
@@ -60,24 +60,6 @@ def estimated_input(facts: RequestFacts) -> int:
     return (
         math.ceil(facts.text_bytes * ESTIMATE_TOKENS_PER_BYTE) + MESSAGE_OVERHEAD * facts.messages
     )
-
-
-def missing_prices(policies: Iterable[Policy]) -> list[str]:
-    """Policies that serve a model without a price, named with those models. A policy that
-    names no models (the default) serves every model no other policy names: it needs a
-    price for all of them (`input_per_million` and `output_per_million` at the top of its
-    `prices` block)."""
-    out: list[str] = []
-    for policy in policies:
-        prices = policy.prices
-        if not policy.models:
-            if prices is None or prices.default is None:
-                out.append(f"{policy.name} (the default: every model no other policy names)")
-            continue
-        lacking = [m for m in policy.models if prices is None or prices.for_model(m) is None]
-        if lacking:
-            out.append(f"{policy.name}: {', '.join(lacking)}")
-    return out
 
 
 class _Meter:

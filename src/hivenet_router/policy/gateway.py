@@ -20,7 +20,9 @@ from hivenet_router.gateway.settings import (
 from hivenet_router.policy import options as step_options
 
 if TYPE_CHECKING:
-    from hivenet_router.policy.document import _Reader
+    from collections.abc import Iterable
+
+    from hivenet_router.policy.document import Policy, _Reader
 
 BLOCKS = ("prices", "response_cache", "stream_validator")
 _PRICE_FIELDS = ("input_per_million", "output_per_million")
@@ -90,3 +92,21 @@ def _switched_on(
         reader, node, block, kind, check
     )
     return settings
+
+
+def missing_prices(policies: Iterable[Policy]) -> list[str]:
+    """Policies that serve a model without a price, named with those models. A policy that
+    names no models (the default) serves every model no other policy names: it needs a
+    price for all of them (`input_per_million` and `output_per_million` at the top of its
+    `prices` block)."""
+    out: list[str] = []
+    for policy in policies:
+        prices = policy.prices
+        if not policy.models:
+            if prices is None or prices.default is None:
+                out.append(f"{policy.name} (the default: every model no other policy names)")
+            continue
+        lacking = [m for m in policy.models if prices is None or prices.for_model(m) is None]
+        if lacking:
+            out.append(f"{policy.name}: {', '.join(lacking)}")
+    return out

@@ -24,8 +24,7 @@ from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.errors import ErrorCode, error_body
-from hivenet_router.gateway.ledger_sql import dsn_problem
-from hivenet_router.gateway.wallet import missing_prices
+from hivenet_router.gateway.ledger_dsn import dsn_problem
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.server import HttpServer, Limits
 from hivenet_router.listeners import (
@@ -35,6 +34,7 @@ from hivenet_router.listeners import (
     start_site,
 )
 from hivenet_router.policy.document import PolicyError
+from hivenet_router.policy.gateway import missing_prices
 from hivenet_router.policy.store import PolicySet, PolicyStore
 from hivenet_router.router.auth_grpc import GrpcAuthServer
 from hivenet_router.router.providers import ProviderConfig, Providers

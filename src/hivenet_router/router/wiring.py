@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.clock import Clock
@@ -19,9 +20,7 @@ from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter, default_router_id
 from hivenet_router.gateway.cache import ResponseCache
-from hivenet_router.gateway.ledger import Ledger
 from hivenet_router.gateway.validator import StreamValidator
-from hivenet_router.gateway.wallet import WalletStage
 from hivenet_router.http1.messages import Answer, App, Request
 from hivenet_router.observability.audit import AuditObserver
 from hivenet_router.observability.cache_metrics import CacheCollector
@@ -35,8 +34,9 @@ from hivenet_router.observability.linewriter import STDERR, LineWriter, WriterCo
 from hivenet_router.observability.metrics import MetricsObserver
 from hivenet_router.observability.requestlog import RequestLog
 from hivenet_router.observability.routing_metrics import RoutingCollector
+from hivenet_router.observability.spans import configured
 from hivenet_router.observability.sync_metrics import SyncCollector
-from hivenet_router.observability.tracing import Tracing, TracingCollector, configured
+from hivenet_router.observability.tracing import Tracing, TracingCollector
 from hivenet_router.observability.validator_metrics import ValidatorCollector, ValidatorMetrics
 from hivenet_router.observability.wallet_metrics import WalletCollector
 from hivenet_router.pipeline.stage import Next, Stage, build
@@ -44,7 +44,6 @@ from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admin import AdminApi
-from hivenet_router.router.admin_wallets import WalletApi
 from hivenet_router.router.admission import Admission, Ports
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.control import ControlPlane
@@ -59,7 +58,11 @@ from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.relay import Relay
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
 from hivenet_router.storage.history import HistoryStore
-from hivenet_router.sync.site import Site
+
+if TYPE_CHECKING:  # imported where they are built: a router without wallets or a site of
+    # routers never loads asyncpg or the Valkey client (about 8 MiB of memory)
+    from hivenet_router.gateway.ledger import Ledger
+    from hivenet_router.sync.site import Site
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,8 @@ def _access(router: Router, cfg: RouterConfig) -> RequestObserver:
 def _wallet(router: Router) -> Stage | None:
     if router.ledger is None:
         return None  # no --ledger-dsn: wallets are off
+    from hivenet_router.gateway.wallet import WalletStage  # noqa: PLC0415 (see TYPE_CHECKING)
+
     return WalletStage(router.ledger, router.policy_for)
 
 
@@ -194,6 +199,8 @@ def _state(
     )
     if cfg.sync_store != "valkey":
         return (directory, None, *local_ports(cfg, shared.clock))
+    from hivenet_router.sync.site import Site  # noqa: PLC0415 (see TYPE_CHECKING)
+
     site = Site(cfg, shared.clock, directory)
     registry.listen(site.on_registration)
     site.reports = lambda: [agent.routers_up for agent in registry.all() if agent.connected]
@@ -303,6 +310,9 @@ def _gateway(router: Router, cfg: RouterConfig, policy_for: Callable[[str], Poli
     ledger and its admin routes."""
     router.policy_for = policy_for
     if cfg.ledger_dsn:
+        from hivenet_router.gateway.ledger import Ledger  # noqa: PLC0415 (as above)
+        from hivenet_router.router.admin_wallets import WalletApi  # noqa: PLC0415
+
         router.ledger = Ledger(cfg.ledger_dsn, Path(cfg.disk_db_path), cfg.ledger_timeout)
         router.admin.more.extend(WalletApi(router.ledger, cfg.http_body_timeout).routes())
 

@@ -18,7 +18,7 @@ from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.settings import Price, Prices
-from hivenet_router.gateway.wallet import WalletStage, missing_prices, worst_case
+from hivenet_router.gateway.wallet import WalletStage, worst_case
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
@@ -202,22 +202,6 @@ async def test_without_its_database_the_stage_fails_open_and_keeps_the_charge(
         assert (snapshot.unbilled, snapshot.pending, snapshot.up) == (1, 1, False)
     finally:
         await ledger.close()
-
-
-def test_missing_prices_names_policies_and_their_unpriced_models() -> None:
-    named = dataclasses.replace(
-        BUILT_IN,
-        name="chat",
-        models=("a", "b", "c"),
-        prices=Prices("USD", None, (("a", PRICE),)),
-    )
-    unpriced = dataclasses.replace(BUILT_IN, name="embed", models=("e",))
-    assert missing_prices([PRICED, named, unpriced]) == ["chat: b, c", "embed: e"]
-    assert missing_prices([BUILT_IN]) == [
-        "built-in (the default: every model no other policy names)"
-    ]
-    everything = dataclasses.replace(named, prices=Prices("USD", PRICE))
-    assert missing_prices([PRICED, everything]) == []
 
 
 def test_the_worst_case_counts_every_prompt_byte_and_the_declared_output() -> None:

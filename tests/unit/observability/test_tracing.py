@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from hivenet_router.observability.tracing import (
+from hivenet_router.observability.spans import (
     Sampler,
     SpanBuffer,
     configured,

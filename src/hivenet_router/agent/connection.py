@@ -18,7 +18,7 @@ import msgspec
 import orjson
 
 from hivenet_router.agent.discovery import Listed, Verdict, parse_routers
-from hivenet_router.agent.monitor import BackendMonitor, signal_key
+from hivenet_router.agent.monitor import BackendMonitor, Pulse, signal_key
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.session import CALL_TIMEOUT, RouterAuth, RouterRejected, Session
 from hivenet_router.config.agent import AgentConfig
@@ -34,6 +34,8 @@ RECONNECT_JITTER = 0.2
 # Early heartbeats (backend health or the agent's fullness flipped) are this far apart at
 # least, so a load hovering at capacity does not turn into a heartbeat per request.
 MIN_BEAT_GAP = 0.1
+# A routing-signal loop with no new sample wakes this often all the same (a safety net).
+SIGNAL_WAKE = 30.0
 
 
 def reconnect_wait(delay: float) -> float:
@@ -42,30 +44,6 @@ def reconnect_wait(delay: float) -> float:
     its agents back within seconds, and the jitter keeps a fleet that lost it together from
     dialling in step."""
     return delay * random.uniform(1 - RECONNECT_JITTER, 1 + RECONNECT_JITTER)
-
-
-class Pulse:
-    """Wakes every session's heartbeat at once (an Event cleared by one waiter would be
-    missed by the others)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._event = asyncio.Event()
-
-    def notify(self) -> None:
-        self.version += 1
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def wait(self, seen: int, timeout: float) -> bool:
-        """Until a notification after `seen` (True) or `timeout` (False)."""
-        if self.version != seen:
-            return True
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._event.wait()
-                return True
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,11 +325,17 @@ class RouterConnection:
                 await asyncio.sleep(max(sent + MIN_BEAT_GAP - loop.time(), 0.0))
 
     async def _signals(self, link: Link) -> None:
+        """A signal when a new sample changed what routing reads, at most one per
+        --routing-signal-interval. Between samples nothing runs (an idle agent samples
+        every few seconds, so this wakes as rarely)."""
         monitor = self.serving.monitor
         interval = self.serving.config.routing_signal_interval
         sent: object = None
+        seen = -1  # whatever was sampled before the link opened goes out at once
         while not link.closed:
-            await asyncio.sleep(interval)
+            if not await monitor.sampled.wait(seen, SIGNAL_WAKE):
+                continue
+            seen = monitor.sampled.version
             if monitor.engine is None and monitor.hardware is None:
                 continue
             key = signal_key(monitor.engine, monitor.hardware)
@@ -363,6 +347,7 @@ class RouterConnection:
                     ROUTER_PROTOCOL, "/routing-signals", msgspec.json.encode(signal), CALL_TIMEOUT
                 )
                 sent = key
+            await asyncio.sleep(interval)
 
 
 def _routers_of(reply: bytes) -> list[Listed]:

@@ -9,6 +9,7 @@ times less often (the figures cannot have moved much without work).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -22,8 +23,32 @@ log = logging.getLogger("hivenet.agent")
 FAILURES_BEFORE_UNHEALTHY = 3
 PROBE_TIMEOUT = 5.0
 PAGE_LIMIT = 8 * 1024 * 1024
-IDLE_SLOWDOWN = 10  # while idle, metrics are read every this many intervals
+IDLE_SLOWDOWN = 10  # while idle, metrics are read every this many intervals (or on work)
 IDLE_HARDWARE_SLOWDOWN = 5  # and hardware sampled every this many
+
+
+class Pulse:
+    """Wakes every session's heartbeat at once (an Event cleared by one waiter would be
+    missed by the others)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self.version += 1
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, seen: int, timeout: float) -> bool:
+        """Until a notification after `seen` (True) or `timeout` (False)."""
+        if self.version != seen:
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
+                return True
+        return False
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -67,6 +92,8 @@ class BackendMonitor:
         self._metrics_text = ""  # the last good metrics page, read again for heartbeats
         self.hardware: HardwareSnapshot | None = None
         self.changed = asyncio.Event()
+        self.sampled = Pulse()  # a new engine or hardware snapshot: the routing signals' cue
+        self._woken = Pulse()  # the agent took work: idle sampling catches up at once
 
     @property
     def health_target(self) -> str:
@@ -159,18 +186,26 @@ class BackendMonitor:
             and not snapshot.waiting_requests
         )
 
+    def wake(self) -> None:
+        """The agent took a request while idle: sample now rather than at the idle pace."""
+        self._woken.notify()
+
+    async def _pause(self, interval: float, slowdown: int) -> None:
+        """Until the next sample: `interval` while busy; while idle, `slowdown` intervals
+        or until the agent takes work, whichever comes first. An idle agent thus wakes
+        only for the samples it takes."""
+        if self._idle():
+            await self._woken.wait(self._woken.version, interval * slowdown)
+        else:
+            await asyncio.sleep(interval)
+
     async def sample_engine_forever(self, interval: float) -> None:
         path = self._metrics_path
         if path is None:
             return
-        skipped = 0
         while True:
-            if self._idle() and skipped < IDLE_SLOWDOWN - 1:
-                skipped += 1
-            else:
-                skipped = 0
-                await self._scrape(path)
-            await asyncio.sleep(interval)
+            await self._scrape(path)
+            await self._pause(interval, IDLE_SLOWDOWN)
 
     async def _scrape(self, path: str) -> None:
         try:
@@ -180,6 +215,7 @@ class BackendMonitor:
             text = raw.decode("utf-8", "replace")
             self.engine = self._adapter.parse_metrics(text)
             self._metrics_text = text
+            self.sampled.notify()
             if self._scrape_failing:
                 log.info("engine metrics scrape recovered")
                 self._scrape_failing = False
@@ -200,15 +236,11 @@ class BackendMonitor:
         return self._adapter.parse_histograms(self._metrics_text)
 
     async def sample_hardware_forever(self, sampler: HardwareSampler, interval: float) -> None:
-        skipped = 0
         while True:
-            if self._idle() and skipped < IDLE_HARDWARE_SLOWDOWN - 1:
-                skipped += 1
-            else:
-                skipped = 0
-                # NVML calls and psutil's reads of /proc block: keep them off the event loop.
-                self.hardware = await asyncio.to_thread(sampler.sample)
-            await asyncio.sleep(interval)
+            # NVML calls and psutil's reads of /proc block: keep them off the event loop.
+            self.hardware = await asyncio.to_thread(sampler.sample)
+            self.sampled.notify()
+            await self._pause(interval, IDLE_HARDWARE_SLOWDOWN)
 
     async def close(self) -> None:
         if self._health_client is not self._engine:

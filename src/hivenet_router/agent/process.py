@@ -11,10 +11,10 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from hivenet_router.agent.connection import Pulse, Serving
+from hivenet_router.agent.connection import Serving
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.hardware import HardwareSampler, read_device_file
-from hivenet_router.agent.monitor import BackendMonitor
+from hivenet_router.agent.monitor import BackendMonitor, Pulse
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.routers import Routers
 from hivenet_router.agent.session import GrpcRouterAuth, RouterAuth
@@ -92,10 +92,17 @@ class AgentProcess:
         # open a new connection per request once past a fixed idle limit.
         backend = EngineClient(cfg.backend_url, max_idle=min(cfg.capacity, 1024))
         tracing = AgentTracing(os.environ) if tracing_configured(os.environ) else None
+        beats = Pulse()
+        monitor = BackendMonitor(
+            backend,
+            adapter_for(cfg.engine),
+            cfg.health_url,
+            busy=lambda: proxy.active > 0,
+            auth=self._backend_auth,
+        )
         # One proxy for every router: it counts the agent's requests from all of them and
         # holds the engine to --capacity; each time the agent turns full or free, every
-        # router hears it with an early heartbeat.
-        beats = Pulse()
+        # router hears it with an early heartbeat. Taking work while idle wakes the sampling.
         proxy = BackendProxy(
             backend,
             cfg.http_timeout,
@@ -104,13 +111,7 @@ class AgentProcess:
             tracing=tracing,
             capacity=cfg.capacity,
             on_turn=beats.notify,
-        )
-        monitor = BackendMonitor(
-            backend,
-            adapter_for(cfg.engine),
-            cfg.health_url,
-            busy=lambda: proxy.active > 0,
-            auth=self._backend_auth,
+            on_busy=monitor.wake,
         )
         try:
             main = asyncio.create_task(self._main(monitor, proxy, beats))

@@ -53,7 +53,8 @@ class BackendProxy:
     send more; the excess waits here for a slot rather than overload the engine. `active`
     counts every request the agent holds, running or waiting: what it reports as its
     in-flight total. `on_turn` is called when the agent becomes full or stops being full,
-    so the routers can be told at once.
+    so the routers can be told at once; `on_busy` when it takes a request while idle, so
+    the engine's metrics are read again at once.
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class BackendProxy:
         tracing: AgentTracing | None = None,
         capacity: int = 0,
         on_turn: Callable[[], None] = _nothing,
+        on_busy: Callable[[], None] = _nothing,
     ) -> None:
         self._engine = engine
         self._timeout = http_timeout or None
@@ -77,6 +79,7 @@ class BackendProxy:
         self.capacity = capacity
         self._slots = asyncio.Semaphore(capacity) if capacity else None
         self._on_turn = on_turn
+        self._on_busy = on_busy
         self._overbooked = False
         self.active = 0
 
@@ -113,6 +116,8 @@ class BackendProxy:
         self.active += step
         if self.full != was:
             self._on_turn()
+        if self.active == 1 and step > 0:
+            self._on_busy()
 
     async def _take(self, slots: asyncio.Semaphore) -> None:
         """Wait for a slot (plain acquire and release: no context manager per request)."""

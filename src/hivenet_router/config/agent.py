@@ -173,7 +173,7 @@ class AgentConfig:
     routing_signal_interval: float = duration_option(
         0.5,
         flag="--routing-signal-interval",
-        help="Period of routing-signal pushes (engine and hardware snapshots)",
+        help="Least time between routing-signal pushes (sent when a new sample changed them)",
     )
     backend_check_interval: float = duration_option(
         2.0,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hivenet_router.agent.connection import Pulse, Serving
+from hivenet_router.agent.connection import Serving
 from hivenet_router.agent.engines import adapter_for
-from hivenet_router.agent.monitor import BackendMonitor
+from hivenet_router.agent.monitor import BackendMonitor, Pulse
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.config.agent import AgentConfig
 from hivenet_router.http1.client import EngineClient

@@ -70,7 +70,15 @@ async def until(condition: object) -> None:
 async def test_two_routers_together_never_run_more_than_the_capacity(engine: Engine) -> None:
     client = EngineClient(engine.url)
     turns: list[bool] = []
-    proxy = BackendProxy(client, 5.0, 5.0, capacity=2, on_turn=lambda: turns.append(proxy.full))
+    busy: list[int] = []
+    proxy = BackendProxy(
+        client,
+        5.0,
+        5.0,
+        capacity=2,
+        on_turn=lambda: turns.append(proxy.full),
+        on_busy=lambda: busy.append(proxy.active),
+    )
     try:
         async with (
             link_pair(INFERENCE_PROTOCOL, proxy.handle) as router_a,
@@ -91,6 +99,7 @@ async def test_two_routers_together_never_run_more_than_the_capacity(engine: Eng
         await client.close()
     assert engine.most == 2 and engine.served == 3
     assert turns == [True, False]  # and free again once, when it dropped below
+    assert busy == [1]  # idle to busy once: the monitor's cue to read the engine again
 
 
 async def test_without_a_capacity_nothing_waits(engine: Engine) -> None:

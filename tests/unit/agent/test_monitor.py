@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from hivenet_router.agent.monitor import signal_key
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiohttp import web
+
+from hivenet_router.agent.engines import adapter_for
+from hivenet_router.agent.monitor import BackendMonitor, signal_key
 from hivenet_router.domain.agent import EngineSnapshot, GpuSnapshot, HardwareSnapshot
+from hivenet_router.http1.client import EngineClient
 
 
 def hardware(cpu: float, util: float, used: int) -> HardwareSnapshot:
@@ -20,3 +29,53 @@ def test_signals_are_sent_again_only_when_routing_would_notice() -> None:
     busy = EngineSnapshot(running_requests=1, kv_cache_utilization=0.0)
     assert signal_key(busy, hardware(3.0, 0.0, 100)) != base  # any engine change
     assert signal_key(idle, None) != base
+
+
+@pytest.fixture
+async def metrics_engine() -> AsyncIterator[tuple[str, list[float]]]:
+    """An idle vLLM-shaped metrics page; the times it was read."""
+    reads: list[float] = []
+    page = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+
+    async def metrics(request: web.Request) -> web.Response:
+        reads.append(asyncio.get_running_loop().time())
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield f"http://127.0.0.1:{port}", reads
+    await runner.cleanup()
+
+
+async def _until(check: Callable[[], bool], seconds: float = 5.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+async def test_an_idle_agent_reads_metrics_slowly_and_at_once_when_work_arrives(
+    metrics_engine: tuple[str, list[float]],
+) -> None:
+    url, reads = metrics_engine
+    client = EngineClient(url)
+    monitor = BackendMonitor(client, adapter_for("vllm"), busy=lambda: False)
+    interval = 0.05
+    task = asyncio.create_task(monitor.sample_engine_forever(interval))
+    try:
+        await _until(lambda: len(reads) == 1 and monitor.engine is not None)
+        assert monitor.sampled.version == 1  # each snapshot is announced
+        await asyncio.sleep(interval * 6)  # idle: the next read is 10 intervals away
+        assert len(reads) == 1
+        monitor.wake()  # a request arrived
+        await _until(lambda: len(reads) == 2, seconds=interval * 4)
+        assert monitor.sampled.version == 2
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()

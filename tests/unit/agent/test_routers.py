@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from hivenet_router.agent import discovery
-from hivenet_router.agent.connection import Pulse
 from hivenet_router.agent.discovery import Listed
+from hivenet_router.agent.monitor import Pulse
 from hivenet_router.agent.routers import Routers
 from hivenet_router.agent.session import RouterAuth, Session
 from hivenet_router.config.agent import AgentConfig

@@ -12,6 +12,29 @@ def test_usage_from_body() -> None:
     assert anthropic is not None and anthropic.output_tokens == 2
 
 
+def test_usage_is_read_from_the_top_level_key_only() -> None:
+    cases = {
+        # with nested details
+        b'{"id": "x", "choices": [{"message": {"content": "usage: {}"}}], "usage": '
+        b'{"prompt_tokens": 7, "prompt_tokens_details": {"cached_tokens": 2}, '
+        b'"completion_tokens": 9, "total_tokens": 16}}\n': (7, 9),
+        # not the last member
+        b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2}, "model": "m"}': (1, 2),
+        # a "usage" key nested deeper than the top level counts for nothing
+        b'{"choices": [], "meta": {"usage": {"prompt_tokens": 5}}}': None,
+        # a key that only ends in "usage" (an escaped quote before it) is not usage
+        b'{"x \\"usage": {"prompt_tokens": 99}}': None,
+        # a string with braces inside the usage object
+        b'{"usage": {"note": "a}b", "input_tokens": 3, "output_tokens": 4}}': (3, 4),
+        b'{"usage": null}': None,
+        b'{"usage": {"prompt_tokens": 1}': None,  # truncated: not JSON
+    }
+    for body, expected in cases.items():
+        usage = from_body(body)
+        got = None if usage is None else (usage.input_tokens, usage.output_tokens)
+        assert got == expected, body
+
+
 def test_stream_meter_openai_and_anthropic() -> None:
     meter = StreamMeter()
     meter.feed(b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n')

@@ -187,17 +187,18 @@ class BackendMonitor:
         )
 
     def wake(self) -> None:
-        """The agent took a request while idle: sample now rather than at the idle pace."""
+        """The agent took a request while idle: sample at the busy pace again."""
         self._woken.notify()
 
     async def _pause(self, interval: float, slowdown: int) -> None:
-        """Until the next sample: `interval` while busy; while idle, `slowdown` intervals
-        or until the agent takes work, whichever comes first. An idle agent thus wakes
-        only for the samples it takes."""
-        if self._idle():
-            await self._woken.wait(self._woken.version, interval * slowdown)
-        else:
+        """Until the next sample: `interval` while busy; while idle, `slowdown` intervals,
+        cut short when the agent takes work to one interval from then (the engine has the
+        request by then, and a CPU reading spans a whole interval). An idle agent thus
+        wakes only for the samples it takes."""
+        if not self._idle():
             await asyncio.sleep(interval)
+        elif await self._woken.wait(self._woken.version, interval * slowdown):
+            await asyncio.sleep(interval)  # woken by a request: one interval from it
 
     async def sample_engine_forever(self, interval: float) -> None:
         path = self._metrics_path

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
 
+from hivenet_router.agent import monitor as monitor_module
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.monitor import BackendMonitor, signal_key
 from hivenet_router.domain.agent import EngineSnapshot, GpuSnapshot, HardwareSnapshot
@@ -58,24 +60,64 @@ async def _until(check: Callable[[], bool], seconds: float = 5.0) -> None:
             await asyncio.sleep(0.005)
 
 
-async def test_an_idle_agent_reads_metrics_slowly_and_at_once_when_work_arrives(
-    metrics_engine: tuple[str, list[float]],
+async def test_an_idle_agent_reads_metrics_slowly_and_soon_when_work_arrives(
+    metrics_engine: tuple[str, list[float]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, reads = metrics_engine
     client = EngineClient(url)
     monitor = BackendMonitor(client, adapter_for("vllm"), busy=lambda: False)
     interval = 0.05
+    monkeypatch.setattr(monitor_module, "IDLE_SLOWDOWN", 100)  # idle: 5 s between reads
     task = asyncio.create_task(monitor.sample_engine_forever(interval))
     try:
         await _until(lambda: len(reads) == 1 and monitor.engine is not None)
         assert monitor.sampled.version == 1  # each snapshot is announced
-        await asyncio.sleep(interval * 6)  # idle: the next read is 10 intervals away
+        await asyncio.sleep(interval * 4)
         assert len(reads) == 1
-        monitor.wake()  # a request arrived
-        await _until(lambda: len(reads) == 2, seconds=interval * 4)
+        woken = asyncio.get_running_loop().time()
+        monitor.wake()  # a request arrived: the next read one interval from it
+        await _until(lambda: len(reads) == 2, seconds=1.0)
+        assert interval * 0.9 <= reads[1] - woken < interval * 10
         assert monitor.sampled.version == 2
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await client.close()
+
+
+class CountingSampler:
+    """Stands in for HardwareSampler: counts its samples."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def sample(self) -> HardwareSnapshot:
+        self.times.append(time.monotonic())
+        return HardwareSnapshot(cpu_usage_percent=1.0, memory_used_percent=1.0)
+
+
+async def test_an_idle_agent_samples_hardware_slowly_and_one_interval_after_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monitor = BackendMonitor(EngineClient("http://127.0.0.1:9"), adapter_for("vllm"))
+    monitor.engine = EngineSnapshot(running_requests=0, waiting_requests=0)  # idle
+    monkeypatch.setattr(monitor_module, "IDLE_HARDWARE_SLOWDOWN", 100)
+    sampler = CountingSampler()
+    interval = 0.05
+    task = asyncio.create_task(
+        monitor.sample_hardware_forever(sampler, interval)  # type: ignore[arg-type]
+    )
+    try:
+        await _until(lambda: len(sampler.times) == 1)
+        await asyncio.sleep(interval * 4)
+        assert len(sampler.times) == 1 and monitor.sampled.version == 1
+        woken = time.monotonic()
+        monitor.wake()
+        await _until(lambda: len(sampler.times) == 2, seconds=1.0)
+        # Not at once: a CPU reading over a few milliseconds would be noise.
+        assert sampler.times[1] - woken >= interval * 0.9
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -33,6 +33,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from hivenet_router.http1.coalesce import TurnWriter
 from hivenet_router.http1.guard import ConnectionGuard, source_of
 from hivenet_router.http1.messages import (
     Answer,
@@ -48,7 +49,6 @@ from hivenet_router.http1.messages import (
 log = logging.getLogger("hivenet.http")
 
 BACKLOG_LIMIT = 1 << 16  # pipelined bytes buffered before reading pauses
-FLUSH_AT = 1 << 16  # stream pieces queued in one loop turn are written at once past this
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -167,9 +167,7 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.paused = False
         self._drain: asyncio.Future[None] | None = None
-        self._pending: list[bytes] = []  # stream pieces written in this turn of the loop
-        self._pending_size = 0
-        self._flush_due = False
+        self._queue = TurnWriter(self._loop, self._send_now)  # a stream's pieces of one turn
         self.idle_since = self._loop.time()
         # parsing
         self._url: list[bytes] = []
@@ -213,7 +211,7 @@ class _Connection(asyncio.Protocol):
             if server.guard is not None:
                 server.guard.lingered()
         self.lost = True
-        self._pending = []
+        self._queue.drop()
         self._parser = _Discard()  # type: ignore[assignment]  # it points back at us
         if self._source is not None:
             assert server.guard is not None
@@ -459,9 +457,9 @@ class _Connection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         transport = self._transport
         if transport is not None and not self.lost:
-            if self._pending:
-                self._pending.append(data)
-                self.flush()
+            if self._queue.pending:
+                self._queue.add(data)
+                self._queue.flush()
             else:
                 transport.write(data)
 
@@ -479,39 +477,25 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or self.lost or transport.is_closing():
             raise ConnectionResetError("the client has gone")
-        if self._pending:
-            self._pending.append(data)
-            self.flush()
+        if self._queue.pending:
+            self._queue.add(data)
+            self._queue.flush()
         else:
             transport.write(data)
 
     def write_soon(self, data: bytes) -> None:
         """Queue a piece of a stream: the pieces of one event-loop turn leave in one system
-        call (a stream's chunks that arrived together, and its last chunk with the end).
-        Past FLUSH_AT they leave at once, so backpressure is seen without delay."""
+        call (a stream's chunks that arrived together, and its last chunk with the end)."""
         transport = self._transport
         if transport is None or self.lost or transport.is_closing():
             raise ConnectionResetError("the client has gone")
-        self._pending.append(data)
-        self._pending_size += len(data)
-        if self._pending_size >= FLUSH_AT:
-            self.flush()
-        elif not self._flush_due:
-            self._flush_due = True
-            self._loop.call_soon(self._flush_soon)
-
-    def _flush_soon(self) -> None:
-        self._flush_due = False
-        self.flush()
+        self._queue.add(data)
 
     def flush(self) -> None:
         """Write what `write_soon` queued, if the client is still there."""
-        pending = self._pending
-        if not pending:
-            return
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        self._pending = []
-        self._pending_size = 0
+        self._queue.flush()
+
+    def _send_now(self, data: bytes) -> None:
         transport = self._transport
         if transport is not None and not self.lost and not transport.is_closing():
             transport.write(data)

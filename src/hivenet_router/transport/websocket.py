@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from hivenet_router.http1.coalesce import TurnWriter
 from hivenet_router.transport.wsframes import (
     BINARY,
     CLOSE,
@@ -52,9 +53,6 @@ from hivenet_router.transport.wsframes import (
     encode_frame,
     mask,
 )
-
-# Frames waiting for the end of the loop's turn are written at once past this many bytes.
-FLUSH_AT = 64 * 1024
 
 __all__ = [
     "BINARY",
@@ -127,9 +125,7 @@ class WebSocket:
         self._close_received: asyncio.Future[None] = self._loop.create_future()
         self._last_received = self._loop.time()
         self._pinger: asyncio.Task[None] | None = None
-        self._pending: list[bytes] = []  # frames written in this turn of the event loop
-        self._pending_size = 0
-        self._flush_due = False
+        self._queue = TurnWriter(self._loop, self._send_now)  # frames of this loop turn
 
     def _start(self) -> None:
         """The connection is open: start watching it."""
@@ -182,8 +178,7 @@ class WebSocket:
         self._close_transport()
 
     def _on_lost(self, exc: Exception | None) -> None:
-        self._pending = []
-        self._pending_size = 0
+        self._queue.drop()
         if not self._close_received.done():
             self._close_received.set_result(None)
         if self._pinger is not None:
@@ -217,31 +212,16 @@ class WebSocket:
     # -- sending ------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        """Queue a frame; the frames of one event-loop turn leave in one write (one TLS
-        record, one system call). A burst past FLUSH_AT leaves at once, so the transport's
-        backpressure sees it (and `send_bytes` waits) without delay."""
+        """Queue a frame: the frames of one event-loop turn leave in one write (one TLS
+        record, one system call); see http1/coalesce.py."""
         transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        self._pending.append(data)
-        self._pending_size += len(data)
-        if self._pending_size >= FLUSH_AT:
-            self._flush()
-        elif not self._flush_due:
-            self._flush_due = True
-            self._loop.call_soon(self._flush_soon)
-
-    def _flush_soon(self) -> None:
-        self._flush_due = False
-        self._flush()
+        if transport is not None and not transport.is_closing():
+            self._queue.add(data)
 
     def _flush(self) -> None:
-        pending = self._pending
-        if not pending:
-            return
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        self._pending = []
-        self._pending_size = 0
+        self._queue.flush()
+
+    def _send_now(self, data: bytes) -> None:
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)

@@ -10,6 +10,7 @@ import pytest
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.messages import Answer, BodyError, Request, Response, stream
 from hivenet_router.http1.server import HttpServer, Limits
+from tests.counting import CountingTransport
 from tests.cycles import freed_by_refcount
 
 Client = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -207,28 +208,13 @@ async def test_streams_are_chunked_or_closed_for_http_1_0(served: Served) -> Non
     writer.close()
 
 
-class _CountingTransport:
-    """Counts the writes that reach a connection's transport."""
-
-    def __init__(self, inner: asyncio.Transport) -> None:
-        self.inner = inner
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-        self.inner.write(data)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-
-async def _counted(server: HttpServer) -> _CountingTransport:
+async def _counted(server: HttpServer) -> CountingTransport:
     for _ in range(100):
         if server.connections:
             break
         await asyncio.sleep(0.01)
     (conn,) = server.connections
-    counting = _CountingTransport(conn._transport)  # type: ignore[arg-type]
+    counting = CountingTransport(conn._transport)  # type: ignore[arg-type]
     conn._transport = counting  # type: ignore[assignment]
     return counting
 

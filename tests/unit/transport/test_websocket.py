@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import WSMsgType, web
 
+from hivenet_router.http1.coalesce import FLUSH_AT
 from hivenet_router.transport import websocket
 from hivenet_router.transport.websocket import (
     BINARY,
@@ -22,6 +23,7 @@ from hivenet_router.transport.websocket import (
     encode_frame,
     mask,
 )
+from tests.counting import CountingTransport
 from tests.linkpair import serve_ws, ws_url
 
 
@@ -62,36 +64,21 @@ async def test_binary_messages_of_every_length_encoding_cross_both_ways(echo_url
     assert ws.closed
 
 
-class _CountingTransport:
-    """Wraps the client's transport to count its writes."""
-
-    def __init__(self, inner: asyncio.Transport) -> None:
-        self.inner = inner
-        self.writes = 0
-
-    def write(self, data: bytes) -> None:
-        self.writes += 1
-        self.inner.write(data)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-
 async def test_messages_of_one_turn_leave_in_one_write(echo_url: str) -> None:
     ws = await open_echo(echo_url)
     assert ws._transport is not None
-    counting = _CountingTransport(ws._transport)
+    counting = CountingTransport(ws._transport)
     ws._transport = counting  # type: ignore[assignment]
     for n in range(5):
         await ws.send_bytes(b"m%d" % n)
-    assert counting.writes == 0  # the loop's turn has not ended yet
+    assert counting.writes == []  # the loop's turn has not ended yet
     for n in range(5):
         message = await asyncio.wait_for(ws.receive(), 5)
         assert message.data == b"m%d" % n
-    assert counting.writes == 1
-    await ws.send_bytes(b"x" * websocket.FLUSH_AT)  # a burst leaves without waiting
-    assert counting.writes == 2
-    assert (await asyncio.wait_for(ws.receive(), 5)).data == b"x" * websocket.FLUSH_AT
+    assert len(counting.writes) == 1
+    await ws.send_bytes(b"x" * FLUSH_AT)  # a burst leaves without waiting
+    assert len(counting.writes) == 2
+    assert (await asyncio.wait_for(ws.receive(), 5)).data == b"x" * FLUSH_AT
     await ws.close()
 
 

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
+from hivenet_router.http1.coalesce import FLUSH_AT
 from hivenet_router.transport import websocket, ws_server
 from hivenet_router.transport.websocket import BINARY, CLOSE, CLOSED, ERROR, Message
 from hivenet_router.transport.wsframes import (
@@ -26,6 +27,7 @@ from hivenet_router.transport.wsframes import (
     accept_key,
     encode_frame,
 )
+from tests.counting import CountingTransport
 from tests.linkpair import serve_ws, ws_url
 
 MAX = 1 << 20
@@ -312,24 +314,6 @@ async def test_a_lost_client_ends_the_websocket_and_aiohttps_connection(
         await server.sockets[0].send_bytes(b"too late")
 
 
-class _CountingTransport:
-    """Wraps a transport to count its writes."""
-
-    def __init__(self, inner: asyncio.Transport) -> None:
-        self.inner = inner
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-        self.inner.write(data)
-
-    def is_closing(self) -> bool:
-        return self.inner.is_closing()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 async def test_frames_of_one_turn_leave_in_one_write_and_big_ones_at_once(
     make_server: Factory,
 ) -> None:
@@ -338,7 +322,7 @@ async def test_frames_of_one_turn_leave_in_one_write_and_big_ones_at_once(
     await _wait_for(lambda: len(server.sockets) == 1)
     socket = server.sockets[0]
     assert socket._transport is not None
-    counting = _CountingTransport(socket._transport)
+    counting = CountingTransport(socket._transport)
     socket._transport = counting  # type: ignore[assignment]
     for n in range(5):
         await socket.send_bytes(b"small %d" % n)
@@ -347,7 +331,7 @@ async def test_frames_of_one_turn_leave_in_one_write_and_big_ones_at_once(
     assert len(counting.writes) == 1
     for n in range(5):
         assert await asyncio.wait_for(raw.frame(), 5) == (OP_BINARY, b"small %d" % n)
-    big = os.urandom(websocket.FLUSH_AT)
+    big = os.urandom(FLUSH_AT)
     await socket.send_bytes(big)
     assert len(counting.writes) == 2  # past FLUSH_AT: written without waiting
     assert await asyncio.wait_for(raw.frame(), 5) == (OP_BINARY, big)

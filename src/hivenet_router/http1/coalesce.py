@@ -1,0 +1,68 @@
+"""Writes of one event-loop turn sent in one system call.
+
+Small writes made while the loop runs its ready callbacks (the frames of many requests on
+one link, the chunks of a stream that arrived together, a stream's last chunk and its end)
+wait in a list and go to the transport together when the turn ends. Nothing waits longer
+than that, and a burst of FLUSH_AT bytes or more goes at once, so the transport's
+backpressure (pause_writing) is seen as soon as it would have been without the queue.
+Used by the public HTTP server's streamed answers and by both ends of the agent link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+FLUSH_AT = 64 * 1024
+
+
+class TurnWriter:
+    """Queue writes; `send` gets them joined at the end of the turn. `send` decides whether
+    the transport can still take them (its owner knows when it is closing)."""
+
+    __slots__ = ("_due", "_loop", "_pending", "_send", "_size")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[bytes], None]) -> None:
+        self._loop = loop
+        self._send = send
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._due = False
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def add(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._size += len(data)
+        if self._size >= FLUSH_AT:
+            self.flush()
+        elif not self._due:
+            self._due = True
+            self._loop.call_soon(self._at_turn_end)
+
+    def _at_turn_end(self) -> None:
+        self._due = False
+        self.flush()
+
+    def flush(self) -> None:
+        """Send what is queued now."""
+        pending = self._pending
+        if not pending:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        self._pending = []
+        self._size = 0
+        self._send(data)
+
+    def drop(self) -> None:
+        """The connection is gone: forget what is queued, and the owner's `send` (a bound
+        method: holding it would keep the owner in a reference cycle with this queue)."""
+        self._pending = []
+        self._size = 0
+        self._send = _nowhere
+
+
+def _nowhere(data: bytes) -> None:
+    pass

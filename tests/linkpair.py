@@ -68,3 +68,13 @@ async def link_pair(protocol: str, handler: Handler) -> AsyncIterator[Pair]:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
         await runner.cleanup()
+
+
+async def echo_every_length(ws: websocket.WebSocket) -> None:
+    """Send a message of each length encoding (7-bit, 16-bit, 64-bit, at their edges) to an
+    echoing peer; each must come back whole."""
+    for size in (0, 1, 125, 126, 65535, 65536, 300_000):
+        payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        await ws.send_bytes(payload)
+        message = await asyncio.wait_for(ws.receive(), 5)
+        assert message.type == websocket.BINARY and message.data == payload

@@ -42,6 +42,14 @@ class TurnWriter:
             self._due = True
             self._loop.call_soon(self._at_turn_end)
 
+    def now(self, data: bytes) -> None:
+        """Send `data` at once, behind whatever is queued (in the same write)."""
+        if self._pending:
+            self._pending.append(data)
+            self.flush()
+        else:
+            self._send(data)
+
     def _at_turn_end(self) -> None:
         self._due = False
         self.flush()

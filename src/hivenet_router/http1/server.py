@@ -457,11 +457,7 @@ class _Connection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         transport = self._transport
         if transport is not None and not self.lost:
-            if self._queue.pending:
-                self._queue.add(data)
-                self._queue.flush()
-            else:
-                transport.write(data)
+            self._queue.now(data)
 
     @property
     def address(self) -> str:
@@ -477,11 +473,7 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or self.lost or transport.is_closing():
             raise ConnectionResetError("the client has gone")
-        if self._queue.pending:
-            self._queue.add(data)
-            self._queue.flush()
-        else:
-            transport.write(data)
+        self._queue.now(data)
 
     def write_soon(self, data: bytes) -> None:
         """Queue a piece of a stream: the pieces of one event-loop turn leave in one system

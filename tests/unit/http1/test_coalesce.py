@@ -18,8 +18,12 @@ async def test_writes_of_one_turn_are_sent_together_at_its_end() -> None:
     writer.add(b"d")
     writer.flush()  # an owner that must write now (an end, a close) flushes first
     assert sent == [b"abc", b"d"]
+    writer.add(b"e")
+    writer.now(b"f")  # a whole answer goes behind the queued piece, in the same write
+    writer.now(b"g")
+    assert sent == [b"abc", b"d", b"ef", b"g"]
     await asyncio.sleep(0)
-    assert sent == [b"abc", b"d"]  # the turn's end finds nothing more
+    assert sent == [b"abc", b"d", b"ef", b"g"]  # the turn's end finds nothing more
 
 
 async def test_a_burst_goes_at_once_and_a_dropped_queue_never() -> None:

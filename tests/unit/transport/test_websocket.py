@@ -14,7 +14,6 @@ from aiohttp import WSMsgType, web
 from hivenet_router.http1.coalesce import FLUSH_AT
 from hivenet_router.transport import websocket
 from hivenet_router.transport.websocket import (
-    BINARY,
     CLOSE,
     ERROR,
     FrameReader,
@@ -24,7 +23,7 @@ from hivenet_router.transport.websocket import (
     mask,
 )
 from tests.counting import CountingTransport
-from tests.linkpair import serve_ws, ws_url
+from tests.linkpair import echo_every_length, serve_ws, ws_url
 
 
 @pytest.fixture
@@ -55,11 +54,7 @@ async def open_echo(url: str, heartbeat: float | None = None) -> websocket.WebSo
 
 async def test_binary_messages_of_every_length_encoding_cross_both_ways(echo_url: str) -> None:
     ws = await open_echo(echo_url)
-    for size in (0, 1, 125, 126, 65535, 65536, 300_000):
-        payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
-        await ws.send_bytes(payload)
-        message = await asyncio.wait_for(ws.receive(), 5)
-        assert message.type == BINARY and message.data == payload
+    await echo_every_length(ws)
     await ws.close()
     assert ws.closed
 

@@ -8,6 +8,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -209,10 +210,13 @@ def test_metrics_reset_clears_live_and_persisted_history(fleet: tuple[Cluster, R
     sim = cluster.sim(MODEL, "--zero-latency", name="sim-b")
     second = cluster.agent(router, sim, name="agent-b")
     wait_registered(router, MODEL, replicas=2)
-    for _ in range(20):  # bounded: until both agents have answered
-        chat(router)
-        if all(a["universal"]["successful_requests_total"] for a in peers(router).values()):
-            break
+    # Two at once, so the second goes to the agent the first left idle (one at a time
+    # would stay on the agent chosen last).
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(20):  # bounded: until both agents have answered
+            list(pool.map(lambda _: chat(router), range(2)))
+            if all(a["universal"]["successful_requests_total"] for a in peers(router).values()):
+                break
     table = peers(router)
     assert all(a["universal"]["successful_requests_total"] for a in table.values())
     gone = next(p for p, a in table.items() if a["metadata"]["replica_id"] != "replica-3")

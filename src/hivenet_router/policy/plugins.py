@@ -184,22 +184,33 @@ class HealthScorer:
 # -- pickers ------------------------------------------------------------------------------
 
 
-def _better(agent: AgentFacts, score: float, best: AgentFacts | None, best_score: float) -> bool:
+def _better(
+    agent: AgentFacts, score: float, best: AgentFacts | None, best_score: float, warm: bool = False
+) -> bool:
     if best is None:
         return True
     if score != best_score:
         return score > best_score
+    if warm:
+        return agent.last_assigned > best.last_assigned
     return agent.last_assigned < best.last_assigned
 
 
+@dataclass(frozen=True, slots=True)
 class BestPicker:
-    """The highest score; ties go to the agent chosen least recently."""
+    """The highest score. Ties go to the agent chosen least recently, which spreads work
+    evenly; with `warm`, to the one chosen most recently, which keeps light traffic on an
+    agent that is already awake (its process, its caches, its engine's prefix cache) and
+    leaves the others idle until load tells them apart."""
+
+    warm: bool = False
 
     def pick(self, inp: RouteInput, agents: Sequence[A], scores: Sequence[float]) -> A | None:
         best: A | None = None
         best_score = 0.0
+        warm = self.warm
         for agent, score in zip(agents, scores, strict=True):
-            if _better(agent, score, best, best_score):
+            if _better(agent, score, best, best_score, warm):
                 best, best_score = agent, score
         return best
 

@@ -113,7 +113,7 @@ def build(name: str, options: Options) -> Strategy:
     load: Scorer = LoadScorer()
     best: Picker = BestPicker()
     if name == "least-loaded":
-        return Strategy(((load, 1.0),), best)
+        return Strategy(((load, 1.0),), BestPicker(warm=True))
     if name == "round-robin":
         return Strategy(((EvenScorer(), 1.0),), best)
     if name == "power-of-two":

@@ -61,7 +61,10 @@ class AgentRecord:
     engine: EngineSnapshot | None = None
     hardware: HardwareSnapshot | None = None
     histograms: EngineHistograms | None = None  # from heartbeats, for metrics only
-    last_assigned: int = field(default_factory=lambda: next(_order))
+    # Order of the last choice. An agent never chosen counts as chosen before all others
+    # (negative, earlier joiners higher), so it does not take the light traffic least-loaded
+    # keeps on the agent chosen last; round robin gives it the next turn.
+    last_assigned: int = field(default_factory=lambda: -next(_order))
     disconnected_at: float | None = None
     last_seen_wall: float | None = None
     draining: bool = False

@@ -14,11 +14,14 @@ FACTS = RouteInput(RequestFacts("/v1/chat/completions", "m1", "llm", False, None
 STEP = BUILT_IN.steps[0]
 
 
-def test_least_loaded_then_least_recently_chosen() -> None:
-    busy = agent(peer="busy", active=3)
-    light = agent(peer="light", active=1, last_assigned=5)
-    lighter = agent(peer="lighter", active=1, last_assigned=2)
-    assert run_step(STEP, FACTS, [busy, light, lighter], set()).agent is lighter
+def test_least_loaded_then_most_recently_chosen() -> None:
+    busy = agent(peer="busy", active=3, last_assigned=9)
+    warm = agent(peer="warm", active=1, last_assigned=5)
+    cold = agent(peer="cold", active=1, last_assigned=2)
+    assert run_step(STEP, FACTS, [busy, cold, warm], set()).agent is warm
+    # Load still comes first: the agent chosen last is passed over once it is busier.
+    warm.active = 2
+    assert run_step(STEP, FACTS, [busy, cold, warm], set()).agent is cold
 
 
 def test_filters_in_the_documented_order() -> None:

@@ -37,6 +37,14 @@ def test_one_writer_of_per_request_statistics() -> None:
     assert agent.consecutive_failures == 0 and agent.srtt_ms == pytest.approx(112.5)
 
 
+def test_an_agent_never_chosen_counts_as_chosen_before_all_others() -> None:
+    early, served, late = record("early"), record("served"), record("late")
+    assert served.try_acquire()
+    # Least-loaded prefers the highest order on a tie, round robin the lowest: a newcomer
+    # neither takes light traffic from the agent that served last nor waits behind it.
+    assert late.last_assigned < early.last_assigned < served.last_assigned
+
+
 def test_slots_are_taken_atomically_and_released_once() -> None:
     agent = record(capacity=1)
     assert agent.try_acquire()

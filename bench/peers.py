@@ -1,7 +1,7 @@
 """Peer benchmark: this router against the routers people use, on one machine, in one run.
 
-    make bench-peers                  # about 20 minutes on 2 cores
-    make bench-peers ARGS=--quick     # 3 s cells, one profile, for a smoke run
+    make bench-peers                  # about 35 minutes on 2 cores
+    make bench-peers ARGS=--quick     # 3 s cells, one round, one profile: a smoke run
 
 Every system fronts the same two engine simulators (least-loaded routing or its closest
 equivalent), except "direct", which is one simulator with no router. Two simulator
@@ -13,6 +13,11 @@ Load: wrk (raw HTTP; 1 KB JSON answers and 50-chunk streams at 1, 32 and 256 con
 and aiperf (LLM-shaped: streaming chat at 32 concurrent, TTFT and inter-token latency).
 For each cell: req/s, p50 and p99, added p50 over direct, the router's CPU per request
 (its whole process tree, agents included for this router) and, per system, peak RSS.
+
+The systems of a profile run side by side and take turns cell by cell, in rounds (3 by
+default; the order rotates each round). Each number reported is the median over the
+rounds, and each target ratio also shows its lowest and highest round. Measured one after
+another, minutes apart, the same ratio moved by up to 0.5 between runs on this machine.
 Results: bench/results/peers.json, docs/benchmarks.md between the peers markers, and
 docs/img/peers-*.png.
 """
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,6 +98,7 @@ class Cell:
     errors: int
     cpu_us: float | None
     router_cpu_us: float | None = None  # the router process alone (agents left out)
+    round: int = 0  # the round a sample is from; 0 for the medians
 
 
 @dataclass
@@ -105,6 +112,7 @@ class LlmCell:
     ttft_p99_ms: float
     itl_p50_ms: float
     latency_p50_ms: float
+    round: int = 0
 
 
 @dataclass
@@ -119,6 +127,9 @@ class Report:
     peak_pss_mb: dict[str, float] = field(default_factory=dict)
     idle_cpu_percent: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    rounds: int = 1
+    samples: list[Cell] = field(default_factory=list)  # every round's cells
+    llm_samples: list[LlmCell] = field(default_factory=list)
 
 
 @dataclass
@@ -344,9 +355,171 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores ({model}), {memory:.0f} GiB"
 
 
+def _median_cell(samples: list[Cell]) -> Cell:
+    first = samples[0]
+
+    def mid(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    return Cell(
+        first.profile,
+        first.system,
+        first.load,
+        first.concurrency,
+        sum(c.requests for c in samples),
+        statistics.median(c.rps for c in samples),
+        statistics.median(c.p50_ms for c in samples),
+        statistics.median(c.p99_ms for c in samples),
+        sum(c.errors for c in samples),
+        mid([c.cpu_us for c in samples]),
+        mid([c.router_cpu_us for c in samples]),
+    )
+
+
+def _median_llm(samples: list[LlmCell]) -> LlmCell:
+    first = samples[0]
+    return LlmCell(
+        first.profile,
+        first.system,
+        sum(r.requests for r in samples),
+        sum(r.errors for r in samples),
+        statistics.median(r.rps for r in samples),
+        statistics.median(r.ttft_p50_ms for r in samples),
+        statistics.median(r.ttft_p99_ms for r in samples),
+        statistics.median(r.itl_p50_ms for r in samples),
+        statistics.median(r.latency_p50_ms for r in samples),
+    )
+
+
+@dataclass
+class Bench:
+    """One run's settings and the state its cells share."""
+
+    wrk: str
+    tmp: Path
+    fleet: Fleet
+    seconds: int
+    rounds: int
+    report: Report
+    bar: tqdm
+    peaks: dict[str, float] = field(default_factory=dict)
+
+    def order(self, systems: list[str], rnd: int) -> list[str]:
+        """The systems in turn, starting one further along each round."""
+        shift = rnd % len(systems)
+        return systems[shift:] + systems[:shift]
+
+    def wrk_cell(
+        self, profile: str, system: str, running: Running, load: str, conns: int, rnd: int
+    ) -> Cell:
+        pids = [self.fleet.pid(p) for p in running.procs]
+        self.bar.set_description(f"{profile} {load} c={conns} round {rnd + 1}: {system}")
+        url = running.url + "/v1/chat/completions"
+        body = LOADS[load]
+        memory = PeakPss(pids)
+        run_wrk(self.wrk, url, body, conns, 1, self.tmp)  # warm-up
+        before = tree_cpu_seconds(pids)
+        alone = tree_cpu_seconds(pids[:1])
+        got = run_wrk(self.wrk, url, body, conns, self.seconds, self.tmp)
+        spent = tree_cpu_seconds(pids) - before
+        alone = tree_cpu_seconds(pids[:1]) - alone
+        self.keep_peak(profile, system, memory.stop())
+        cpu = spent * 1e6 / max(got.requests, 1) if pids else None
+        router_cpu = alone * 1e6 / max(got.requests, 1) if pids else None
+        self.bar.update()
+        return Cell(
+            profile,
+            system,
+            load,
+            conns,
+            got.requests,
+            got.rps,
+            got.p50_ms,
+            got.p99_ms,
+            got.errors,
+            cpu,
+            router_cpu,
+            rnd + 1,
+        )
+
+    def llm_cell(
+        self, profile: str, system: str, running: Running, requests: int, rnd: int
+    ) -> LlmCell:
+        self.bar.set_description(f"{profile} aiperf round {rnd + 1}: {system}")
+        memory = PeakPss([self.fleet.pid(p) for p in running.procs])
+        data = run_aiperf(running.url, self.tmp, requests)
+        self.keep_peak(profile, system, memory.stop())
+        errors = data.get("error_request_count")
+        self.bar.update()
+        return LlmCell(
+            profile,
+            system,
+            int(_stat(data, "request_count", "avg")),
+            int(errors.get("avg", 0)) if isinstance(errors, dict) else 0,
+            _stat(data, "request_throughput", "avg"),
+            _stat(data, "time_to_first_token", "p50"),
+            _stat(data, "time_to_first_token", "p99"),
+            _stat(data, "inter_token_latency", "p50"),
+            _stat(data, "request_latency", "p50"),
+            rnd + 1,
+        )
+
+    def keep_peak(self, profile: str, system: str, pss: float) -> None:
+        key = f"{profile}/{system}"
+        self.peaks[key] = max(self.peaks.get(key, 0.0), pss)
+
+
+def run_profile(
+    bench: Bench,
+    profile: str,
+    systems: list[str],
+    levels: list[int],
+    idle: float | None,
+    llm_requests: int,
+) -> None:
+    """Start every system on this profile's engines, then measure them in turns."""
+    report, fleet = bench.report, bench.fleet
+    engines = start_engines(fleet, profile)
+    running: dict[str, Running] = {}
+    for system in systems:
+        bench.bar.set_description(f"{profile}: starting {system}")
+        running[system] = STARTERS[system](fleet, engines, bench.tmp)
+        report.commands[system] = running[system].command
+    if idle is not None and "hivenet" in running:
+        bench.bar.set_description(f"{profile}: idle CPU of hivenet")
+        named = {name: fleet.pid(name) for name in running["hivenet"].procs}
+        report.idle_cpu_percent = idle_cpu_percent(named, idle)
+    for load in LOADS:
+        for conns in levels:
+            by_system: dict[str, list[Cell]] = {system: [] for system in systems}
+            for rnd in range(bench.rounds):
+                for system in bench.order(systems, rnd):
+                    cell = bench.wrk_cell(profile, system, running[system], load, conns, rnd)
+                    by_system[system].append(cell)
+            for system in systems:
+                report.samples.extend(by_system[system])
+                report.cells.append(_median_cell(by_system[system]))
+    llm: dict[str, list[LlmCell]] = {system: [] for system in systems}
+    for rnd in range(bench.rounds):
+        for system in bench.order(systems, rnd):
+            llm[system].append(bench.llm_cell(profile, system, running[system], llm_requests, rnd))
+    for system in systems:
+        report.llm_samples.extend(llm[system])
+        report.llm.append(_median_llm(llm[system]))
+        pids = [fleet.pid(p) for p in running[system].procs]
+        if pids:
+            key = f"{profile}/{system}"
+            report.peak_rss_mb[key] = round(tree_peak_rss_mb(pids), 1)
+            report.peak_pss_mb[key] = round(bench.peaks.get(key, 0.0), 1)
+        fleet.stop(running[system].procs)
+    fleet.stop([name for name in fleet.procs if name.startswith("sim-")])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=int, default=8, help="wrk seconds per cell")
+    parser.add_argument("--seconds", type=int, default=5, help="wrk seconds per cell and round")
+    parser.add_argument("--rounds", type=int, default=3, help="turns each system takes per cell")
     parser.add_argument("--quick", action="store_true", help="3 s cells, zero profile only")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--profiles", default=",".join(PROFILES))
@@ -357,9 +530,15 @@ def main() -> int:
     )
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
+    if args.rounds < 1 or args.seconds < 1:
+        parser.error("--rounds and --seconds must be at least 1")
     seconds = 3 if args.quick else args.seconds
+    rounds = 1 if args.quick else args.rounds
     profiles = ["zero"] if args.quick else args.profiles.split(",")
     systems = args.systems.split(",")
+    unknown = [s for s in systems if s not in STARTERS]
+    if unknown:
+        parser.error(f"unknown systems {unknown}; known: {', '.join(STARTERS)}")
     levels = [int(x) for x in args.concurrency.split(",")]
     wrk = ensure_wrk()
     for name in systems:  # install everything before the clock starts
@@ -367,77 +546,19 @@ def main() -> int:
             venv(name, PINS[name])
     venv("aiperf", PINS["aiperf"])
     report = Report(machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), versions(), {})
-    total = len(profiles) * len(systems) * (len(LOADS) * len(levels) + 1)
+    report.rounds = rounds
+    total = len(profiles) * len(systems) * (len(LOADS) * len(levels) + 1) * rounds
     bar = tqdm(total=total, unit="cell", dynamic_ncols=True)
     tmp = Path(tempfile.mkdtemp(prefix="hivenet-peers-"))
     fleet = Fleet(tmp)
+    bench = Bench(wrk, tmp, fleet, seconds, rounds, report, bar)
     try:
         for profile in profiles:
-            engines = start_engines(fleet, profile)
-            for system in systems:
-                bar.set_description(f"{profile}/{system}: starting")
-                running = STARTERS[system](fleet, engines, tmp)
-                report.commands[system] = running.command
-                pids = [fleet.pid(p) for p in running.procs]
-                if system == "hivenet" and profile == profiles[0]:
-                    bar.set_description(f"{profile}/{system}: idle CPU")
-                    idle = 10.0 if args.quick else args.idle_seconds
-                    named = {name: fleet.pid(name) for name in running.procs}
-                    report.idle_cpu_percent = idle_cpu_percent(named, idle)
-                memory = PeakPss(pids)
-                for load, body in LOADS.items():
-                    for conns in levels:
-                        bar.set_description(f"{profile}/{system} {load} c={conns}")
-                        url = running.url + "/v1/chat/completions"
-                        run_wrk(wrk, url, body, conns, 1, tmp)  # warm-up
-                        before = tree_cpu_seconds(pids)
-                        alone = tree_cpu_seconds(pids[:1])
-                        got = run_wrk(wrk, url, body, conns, seconds, tmp)
-                        spent = tree_cpu_seconds(pids) - before
-                        alone = tree_cpu_seconds(pids[:1]) - alone
-                        cpu = spent * 1e6 / max(got.requests, 1) if pids else None
-                        router_cpu = alone * 1e6 / max(got.requests, 1) if pids else None
-                        report.cells.append(
-                            Cell(
-                                profile,
-                                system,
-                                load,
-                                conns,
-                                got.requests,
-                                got.rps,
-                                got.p50_ms,
-                                got.p99_ms,
-                                got.errors,
-                                cpu,
-                                router_cpu,
-                            )
-                        )
-                        bar.update()
-                bar.set_description(f"{profile}/{system} aiperf")
-                requests = 100 if args.quick else args.aiperf_requests
-                data = run_aiperf(running.url, tmp, requests)
-                errors = data.get("error_request_count")
-                report.llm.append(
-                    LlmCell(
-                        profile,
-                        system,
-                        int(_stat(data, "request_count", "avg")),
-                        int(errors.get("avg", 0)) if isinstance(errors, dict) else 0,
-                        _stat(data, "request_throughput", "avg"),
-                        _stat(data, "time_to_first_token", "p50"),
-                        _stat(data, "time_to_first_token", "p99"),
-                        _stat(data, "inter_token_latency", "p50"),
-                        _stat(data, "request_latency", "p50"),
-                    )
-                )
-                bar.update()
-                peak_pss = memory.stop()
-                if pids:
-                    key = f"{profile}/{system}"
-                    report.peak_rss_mb[key] = round(tree_peak_rss_mb(pids), 1)
-                    report.peak_pss_mb[key] = round(peak_pss, 1)
-                fleet.stop(running.procs)
-            fleet.stop([name for name in fleet.procs if name.startswith("sim-")])
+            idle = None
+            if profile == profiles[0]:
+                idle = 10.0 if args.quick else args.idle_seconds
+            llm_requests = 100 if args.quick else args.aiperf_requests
+            run_profile(bench, profile, systems, levels, idle, llm_requests)
     finally:
         bar.close()
         fleet.stop()

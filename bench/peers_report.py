@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,29 +81,89 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return None if ours is None or not theirs else ours / theirs
 
 
+Pick = Callable[[dict[str, "Cell"]], float | None]
+
+
+def _per_round(report: Report, load: str, conns: int, pick: Pick) -> list[float]:
+    """`pick` applied to each round's zero-profile cells of one load and level, by system."""
+    rounds: dict[int, dict[str, Cell]] = {}
+    for c in report.samples:
+        if (c.profile, c.load, c.concurrency) == ("zero", load, conns):
+            rounds.setdefault(c.round, {})[c.system] = c
+    values = (pick(cells) for _, cells in sorted(rounds.items()))
+    return [v for v in values if v is not None]
+
+
+def _cpu(cells: dict[str, Cell], system: str, router_only: bool = False) -> float | None:
+    cell = cells.get(system)
+    if cell is None:
+        return None
+    return cell.router_cpu_us if router_only else cell.cpu_us
+
+
+def _added_in(cells: dict[str, Cell], system: str) -> float | None:
+    cell, base = cells.get(system), cells.get("direct")
+    return None if cell is None or base is None else cell.p50_ms - base.p50_ms
+
+
 def targets(report: Report, peer: str = "vllm-router") -> list[str]:
     """The performance targets as ratios against `peer` in this same run."""
     rows: list[tuple[str, str, str, bool | None]] = []
 
-    def ratio_row(name: str, ours: float | None, theirs: float | None, limit: float) -> None:
+    def ratio_row(
+        name: str,
+        ours: float | None,
+        theirs: float | None,
+        limit: float,
+        rounds: list[float] | None = None,
+    ) -> None:
         value = _ratio(ours, theirs)
+        spec = ".2f" if ours is not None and abs(ours) < 10 else ".1f"
         shown = (
-            "n/a"
-            if value is None
-            else f"{value:.2f}x ({_fmt(ours, '.1f')} / {_fmt(theirs, '.1f')})"
+            "n/a" if value is None else f"{value:.2f}x ({_fmt(ours, spec)} / {_fmt(theirs, spec)})"
         )
+        if value is not None and rounds and len(rounds) > 1:
+            shown += f"; rounds {min(rounds):.2f} to {max(rounds):.2f}x"
         rows.append((name, shown, f"<= {limit:g}x", None if value is None else value <= limit))
 
-    json32, peer_json = _cell(report, "hivenet", "json-1k", 32), _cell(report, peer, "json-1k", 32)
-    sse32, peer_sse = _cell(report, "hivenet", "sse-50", 32), _cell(report, peer, "sse-50", 32)
-    theirs = peer_json.cpu_us if peer_json else None
-    ratio_row("router CPU per JSON request, c=32", json32 and json32.router_cpu_us, theirs, 2)
-    ratio_row("router + agents CPU per JSON request, c=32", json32 and json32.cpu_us, theirs, 3)
+    def cpu_rounds(load: str, router_only: bool = False) -> list[float]:
+        def pick(cells: dict[str, Cell]) -> float | None:
+            return _ratio(_cpu(cells, "hivenet", router_only), _cpu(cells, peer))
+
+        return _per_round(report, load, 32, pick)
+
+    def added_rounds(load: str) -> list[float]:
+        def pick(cells: dict[str, Cell]) -> float | None:
+            return _ratio(_added_in(cells, "hivenet"), _added_in(cells, peer))
+
+        return _per_round(report, load, 1, pick)
+
+    zero32 = {
+        (c.system, c.load): c for c in report.cells if (c.profile, c.concurrency) == ("zero", 32)
+    }
+    json32 = {system: c for (system, load), c in zero32.items() if load == "json-1k"}
+    sse32 = {system: c for (system, load), c in zero32.items() if load == "sse-50"}
+    theirs = _cpu(json32, peer)
+    ratio_row(
+        "router CPU per JSON request, c=32",
+        _cpu(json32, "hivenet", router_only=True),
+        theirs,
+        2,
+        cpu_rounds("json-1k", router_only=True),
+    )
+    ratio_row(
+        "router + agents CPU per JSON request, c=32",
+        _cpu(json32, "hivenet"),
+        theirs,
+        3,
+        cpu_rounds("json-1k"),
+    )
     ratio_row(
         "router + agents CPU per 50-chunk stream, c=32",
-        sse32 and sse32.cpu_us,
-        peer_sse and peer_sse.cpu_us,
+        _cpu(sse32, "hivenet"),
+        _cpu(sse32, peer),
         1.5,
+        cpu_rounds("sse-50"),
     )
     for load in ("json-1k", "sse-50"):
         ratio_row(
@@ -110,14 +171,22 @@ def targets(report: Report, peer: str = "vllm-router") -> list[str]:
             _added(report, "hivenet", load),
             _added(report, peer, load),
             1.5,
+            added_rounds(load),
         )
-    llm = {(r.profile, r.system): r for r in report.llm}
-    ours_llm, peer_llm = llm.get(("realistic", "hivenet")), llm.get(("realistic", peer))
+    llm = {r.system: r.ttft_p50_ms for r in report.llm if r.profile == "realistic"}
+    ttft: dict[int, dict[str, float]] = {}
+    for r in report.llm_samples:
+        if r.profile == "realistic":
+            ttft.setdefault(r.round, {})[r.system] = r.ttft_p50_ms
+    ttft_rounds = [
+        v for by in ttft.values() if (v := _ratio(by.get("hivenet"), by.get(peer))) is not None
+    ]
     ratio_row(
         "aiperf TTFT p50, realistic, 32 streams",
-        ours_llm and ours_llm.ttft_p50_ms,
-        peer_llm and peer_llm.ttft_p50_ms,
+        llm.get("hivenet"),
+        llm.get(peer),
         1.2,
+        ttft_rounds,
     )
     for name, value in report.idle_cpu_percent.items():
         rows.append((f"idle CPU, {name} (60 s)", f"{value:.2f}% of a core", "< 0.2%", value < 0.2))
@@ -133,7 +202,8 @@ def targets(report: Report, peer: str = "vllm-router") -> list[str]:
                 )
             )
     lines = [
-        f"Targets, as ratios to {peer} in this run (zero-latency profile unless named):",
+        f"Targets, as ratios to {peer} in this run (zero-latency profile unless named), "
+        f"of the medians over {report.rounds} round(s), with the lowest and highest round:",
         "",
         "| target | measured | limit | met |",
         "| --- | --- | --- | --- |",
@@ -159,7 +229,10 @@ def render(report: Report, seconds: int, images: list[Path]) -> str:
         "",
         f"wrk: `wrk -t1 -cC -d{seconds}s --latency -s post.lua URL/v1/chat/completions`, after "
         "a 1 s warm-up. CPU/req is user+system CPU of the router's whole process tree (for "
-        "this router: router and both agents) divided by the requests wrk completed.",
+        "this router: router and both agents) divided by the requests wrk completed. All "
+        f"systems run side by side and take turns cell by cell, {report.rounds} round(s), the "
+        "order rotating each round; every number below is the median over the rounds "
+        "(requests and errors: the sum).",
         "",
     ]
     lines += [*targets(report), ""]

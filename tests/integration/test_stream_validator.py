@@ -155,7 +155,10 @@ def test_without_a_provider_the_other_agent_serves(make_cluster: Cluster, tmp_pa
         local_sim(make_cluster, 1.0, "looping"),
         local_sim(make_cluster, 0.0, "healthy"),
     )
+    # The looping agent joins first, so it is chosen first (of agents that have not
+    # served yet, the first to join goes first).
     make_cluster.agent(router, looping, name="agent-looping")
+    wait_registered(router, MODEL)
     make_cluster.agent(router, healthy, name="agent-healthy")
     wait_registered(router, MODEL, replicas=2)
     total = 10

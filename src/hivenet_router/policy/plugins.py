@@ -192,16 +192,17 @@ def _better(
     if score != best_score:
         return score > best_score
     if warm:
-        return agent.last_assigned > best.last_assigned
+        return agent.last_served > best.last_served
     return agent.last_assigned < best.last_assigned
 
 
 @dataclass(frozen=True, slots=True)
 class BestPicker:
     """The highest score. Ties go to the agent chosen least recently, which spreads work
-    evenly; with `warm`, to the one chosen most recently, which keeps light traffic on an
-    agent that is already awake (its process, its caches, its engine's prefix cache) and
-    leaves the others idle until load tells them apart."""
+    evenly; with `warm`, to the one that most recently served a request well, which keeps
+    light traffic on an agent that is already awake (its process, its caches, its engine's
+    prefix cache) and leaves the others idle until load tells them apart. A failure makes
+    an agent the last of its equals."""
 
     warm: bool = False
 

@@ -42,6 +42,11 @@ class AgentFacts(Protocol):
         ...
 
     @property
+    def last_served(self) -> int:
+        """Order of the agent's last success (lower: longer ago, never, or it failed since)."""
+        ...
+
+    @property
     def engine(self) -> EngineSnapshot | None: ...
 
     @property

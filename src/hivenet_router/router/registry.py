@@ -28,6 +28,7 @@ from hivenet_router.transport.link import Link
 log = logging.getLogger("hivenet.router")
 
 _order = itertools.count()
+COLD = -(1 << 62)  # last_served after a failure: below every agent that has not failed
 
 # RFC 6298 smoothing of router-observed times from forwarding a request to its answer's head.
 ALPHA = 1 / 8
@@ -61,10 +62,10 @@ class AgentRecord:
     engine: EngineSnapshot | None = None
     hardware: HardwareSnapshot | None = None
     histograms: EngineHistograms | None = None  # from heartbeats, for metrics only
-    # Order of the last choice. An agent never chosen counts as chosen before all others
-    # (negative, earlier joiners higher), so it does not take the light traffic least-loaded
-    # keeps on the agent chosen last; round robin gives it the next turn.
-    last_assigned: int = field(default_factory=lambda: -next(_order))
+    last_assigned: int = field(default_factory=lambda: next(_order))
+    # Least-loaded's warm tie-break (`served`): order of the last success here. One that
+    # never served ranks below all that did (negative; earlier joiners higher).
+    last_served: int = field(default_factory=lambda: -next(_order))
     disconnected_at: float | None = None
     last_seen_wall: float | None = None
     draining: bool = False
@@ -119,6 +120,16 @@ class AgentRecord:
         self.disconnects, self.health_failures = old.disconnects, old.health_failures
         self.backend_failures, self.rejected = old.backend_failures, old.rejected
         self.slot_limit = old.slot_limit
+        self.last_assigned, self.last_served = old.last_assigned, old.last_served
+
+    def served(self, ok: bool | None) -> None:
+        """For least-loaded's ties: a success makes the agent the warmest, a failure the
+        coldest (so a retry or the next step goes elsewhere first); the client's doing
+        changes nothing."""
+        if ok:
+            self.last_served = next(_order)
+        elif ok is False:
+            self.last_served = COLD
 
     def finished(self, ok: bool | None, rtt_ms: float | None, usage: Usage | None) -> None:
         """The one writer of per-request statistics: `ok` True for a success, False for a

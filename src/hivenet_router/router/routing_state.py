@@ -132,6 +132,7 @@ class RoutingState:
     ) -> None:
         """How a request sent to `agent` ended: `ok` None when it was the client's doing.
         `latency_ms` is the time to the answer's head (with a stream's first chunk)."""
+        agent.served(ok)
         if policy.breaker.enabled:
             self._record(self._agents, agent.peer_id, ok, policy.breaker, ticket)
         settings = policy.adaptive

@@ -19,6 +19,7 @@ class Agent:
     consecutive_failures: int = 0
     srtt_ms: float | None = None
     last_assigned: int = field(default=0)
+    last_served: int = field(default=0)
 
     @property
     def peer_id(self) -> str:

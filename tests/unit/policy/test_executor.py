@@ -14,12 +14,12 @@ FACTS = RouteInput(RequestFacts("/v1/chat/completions", "m1", "llm", False, None
 STEP = BUILT_IN.steps[0]
 
 
-def test_least_loaded_then_most_recently_chosen() -> None:
-    busy = agent(peer="busy", active=3, last_assigned=9)
-    warm = agent(peer="warm", active=1, last_assigned=5)
-    cold = agent(peer="cold", active=1, last_assigned=2)
+def test_least_loaded_then_the_agent_that_served_last() -> None:
+    busy = agent(peer="busy", active=3, last_served=9)
+    warm = agent(peer="warm", active=1, last_served=5, last_assigned=1)
+    cold = agent(peer="cold", active=1, last_served=2, last_assigned=7)
     assert run_step(STEP, FACTS, [busy, cold, warm], set()).agent is warm
-    # Load still comes first: the agent chosen last is passed over once it is busier.
+    # Load still comes first: the warm agent is passed over once it is busier.
     warm.active = 2
     assert run_step(STEP, FACTS, [busy, cold, warm], set()).agent is cold
 

@@ -110,15 +110,15 @@ def test_round_robin_visits_everyone_in_turn() -> None:
 def test_least_loaded_keeps_light_traffic_on_one_agent() -> None:
     # One request at a time: every agent is idle at each choice, and the one that served
     # last serves again, so the others can sleep. Round robin (above) spreads instead.
-    agents = [agent(peer=p, last_assigned=n) for n, p in enumerate("abc")]
+    agents = [agent(peer=p, last_served=n) for n, p in enumerate("abc")]
     seen = []
     for n in range(4):
         chosen = route(STEPS["least-loaded"], agents)
         assert chosen is not None
-        chosen.last_assigned = 10 + n
+        chosen.last_served = 10 + n
         seen.append(chosen.peer_id)
     assert seen == ["c", "c", "c", "c"]
-    # Two at once: the second goes to an idle agent, the most recently chosen of them.
+    # Two at once: the second goes to an idle agent, the warmer of the two left.
     agents[2].active = 1
     assert route(STEPS["least-loaded"], agents) is agents[1]
 

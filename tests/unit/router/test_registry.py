@@ -37,12 +37,24 @@ def test_one_writer_of_per_request_statistics() -> None:
     assert agent.consecutive_failures == 0 and agent.srtt_ms == pytest.approx(112.5)
 
 
-def test_an_agent_never_chosen_counts_as_chosen_before_all_others() -> None:
+def test_warmth_follows_successes_and_a_failure_makes_the_coldest() -> None:
     early, served, late = record("early"), record("served"), record("late")
-    assert served.try_acquire()
-    # Least-loaded prefers the highest order on a tie, round robin the lowest: a newcomer
-    # neither takes light traffic from the agent that served last nor waits behind it.
-    assert late.last_assigned < early.last_assigned < served.last_assigned
+    # Never served: below any agent that did, the first to join above later ones.
+    assert late.last_served < early.last_served
+    served.served(True)
+    assert early.last_served < served.last_served
+    early.served(None)  # the client's doing: no change
+    assert late.last_served < early.last_served < served.last_served
+    served.served(False)
+    assert served.last_served < late.last_served
+    # Choosing an agent does not warm it: only how its requests end does.
+    before = late.last_served
+    assert late.try_acquire()
+    assert late.last_served == before
+    # A new connection of the same agent keeps both orders.
+    again = record("served")
+    again.carry(served)
+    assert (again.last_served, again.last_assigned) == (served.last_served, served.last_assigned)
 
 
 def test_slots_are_taken_atomically_and_released_once() -> None:

@@ -94,6 +94,21 @@ def test_disabled_breakers_admit_everyone() -> None:
     assert state.admits(rules)(agent) and state.all_open(rules, [agent]) is None
 
 
+def test_how_a_request_ends_decides_which_agent_is_warm() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy()
+    a, b = record(registry, "a"), record(registry, "b")
+    inp = state.input(ticket(), rules, None)
+    assert a.last_served > b.last_served  # neither served: the first to join ranks first
+    state.settled(b, rules, True, 20.0, None, True, state.chosen(inp, rules.steps[0], b, rules))
+    assert b.last_served > a.last_served
+    state.settled(b, rules, None, None, None, True, state.chosen(inp, rules.steps[0], b, rules))
+    assert b.last_served > a.last_served  # the client's doing
+    state.settled(b, rules, False, None, None, True, state.chosen(inp, rules.steps[0], b, rules))
+    assert b.last_served < a.last_served
+
+
 def test_provider_breaker() -> None:
     clock, registry = ManualClock(), Registry()
     state = RoutingState(clock, registry)

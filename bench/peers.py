@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -355,13 +356,14 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores ({model}), {memory:.0f} GiB"
 
 
+def _mid(values: Iterable[float | None]) -> float | None:
+    """The median of the values measured (None and NaN are not)."""
+    known = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(known) if known else None
+
+
 def _median_cell(samples: list[Cell]) -> Cell:
     first = samples[0]
-
-    def mid(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if known else None
-
     return Cell(
         first.profile,
         first.system,
@@ -372,23 +374,28 @@ def _median_cell(samples: list[Cell]) -> Cell:
         statistics.median(c.p50_ms for c in samples),
         statistics.median(c.p99_ms for c in samples),
         sum(c.errors for c in samples),
-        mid([c.cpu_us for c in samples]),
-        mid([c.router_cpu_us for c in samples]),
+        _mid(c.cpu_us for c in samples),
+        _mid(c.router_cpu_us for c in samples),
     )
 
 
 def _median_llm(samples: list[LlmCell]) -> LlmCell:
     first = samples[0]
+
+    def mid(values: Iterable[float]) -> float:
+        value = _mid(values)
+        return math.nan if value is None else value
+
     return LlmCell(
         first.profile,
         first.system,
         sum(r.requests for r in samples),
         sum(r.errors for r in samples),
-        statistics.median(r.rps for r in samples),
-        statistics.median(r.ttft_p50_ms for r in samples),
-        statistics.median(r.ttft_p99_ms for r in samples),
-        statistics.median(r.itl_p50_ms for r in samples),
-        statistics.median(r.latency_p50_ms for r in samples),
+        mid(r.rps for r in samples),
+        mid(r.ttft_p50_ms for r in samples),
+        mid(r.ttft_p99_ms for r in samples),
+        mid(r.itl_p50_ms for r in samples),
+        mid(r.latency_p50_ms for r in samples),
     )
 
 
@@ -403,12 +410,13 @@ class Bench:
     rounds: int
     report: Report
     bar: tqdm
-    peaks: dict[str, float] = field(default_factory=dict)
 
     def order(self, systems: list[str], rnd: int) -> list[str]:
-        """The systems in turn, starting one further along each round."""
+        """The systems in turn: starting one further along each round, and backwards every
+        other round, so no system always follows the same one."""
         shift = rnd % len(systems)
-        return systems[shift:] + systems[:shift]
+        turn = systems[shift:] + systems[:shift]
+        return turn[::-1] if rnd % 2 else turn
 
     def wrk_cell(
         self, profile: str, system: str, running: Running, load: str, conns: int, rnd: int
@@ -417,14 +425,12 @@ class Bench:
         self.bar.set_description(f"{profile} {load} c={conns} round {rnd + 1}: {system}")
         url = running.url + "/v1/chat/completions"
         body = LOADS[load]
-        memory = PeakPss(pids)
         run_wrk(self.wrk, url, body, conns, 1, self.tmp)  # warm-up
         before = tree_cpu_seconds(pids)
         alone = tree_cpu_seconds(pids[:1])
         got = run_wrk(self.wrk, url, body, conns, self.seconds, self.tmp)
         spent = tree_cpu_seconds(pids) - before
         alone = tree_cpu_seconds(pids[:1]) - alone
-        self.keep_peak(profile, system, memory.stop())
         cpu = spent * 1e6 / max(got.requests, 1) if pids else None
         router_cpu = alone * 1e6 / max(got.requests, 1) if pids else None
         self.bar.update()
@@ -447,9 +453,7 @@ class Bench:
         self, profile: str, system: str, running: Running, requests: int, rnd: int
     ) -> LlmCell:
         self.bar.set_description(f"{profile} aiperf round {rnd + 1}: {system}")
-        memory = PeakPss([self.fleet.pid(p) for p in running.procs])
         data = run_aiperf(running.url, self.tmp, requests)
-        self.keep_peak(profile, system, memory.stop())
         errors = data.get("error_request_count")
         self.bar.update()
         return LlmCell(
@@ -465,9 +469,23 @@ class Bench:
             rnd + 1,
         )
 
-    def keep_peak(self, profile: str, system: str, pss: float) -> None:
-        key = f"{profile}/{system}"
-        self.peaks[key] = max(self.peaks.get(key, 0.0), pss)
+    def memory(self, profile: str, system: str, engines: list[str], conns: int) -> None:
+        """Peak memory with no other router up: PSS splits a page shared by N processes
+        N ways, so other systems' Python processes would make this one's share look
+        smaller. The system is started afresh and given the `conns` cells of both loads."""
+        running = STARTERS[system](self.fleet, engines, self.tmp)
+        pids = [self.fleet.pid(p) for p in running.procs]
+        if pids:
+            self.bar.set_description(f"{profile} memory: {system} alone, c={conns}")
+            sampler = PeakPss(pids)
+            url = running.url + "/v1/chat/completions"
+            for body in LOADS.values():
+                run_wrk(self.wrk, url, body, conns, 1, self.tmp)
+                run_wrk(self.wrk, url, body, conns, self.seconds, self.tmp)
+            key = f"{profile}/{system}"
+            self.report.peak_pss_mb[key] = round(sampler.stop(), 1)
+            self.report.peak_rss_mb[key] = round(tree_peak_rss_mb(pids), 1)
+        self.fleet.stop(running.procs)
 
 
 def run_profile(
@@ -507,12 +525,9 @@ def run_profile(
     for system in systems:
         report.llm_samples.extend(llm[system])
         report.llm.append(_median_llm(llm[system]))
-        pids = [fleet.pid(p) for p in running[system].procs]
-        if pids:
-            key = f"{profile}/{system}"
-            report.peak_rss_mb[key] = round(tree_peak_rss_mb(pids), 1)
-            report.peak_pss_mb[key] = round(bench.peaks.get(key, 0.0), 1)
         fleet.stop(running[system].procs)
+    for system in systems:
+        bench.memory(profile, system, engines, max(levels))
     fleet.stop([name for name in fleet.procs if name.startswith("sim-")])
 
 

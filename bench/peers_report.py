@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,23 +73,41 @@ def _cell(report: Report, system: str, load: str, conns: int, profile: str = "ze
     return None
 
 
-def _added(report: Report, system: str, load: str) -> float | None:
-    cell, base = _cell(report, system, load, 1), _cell(report, "direct", load, 1)
+def _added(
+    report: Report, system: str, load: str, conns: int = 1, profile: str = "zero"
+) -> float | None:
+    """p50 over direct's: the median of each round's difference (both were measured
+    seconds apart), or the difference of the medians for a report without rounds."""
+    diffs = [
+        d
+        for d in _per_round(report, load, conns, lambda cells: _added_in(cells, system), profile)
+        if d is not None
+    ]
+    if diffs:
+        return statistics.median(diffs)
+    cell, base = (
+        _cell(report, system, load, conns, profile),
+        _cell(report, "direct", load, conns, profile),
+    )
     return None if cell is None or base is None else cell.p50_ms - base.p50_ms
 
 
 def _ratio(ours: float | None, theirs: float | None) -> float | None:
-    return None if ours is None or not theirs else ours / theirs
+    """ours / theirs; None when either is unknown or theirs is not above zero (a peer that
+    added nothing, or less than nothing, over direct gives no meaningful ratio)."""
+    return None if ours is None or theirs is None or theirs <= 0 else ours / theirs
 
 
 Pick = Callable[[dict[str, "Cell"]], float | None]
 
 
-def _per_round(report: Report, load: str, conns: int, pick: Pick) -> list[float]:
-    """`pick` applied to each round's zero-profile cells of one load and level, by system."""
+def _per_round(
+    report: Report, load: str, conns: int, pick: Pick, profile: str = "zero"
+) -> list[float]:
+    """`pick` applied to each round's cells of one profile, load and level, by system."""
     rounds: dict[int, dict[str, Cell]] = {}
     for c in report.samples:
-        if (c.profile, c.load, c.concurrency) == ("zero", load, conns):
+        if (c.profile, c.load, c.concurrency) == (profile, load, conns):
             rounds.setdefault(c.round, {})[c.system] = c
     values = (pick(cells) for _, cells in sorted(rounds.items()))
     return [v for v in values if v is not None]
@@ -245,7 +264,8 @@ def render(report: Report, seconds: int, images: list[Path]) -> str:
     ]
     for c in report.cells:
         base = direct.get((c.profile, c.load, c.concurrency))
-        added = "" if base is None or c.system == "direct" else f"{c.p50_ms - base.p50_ms:+.2f}"
+        value = _added(report, c.system, c.load, c.concurrency, c.profile)
+        added = "" if base is None or c.system == "direct" or value is None else f"{value:+.2f}"
         lines.append(
             f"| {c.profile} | {c.load} | {c.concurrency} | {c.system} | {c.rps:,.0f} | "
             f"{c.p50_ms:.2f} | {c.p99_ms:.2f} | {added} | {_fmt(c.cpu_us)} | {c.errors} |"

@@ -16,7 +16,9 @@ For each cell: req/s, p50 and p99, added p50 over direct, the router's CPU per r
 
 The systems of a profile run side by side and take turns cell by cell, in rounds (3 by
 default; the order rotates each round). Each number reported is the median over the
-rounds, and each target ratio also shows its lowest and highest round. Measured one after
+rounds, and each target ratio also shows its lowest and highest round. A system whose idle
+CPU would slow the others (--alone: LiteLLM) is measured by itself first. Memory is
+measured last, each system started afresh and alone. Measured one after
 another, minutes apart, the same ratio moved by up to 0.5 between runs on this machine.
 Results: bench/results/peers.json, docs/benchmarks.md between the peers markers, and
 docs/img/peers-*.png.
@@ -129,6 +131,7 @@ class Report:
     idle_cpu_percent: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     rounds: int = 1
+    alone: list[str] = field(default_factory=list)  # measured by themselves, not in turns
     samples: list[Cell] = field(default_factory=list)  # every round's cells
     llm_samples: list[LlmCell] = field(default_factory=list)
 
@@ -492,13 +495,42 @@ def run_profile(
     bench: Bench,
     profile: str,
     systems: list[str],
+    alone: set[str],
     levels: list[int],
     idle: float | None,
     llm_requests: int,
 ) -> None:
-    """Start every system on this profile's engines, then measure them in turns."""
+    """This profile's engines; the systems in `alone` measured one by one, then the rest
+    side by side in turns; then each one's memory on its own."""
+    report = bench.report
+    engines = start_engines(bench.fleet, profile)
+    first = len(report.cells)
+    groups = [[s] for s in systems if s in alone] + [[s for s in systems if s not in alone]]
+    for group in groups:
+        if group:
+            run_group(bench, profile, group, engines, levels, idle, llm_requests)
+    # The tables read best in one order whatever the groups were: load, level, system.
+    loads, rank = list(LOADS), {s: n for n, s in enumerate(systems)}
+    report.cells[first:] = sorted(
+        report.cells[first:],
+        key=lambda c: (loads.index(c.load), levels.index(c.concurrency), rank[c.system]),
+    )
+    for system in systems:
+        bench.memory(profile, system, engines, max(levels))
+    bench.fleet.stop([name for name in bench.fleet.procs if name.startswith("sim-")])
+
+
+def run_group(
+    bench: Bench,
+    profile: str,
+    systems: list[str],
+    engines: list[str],
+    levels: list[int],
+    idle: float | None,
+    llm_requests: int,
+) -> None:
+    """Start these systems side by side, measure them cell by cell in turns, stop them."""
     report, fleet = bench.report, bench.fleet
-    engines = start_engines(fleet, profile)
     running: dict[str, Running] = {}
     for system in systems:
         bench.bar.set_description(f"{profile}: starting {system}")
@@ -526,9 +558,6 @@ def run_profile(
         report.llm_samples.extend(llm[system])
         report.llm.append(_median_llm(llm[system]))
         fleet.stop(running[system].procs)
-    for system in systems:
-        bench.memory(profile, system, engines, max(levels))
-    fleet.stop([name for name in fleet.procs if name.startswith("sim-")])
 
 
 def main() -> int:
@@ -543,6 +572,11 @@ def main() -> int:
     parser.add_argument(
         "--idle-seconds", type=float, default=60.0, help="idle CPU window for this router"
     )
+    parser.add_argument(
+        "--alone",
+        default="litellm",
+        help="systems measured one by one, not beside the others (their idle CPU is high)",
+    )
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
     if args.rounds < 1 or args.seconds < 1:
@@ -555,6 +589,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown systems {unknown}; known: {', '.join(STARTERS)}")
     levels = [int(x) for x in args.concurrency.split(",")]
+    alone = {s for s in args.alone.split(",") if s}
     wrk = ensure_wrk()
     for name in systems:  # install everything before the clock starts
         if name in PINS:
@@ -562,6 +597,7 @@ def main() -> int:
     venv("aiperf", PINS["aiperf"])
     report = Report(machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), versions(), {})
     report.rounds = rounds
+    report.alone = sorted(alone & set(systems))
     total = len(profiles) * len(systems) * (len(LOADS) * len(levels) + 1) * rounds
     bar = tqdm(total=total, unit="cell", dynamic_ncols=True)
     tmp = Path(tempfile.mkdtemp(prefix="hivenet-peers-"))
@@ -573,7 +609,7 @@ def main() -> int:
             if profile == profiles[0]:
                 idle = 10.0 if args.quick else args.idle_seconds
             llm_requests = 100 if args.quick else args.aiperf_requests
-            run_profile(bench, profile, systems, levels, idle, llm_requests)
+            run_profile(bench, profile, systems, alone, levels, idle, llm_requests)
     finally:
         bar.close()
         fleet.stop()

@@ -248,10 +248,15 @@ def render(report: Report, seconds: int, images: list[Path]) -> str:
         "",
         f"wrk: `wrk -t1 -cC -d{seconds}s --latency -s post.lua URL/v1/chat/completions`, after "
         "a 1 s warm-up. CPU/req is user+system CPU of the router's whole process tree (for "
-        "this router: router and both agents) divided by the requests wrk completed. All "
+        "this router: router and both agents) divided by the requests wrk completed. The "
         f"systems run side by side and take turns cell by cell, {report.rounds} round(s), the "
-        "order rotating each round; every number below is the median over the rounds "
-        "(requests and errors: the sum).",
+        "order moving one place each round and backwards every other round; every number "
+        "below is the median over the rounds (requests and errors: the sum)"
+        + (
+            f"; measured by itself, before the others: {', '.join(report.alone)}."
+            if report.alone
+            else "."
+        ),
         "",
     ]
     lines += [*targets(report), ""]

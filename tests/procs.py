@@ -6,7 +6,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,10 @@ import httpx2 as httpx
 import openai
 import pytest
 
+from tests.ports import free_port
+
 BIN = Path(sys.executable).parent
 ADMIN_KEY = "test-admin-key-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

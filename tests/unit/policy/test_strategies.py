@@ -96,14 +96,21 @@ def test_no_pick_outside_the_candidates_or_of_a_full_agent(
         assert chosen is None
 
 
+def one_at_a_time(strategy: str, agents: list[Agent], requests: int, stamp: str) -> list[str]:
+    """Who `strategy` picks for requests sent one at a time; before the next, the one
+    picked gets the newest order in `stamp` (chosen: last_assigned, served: last_served)."""
+    seen = []
+    for n in range(requests):
+        chosen = route(STEPS[strategy], agents)
+        assert chosen is not None
+        setattr(chosen, stamp, 10 + n)
+        seen.append(chosen.peer_id)
+    return seen
+
+
 def test_round_robin_visits_everyone_in_turn() -> None:
     agents = [agent(peer=p) for p in "abc"]
-    seen = []
-    for n in range(6):
-        chosen = route(STEPS["round-robin"], agents)
-        assert chosen is not None
-        chosen.last_assigned = 10 + n
-        seen.append(chosen.peer_id)
+    seen = one_at_a_time("round-robin", agents, 6, "last_assigned")
     assert seen == ["a", "b", "c", "a", "b", "c"]
 
 
@@ -111,13 +118,7 @@ def test_least_loaded_keeps_light_traffic_on_one_agent() -> None:
     # One request at a time: every agent is idle at each choice, and the one that served
     # last serves again, so the others can sleep. Round robin (above) spreads instead.
     agents = [agent(peer=p, last_served=n) for n, p in enumerate("abc")]
-    seen = []
-    for n in range(4):
-        chosen = route(STEPS["least-loaded"], agents)
-        assert chosen is not None
-        chosen.last_served = 10 + n
-        seen.append(chosen.peer_id)
-    assert seen == ["c", "c", "c", "c"]
+    assert one_at_a_time("least-loaded", agents, 4, "last_served") == ["c", "c", "c", "c"]
     # Two at once: the second goes to an idle agent, the warmer of the two left.
     agents[2].active = 1
     assert route(STEPS["least-loaded"], agents) is agents[1]

@@ -7,7 +7,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -32,12 +32,6 @@ LOADS: dict[str, dict[str, object]] = {
     # 50 content chunks plus the role, finish and [DONE] events
     "sse-50": {**CHAT, "max_tokens": 50, "stream": True},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_ticks(pid: int) -> int:

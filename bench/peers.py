@@ -414,7 +414,8 @@ class Bench:
     report: Report
     bar: tqdm
 
-    def order(self, systems: list[str], rnd: int) -> list[str]:
+    @staticmethod
+    def order(systems: list[str], rnd: int) -> list[str]:
         """The systems in turn: starting one further along each round, and backwards every
         other round, so no system always follows the same one."""
         shift = rnd % len(systems)

@@ -28,7 +28,7 @@ from hivenet_router.transport.link import Link
 log = logging.getLogger("hivenet.router")
 
 _order = itertools.count()
-COLD = -(1 << 62)  # last_served after a failure: below every agent that has not failed
+_COLD = -(1 << 62)  # last_served after a failure: below every agent that has not failed
 
 # RFC 6298 smoothing of router-observed times from forwarding a request to its answer's head.
 ALPHA = 1 / 8
@@ -129,7 +129,7 @@ class AgentRecord:
         if ok:
             self.last_served = next(_order)
         elif ok is False:
-            self.last_served = COLD
+            self.last_served = _COLD
 
     def finished(self, ok: bool | None, rtt_ms: float | None, usage: Usage | None) -> None:
         """The one writer of per-request statistics: `ok` True for a success, False for a

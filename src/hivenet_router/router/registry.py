@@ -82,6 +82,18 @@ class AgentRecord:
     rejected: int = 0  # times a request wanted a slot while it was full
     # Adaptive concurrency's limit below the declared capacity; 0 when it is off.
     slot_limit: int = 0
+    # Copied from the registration, which never changes for a record (a new registration
+    # makes a new record): plain attributes, read many times per request by routing.
+    peer_id: str = field(init=False)
+    model: str = field(init=False)
+    capacity: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.peer_id, self.model, self.capacity = (
+            self.reg.peer_id,
+            self.reg.model,
+            self.reg.capacity,
+        )
 
     def history(self) -> AgentHistory:
         return AgentHistory(
@@ -147,18 +159,6 @@ class AgentRecord:
         else:
             self.failures += 1
             self.consecutive_failures += 1
-
-    @property
-    def peer_id(self) -> str:
-        return self.reg.peer_id
-
-    @property
-    def model(self) -> str:
-        return self.reg.model
-
-    @property
-    def capacity(self) -> int:
-        return self.reg.capacity
 
     @property
     def connected(self) -> bool:

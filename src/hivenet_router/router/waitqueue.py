@@ -8,6 +8,8 @@ import itertools
 import math
 from collections import deque
 
+from hivenet_router.slots import Slots
+
 
 class Place:
     """One request's place in a model's queue; keeps its turn across re-waits.
@@ -272,17 +274,15 @@ class PendingQueue:
         self.size = size
         self.waiting = 0
         self.forwarding = 0
-        self._room = asyncio.Semaphore(size)
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._room = Slots(size)
+        self._slots = Slots(max_concurrent)
 
     async def enter(self, enqueue_timeout: float) -> bool:
         """Take a place in the queue; False when none freed up within the timeout."""
-        if not self._room.locked():
-            await self._room.acquire()  # free room: no timer needed on the hot path
-        else:
+        if not self._room.take():  # free room: no await and no timer on the hot path
             try:
                 async with asyncio.timeout(enqueue_timeout):
-                    await self._room.acquire()
+                    await self._room.wait()
             except TimeoutError:
                 return False
         self.waiting += 1
@@ -291,7 +291,8 @@ class PendingQueue:
     async def take_slot(self) -> None:
         """Move from the queue to a forwarding slot. Always leaves the queue, even if cancelled."""
         try:
-            await self._slots.acquire()
+            if not self._slots.take():
+                await self._slots.wait()
         finally:
             self.waiting -= 1
             self._room.release()

@@ -175,6 +175,11 @@ class Breaker:
         }
 
     def _sync(self, now: float, s: BreakerSettings) -> None:
+        if self._state is BreakerState.CLOSED and s.enabled:
+            # The common case, once or twice per request: nothing can change but the window.
+            if len(self._outcomes) > s.window:
+                self._trim(s)
+            return
         if not s.enabled:
             if self._state is not BreakerState.CLOSED:
                 self._enter(BreakerState.CLOSED, now)
@@ -219,7 +224,8 @@ class Breaker:
             return
         self._outcomes.append(not ok)
         self._failures += not ok
-        self._trim(s)
+        if len(self._outcomes) > s.window:
+            self._trim(s)
         if ok:
             self._consecutive = 0
             return

@@ -84,6 +84,11 @@ class Head:
 Handler = Callable[["Stream"], Awaitable[None]]
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class Stream:
     """One request and its response on a link."""
 
@@ -93,13 +98,14 @@ class Stream:
         self.request_head = head
         self._response_head: asyncio.Future[Head] = link.loop.create_future()
         self._chunks: deque[bytes] = deque()
-        self._readable = asyncio.Event()
+        # One reader and one writer per stream; each waits on a future made only when it
+        # has to wait (most answers arrive whole, so most streams never make one).
+        self._reader: asyncio.Future[None] | None = None
         self._recv_done = False
         self._recv_credit = INITIAL_WINDOW
         self._consumed = 0
         self._send_credit = INITIAL_WINDOW
-        self._send_ready = asyncio.Event()
-        self._send_ready.set()
+        self._writer: asyncio.Future[None] | None = None
         self._send_done = False
         self.error: StreamReset | None = None
         self.head_sent = False
@@ -119,17 +125,21 @@ class Stream:
             self._chunks.append(payload)
         if end:
             self._recv_done = True
-        self._readable.set()
+        if self._reader is not None:
+            _wake(self._reader)
 
     def _on_window(self, increment: int) -> None:
         self._send_credit += increment
-        self._send_ready.set()
+        if self._writer is not None:
+            _wake(self._writer)
 
     def _fail(self, error: StreamReset) -> None:
         if self.error is None:
             self.error = error
-        self._readable.set()
-        self._send_ready.set()
+        if self._reader is not None:
+            _wake(self._reader)
+        if self._writer is not None:
+            _wake(self._writer)
         if not self._response_head.done():
             self._response_head.set_exception(error)
             self._response_head.exception()  # mark retrieved; the reader may never ask
@@ -157,8 +167,11 @@ class Stream:
                 raise self.error
             if self._recv_done:
                 return None
-            self._readable.clear()
-            await self._readable.wait()
+            waiter = self._reader = self.link.loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._reader = None
         chunk = self._chunks.popleft()
         self._consumed += len(chunk)
         if self._consumed >= INITIAL_WINDOW // 2 and not self._recv_done:
@@ -212,13 +225,15 @@ class Stream:
         view = memoryview(data)
         while True:
             while self._send_credit <= 0 and view:
-                self._send_ready.clear()
+                waiter = self._writer = self.link.loop.create_future()
                 try:
                     async with asyncio.timeout(timeout):
-                        await self._send_ready.wait()
+                        await waiter
                 except TimeoutError:
                     self.reset(WriteTimeout())
                     raise WriteTimeout() from None
+                finally:
+                    self._writer = None
                 self._check_writable()
             size = min(len(view), self._send_credit, frames.MAX_PAYLOAD)
             piece = bytes(view[:size])
@@ -541,9 +556,11 @@ def _headers(payload: dict[str, Any]) -> list[tuple[str, str]]:
         raise FrameError("headers must be a list of pairs")
     out: list[tuple[str, str]] = []
     for pair in raw:
-        if not (
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
-        ):
+        # Exact types: JSON gives plain lists and strings, and these checks run per header.
+        if type(pair) is not list or len(pair) != 2:
             raise FrameError("headers must be a list of [name, value] string pairs")
-        out.append((pair[0], pair[1]))
+        name, value = pair
+        if type(name) is not str or type(value) is not str:
+            raise FrameError("headers must be a list of [name, value] string pairs")
+        out.append((name, value))
     return out

@@ -1,0 +1,82 @@
+"""Slots: free slots without an await, waiters in order, nothing lost to cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hivenet_router.slots import Slots
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_free_slots_are_taken_without_waiting() -> None:
+    slots = Slots(2)
+    assert slots.take() and slots.take()
+    assert slots.locked() and not slots.take()
+    slots.release()
+    assert slots.free == 1 and not slots.locked()
+
+
+def test_a_negative_count_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Slots(-1)
+
+
+async def test_waiters_are_served_in_order_and_a_release_skips_the_free_count() -> None:
+    slots = Slots(1)
+    assert slots.take()
+    order: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await slots.acquire()
+        order.append(n)
+
+    tasks = [asyncio.create_task(waiter(n)) for n in range(3)]
+    await settle()
+    assert order == []
+    for _ in range(3):
+        slots.release()
+        # A newcomer finds no free slot while the line is served.
+        assert not slots.take()
+        await settle()
+    assert order == [0, 1, 2]
+    await asyncio.gather(*tasks)
+    assert slots.free == 0
+    slots.release()
+    assert slots.free == 1
+
+
+async def test_a_cancelled_waiter_leaves_the_line() -> None:
+    slots = Slots(1)
+    assert slots.take()
+    gone = asyncio.create_task(slots.acquire())
+    stays = asyncio.create_task(slots.acquire())
+    await settle()
+    gone.cancel()
+    await settle()
+    assert gone.cancelled()
+    slots.release()  # goes to the one still waiting
+    await settle()
+    assert stays.done() and slots.free == 0
+    slots.release()
+    assert slots.free == 1
+
+
+async def test_a_waiter_cancelled_after_its_slot_was_handed_over_passes_it_on() -> None:
+    slots = Slots(1)
+    assert slots.take()
+    first = asyncio.create_task(slots.acquire())
+    second = asyncio.create_task(slots.acquire())
+    await settle()
+    slots.release()  # hands the slot to `first`, which has not run yet
+    first.cancel()  # and is cancelled before it does
+    await settle()
+    assert first.cancelled()
+    assert second.done() and not second.cancelled()  # the slot went on, not lost
+    slots.release()
+    assert slots.free == 1

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.expiry import Expiry
 from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
 from hivenet_router.observability.spans import AgentTracing
 from hivenet_router.slots import Slots
@@ -137,10 +138,17 @@ class BackendProxy:
         self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes
     ) -> None:
         answer: EngineResponse | None = None
+        expiry = Expiry.after(self._timeout)
         try:
-            async with asyncio.timeout(self._timeout):
+            try:
                 answer = await self._engine.request(method, path, headers, body)
                 await self._relay(stream, answer)
+            except asyncio.CancelledError:
+                if not expiry.caused():
+                    raise
+                raise TimeoutError from None
+            finally:
+                expiry.cancel()
         except StreamReset:
             raise
         except Unreachable as exc:

@@ -21,6 +21,7 @@ from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
+from hivenet_router.expiry import Expiry
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Provider, Step
@@ -150,21 +151,26 @@ class Dispatcher:
         ticket.phase = "queue"
         pending = self.pending
         forwarding = False
+        expiry = Expiry(ticket.deadline)
         try:
             try:
-                async with asyncio.timeout_at(ticket.deadline):
-                    if not await pending.enter(self.limits.enqueue_timeout):
-                        raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
-                    await pending.take_slot()
-                    forwarding = True
-                    policy = self.policies.current.for_model(job.model)
-                    try:
-                        answer = await self._route(ticket, job, policy)
-                    except ApiError as exc:
-                        answer = await self._fall_back(ticket, job, policy, exc)
+                if not await pending.enter(self.limits.enqueue_timeout):
+                    raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
+                await pending.take_slot()
+                forwarding = True
+                policy = self.policies.current.for_model(job.model)
+                try:
+                    answer = await self._route(ticket, job, policy)
+                except ApiError as exc:
+                    answer = await self._fall_back(ticket, job, policy, exc)
+            except asyncio.CancelledError:
+                if not expiry.caused():
+                    raise
+                raise ApiError(ErrorCode.REQUEST_TIMEOUT, self._timed_out(ticket)) from None
             except TimeoutError:
-                message = _TIMEOUT_MESSAGES.get(ticket.phase, "Request timeout")
-                raise ApiError(ErrorCode.REQUEST_TIMEOUT, message) from None
+                raise ApiError(ErrorCode.REQUEST_TIMEOUT, self._timed_out(ticket)) from None
+            finally:
+                expiry.cancel()
         except BaseException:
             if forwarding:
                 pending.release_slot()
@@ -172,6 +178,10 @@ class Dispatcher:
         answer.on_close(lambda outcome, usage: pending.release_slot())
         ticket.phase = "respond"
         return answer
+
+    @staticmethod
+    def _timed_out(ticket: Ticket) -> str:
+        return _TIMEOUT_MESSAGES.get(ticket.phase, "Request timeout")
 
     # -- routing with retries -----------------------------------------------------------------
 

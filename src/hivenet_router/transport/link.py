@@ -289,14 +289,11 @@ class Link:
         self._streams: dict[int, Stream] = {}
         self._next_id = 1 if dialer else 2
         self._peer_parity = 0 if dialer else 1
-        self._closed = asyncio.Event()
+        self._closed = asyncio.Event()  # for wait_closed; `closed` is read per request
+        self.closed = False
         self._going_away = False
         self.close_reason = ""
         self._background: set[asyncio.Task[None]] = set()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
 
     def add_handler(self, protocol: str, handler: Handler) -> None:
         self._handlers[protocol] = handler
@@ -311,7 +308,7 @@ class Link:
     # -- sending ------------------------------------------------------------------------------
 
     async def send(self, data: bytes) -> None:
-        if self._closed.is_set():
+        if self.closed:
             raise LinkClosed(self.close_reason or "connection closed")
         try:
             await self.ws.send_bytes(data)
@@ -321,7 +318,7 @@ class Link:
 
     def send_nowait(self, data: bytes) -> None:
         """Queue a control frame from synchronous code (resets)."""
-        if self._closed.is_set():
+        if self.closed:
             return
         task = self.loop.create_task(self._send_quietly(data))
         self._background.add(task)
@@ -342,7 +339,7 @@ class Link:
         body: bytes | None = None,
     ) -> Stream:
         """Open a stream, send the request head and, when given, the whole body."""
-        if self._closed.is_set():
+        if self.closed:
             raise LinkClosed(self.close_reason or "connection closed")
         if self._going_away:
             raise LinkClosed("peer is going away")
@@ -458,9 +455,10 @@ class Link:
             await self.ws.close()
 
     def _shutdown(self, reason: str) -> None:
-        if self._closed.is_set():
+        if self.closed:
             return
         self.close_reason = reason
+        self.closed = True
         self._closed.set()
         error = LinkClosed(reason)
         streams = list(self._streams.values())

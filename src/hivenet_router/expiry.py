@@ -1,10 +1,16 @@
-"""A deadline for the running task, for the request path.
+"""Deadlines for the running task, for the request path.
 
 `asyncio.timeout` runs five or six Python-level steps per use (the manager, its enter and
-exit, `current_task`, the reschedule); the router and the agent each enter one per
-request. `Expiry` does the same job with one object and one loop timer:
+exit, `current_task`, the reschedule) and makes a loop timer, which under uvloop is a
+libuv handle opened and closed again: about 3 us per request, for a deadline that almost
+never fires. The router and the agent each set one per request.
 
-    expiry = Expiry(deadline)        # loop time; cancels this task when it passes
+`Deadlines` files each deadline under its 50 ms slot, rounded up, and keeps one loop timer
+per slot, whatever the number of requests in it. A deadline so fires up to 50 ms late, and
+never early. Request deadlines are seconds or minutes, so that is well inside their
+meaning. The pattern:
+
+    expiry = deadlines.start(when)   # loop time; None for no deadline
     try:
         ...                          # awaits
     except asyncio.CancelledError:
@@ -14,45 +20,95 @@ request. `Expiry` does the same job with one object and one loop timer:
     finally:
         expiry.cancel()
 
-As with `asyncio.timeout`, a cancel from anywhere else stays a cancel, and a deadline
-already past cancels at the next turn of the loop.
+As with `asyncio.timeout`, a cancel from anywhere else stays a cancel (a deadline that
+fires as well is withdrawn and the cancel goes on), and a deadline already past cancels
+at the next turn of the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+
+GRAIN = 0.05  # seconds: how late a deadline may fire, and how many share a timer
 
 
 class Expiry:
-    __slots__ = ("_cancelling", "_handle", "_task", "fired")
+    """One task's deadline, from `Deadlines.start`."""
 
-    def __init__(self, when: float | None) -> None:
-        """`when` in the loop's time; None for no deadline at all."""
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("Expiry needs a running task")
+    __slots__ = ("_cancelling", "_slot", "_task", "fired")
+
+    def __init__(self, task: asyncio.Task[object]) -> None:
         self._task = task
         self._cancelling = task.cancelling()
+        self._slot: set[Expiry] | None = None
         self.fired = False
-        self._handle = None if when is None else task.get_loop().call_at(when, self._fire)
-
-    @classmethod
-    def after(cls, seconds: float | None) -> Expiry:
-        """A deadline `seconds` from now (None or 0: none)."""
-        if not seconds:
-            return cls(None)
-        return cls(asyncio.get_running_loop().time() + seconds)
 
     def _fire(self) -> None:
+        self._slot = None
         self.fired = True
         self._task.cancel()
 
     def cancel(self) -> None:
         """The guarded work is over (however it ended): the deadline no longer applies."""
-        if self._handle is not None:
-            self._handle.cancel()
+        slot = self._slot
+        if slot is not None:
+            slot.discard(self)
+            self._slot = None
 
     def caused(self) -> bool:
         """Called with a CancelledError in hand: True when the deadline cancelled the task
         (and nothing else did), in which case that cancel is withdrawn."""
         return self.fired and self._task.uncancel() <= self._cancelling
+
+
+class Deadlines:
+    """The deadlines of one component's tasks, on one event loop."""
+
+    __slots__ = ("_grain", "_loop", "_slots")
+
+    def __init__(self, grain: float = GRAIN) -> None:
+        if grain <= 0:
+            raise ValueError("grain must be positive")
+        self._grain = grain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: dict[int, set[Expiry]] = {}
+
+    def start(self, when: float | None) -> Expiry:
+        """A deadline at `when` (the loop's time) for the running task; None: never."""
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a deadline needs a running task")
+        expiry = Expiry(task)
+        if when is None:
+            return expiry
+        loop = task.get_loop()
+        if loop is not self._loop:  # a new loop (tests run one each): old slots are moot
+            self._loop, self._slots = loop, {}
+        key = math.ceil(when / self._grain)
+        if key * self._grain < when:  # float rounding: never fire before the deadline
+            key += 1
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = set()
+            loop.call_at(key * self._grain, self._expire, key)
+        slot.add(expiry)
+        expiry._slot = slot
+        return expiry
+
+    def after(self, seconds: float | None) -> Expiry:
+        """A deadline `seconds` from now (None or 0: none)."""
+        if not seconds:
+            return self.start(None)
+        return self.start(asyncio.get_running_loop().time() + seconds)
+
+    @property
+    def pending(self) -> int:
+        """Deadlines set and not yet cancelled or fired."""
+        return sum(len(slot) for slot in self._slots.values())
+
+    def _expire(self, key: int) -> None:
+        slot = self._slots.pop(key, None)
+        if slot:
+            for expiry in list(slot):
+                expiry._fire()

@@ -1,4 +1,5 @@
-"""Expiry: a deadline for the running task that tells its own cancel from anyone else's."""
+"""Deadlines: the running task's deadline, told apart from anyone else's cancel, on one
+loop timer per slot of time."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import contextlib
 
 import pytest
 
-from hivenet_router.expiry import Expiry
+from hivenet_router.expiry import Deadlines
 
 
-async def guarded(expiry_after: float | None, work: float) -> str:
+async def guarded(deadlines: Deadlines, after: float | None, work: float) -> str:
     """Sleep `work` seconds under a deadline; say how it ended."""
-    expiry = Expiry.after(expiry_after)
+    expiry = deadlines.after(after)
     try:
         try:
             await asyncio.sleep(work)
@@ -27,26 +28,46 @@ async def guarded(expiry_after: float | None, work: float) -> str:
     return "done"
 
 
-async def test_work_within_the_deadline_is_left_alone() -> None:
-    assert await guarded(1.0, 0.01) == "done"
+async def test_work_within_the_deadline_is_left_alone_and_forgotten() -> None:
+    deadlines = Deadlines()
+    assert await guarded(deadlines, 1.0, 0.01) == "done"
+    assert deadlines.pending == 0
 
 
 async def test_the_deadline_cancels_and_is_told_apart() -> None:
-    task = asyncio.create_task(guarded(0.01, 5.0))
+    deadlines = Deadlines()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task = asyncio.create_task(guarded(deadlines, 0.1, 5.0))
     assert await asyncio.wait_for(task, 2.0) == "timed out"
+    assert loop.time() - started >= 0.1  # never early
     assert task.cancelling() == 0  # the cancel was withdrawn
+    assert deadlines.pending == 0
+
+
+async def test_many_deadlines_in_one_slot_share_it_and_each_fires() -> None:
+    deadlines = Deadlines(grain=0.05)
+    tasks = [asyncio.create_task(guarded(deadlines, 0.02, 5.0)) for _ in range(20)]
+    keep = [asyncio.create_task(guarded(deadlines, 5.0, 0.2)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert deadlines.pending == 23
+    assert await asyncio.wait_for(asyncio.gather(*tasks), 2.0) == ["timed out"] * 20
+    assert await asyncio.wait_for(asyncio.gather(*keep), 2.0) == ["done"] * 3
+    assert deadlines.pending == 0
 
 
 async def test_no_deadline_never_fires() -> None:
-    assert await guarded(None, 0.02) == "done"
-    assert await guarded(0, 0.02) == "done"
+    deadlines = Deadlines()
+    assert await guarded(deadlines, None, 0.02) == "done"
+    assert await guarded(deadlines, 0, 0.02) == "done"
 
 
 async def test_a_deadline_already_past_cancels_at_the_next_turn() -> None:
+    deadlines = Deadlines()
     loop = asyncio.get_running_loop()
 
     async def past() -> bool:
-        expiry = Expiry(loop.time() - 1.0)
+        expiry = deadlines.start(loop.time() - 1.0)
         try:
             await asyncio.sleep(1.0)
         except asyncio.CancelledError:
@@ -59,20 +80,23 @@ async def test_a_deadline_already_past_cancels_at_the_next_turn() -> None:
 
 
 async def test_a_cancel_from_outside_stays_a_cancel() -> None:
-    task = asyncio.create_task(guarded(5.0, 5.0))
+    deadlines = Deadlines()
+    task = asyncio.create_task(guarded(deadlines, 5.0, 5.0))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert deadlines.pending == 0
 
 
 async def test_an_outside_cancel_together_with_the_deadline_stays_a_cancel() -> None:
+    deadlines = Deadlines()
     seen: list[bool] = []
 
     async def both() -> None:
-        expiry = Expiry(asyncio.get_running_loop().time() + 0.01)
+        expiry = deadlines.after(0.01)
         with contextlib.suppress(asyncio.CancelledError):  # swallowed, as a handler might
-            await asyncio.sleep(0.1)  # the deadline fires here
+            await asyncio.sleep(0.5)  # the deadline fires here
         current = asyncio.current_task()
         assert current is not None
         current.cancel()  # and someone else cancels too
@@ -89,13 +113,16 @@ async def test_an_outside_cancel_together_with_the_deadline_stays_a_cancel() -> 
     assert seen == [False]
 
 
-async def test_cancel_stops_the_timer() -> None:
-    expiry = Expiry(asyncio.get_running_loop().time() + 0.01)
+async def test_cancel_before_the_slot_comes_leaves_the_task_alone() -> None:
+    deadlines = Deadlines()
+    expiry = deadlines.after(0.01)
     expiry.cancel()
-    await asyncio.sleep(0.05)  # the task would have been cancelled here
+    await asyncio.sleep(0.1)  # the slot's timer runs here and finds nobody
     assert not expiry.fired
 
 
-def test_it_needs_a_running_task() -> None:
+def test_it_needs_a_running_task_and_a_positive_grain() -> None:
     with pytest.raises(RuntimeError):
-        Expiry(None)
+        Deadlines().start(None)
+    with pytest.raises(ValueError):
+        Deadlines(grain=0)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
-from hivenet_router.expiry import Expiry
+from hivenet_router.expiry import Deadlines
 from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
 from hivenet_router.observability.spans import AgentTracing
 from hivenet_router.slots import Slots
@@ -72,6 +72,7 @@ class BackendProxy:
     ) -> None:
         self._engine = engine
         self._timeout = http_timeout or None
+        self._deadlines = Deadlines()
         self._write_timeout = write_timeout or None
         # The engine's own credential (`Authorization: Bearer` of its --api-key) replaces
         # whatever Authorization the request carried.
@@ -138,7 +139,7 @@ class BackendProxy:
         self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes
     ) -> None:
         answer: EngineResponse | None = None
-        expiry = Expiry.after(self._timeout)
+        expiry = self._deadlines.after(self._timeout)
         try:
             try:
                 answer = await self._engine.request(method, path, headers, body)

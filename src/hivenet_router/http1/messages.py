@@ -56,24 +56,28 @@ class EncodingUnsupported(BodyError):
 class Headers(Mapping[str, str]):
     """Request headers in arrival order, names in lower case; lookups give the first value."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_first", "_items")
 
     def __init__(self, items: list[tuple[str, str]]) -> None:
         self._items = items
+        # Each name's first value, made at the first lookup: a request is looked up five
+        # or six times, and SDK clients send a dozen headers or more.
+        self._first: dict[str, str] | None = None
+
+    def _index(self) -> dict[str, str]:
+        first = self._first
+        if first is None:
+            first = self._first = dict(reversed(self._items))
+        return first
 
     def __getitem__(self, name: str) -> str:
-        name = name.lower()
-        for key, value in self._items:
-            if key == name:
-                return value
-        raise KeyError(name)
+        return self._index()[name.lower()]
 
     def get(self, name: str, default: Any = None) -> Any:
-        name = name.lower()
-        for key, value in self._items:
-            if key == name:
-                return value
-        return default
+        first = self._first
+        if first is None:
+            first = self._first = dict(reversed(self._items))
+        return first.get(name.lower(), default)
 
     def getall(self, name: str) -> list[str]:
         name = name.lower()
@@ -82,8 +86,7 @@ class Headers(Mapping[str, str]):
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
-        name = name.lower()
-        return any(key == name for key, _ in self._items)
+        return name.lower() in self._index()
 
     def __iter__(self) -> Iterator[str]:
         return (key for key, _ in self._items)

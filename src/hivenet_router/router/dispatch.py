@@ -21,7 +21,7 @@ from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
-from hivenet_router.expiry import Expiry
+from hivenet_router.expiry import Deadlines
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Provider, Step
@@ -113,6 +113,7 @@ class Dispatcher:
         self.clock = clock
         self.limits = limits
         self.pending = PendingQueue(limits.queue_size, limits.max_concurrent)
+        self.deadlines = Deadlines()  # each request's, on one timer per 50 ms
         self._queues: dict[str, CapacityQueue] = {}
         registry.watch(self._wake_all)
 
@@ -151,7 +152,7 @@ class Dispatcher:
         ticket.phase = "queue"
         pending = self.pending
         forwarding = False
-        expiry = Expiry(ticket.deadline)
+        expiry = self.deadlines.start(ticket.deadline)
         try:
             try:
                 if not await pending.enter(self.limits.enqueue_timeout):

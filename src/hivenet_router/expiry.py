@@ -36,13 +36,14 @@ GRAIN = 0.05  # seconds: how late a deadline may fire, and how many share a time
 class Expiry:
     """One task's deadline, from `Deadlines.start`."""
 
-    __slots__ = ("_cancelling", "_slot", "_task", "fired")
+    __slots__ = ("_cancelling", "_slot", "_task", "_withdrawn", "fired")
 
     def __init__(self, task: asyncio.Task[object]) -> None:
         self._task = task
         self._cancelling = task.cancelling()
         self._slot: set[Expiry] | None = None
         self.fired = False
+        self._withdrawn = False
 
     def _fire(self) -> None:
         self._slot = None
@@ -50,16 +51,24 @@ class Expiry:
         self._task.cancel()
 
     def cancel(self) -> None:
-        """The guarded work is over (however it ended): the deadline no longer applies."""
+        """The guarded work is over (however it ended): the deadline no longer applies. A
+        cancel it made that nobody withdrew (the guarded code turned it into another
+        error) is withdrawn here, as `asyncio.timeout` does on exit."""
         slot = self._slot
         if slot is not None:
             slot.discard(self)
             self._slot = None
+        if self.fired and not self._withdrawn:
+            self._withdrawn = True
+            self._task.uncancel()
 
     def caused(self) -> bool:
         """Called with a CancelledError in hand: True when the deadline cancelled the task
-        (and nothing else did), in which case that cancel is withdrawn."""
-        return self.fired and self._task.uncancel() <= self._cancelling
+        (and nothing else did). Either way its own cancel is withdrawn."""
+        if not self.fired or self._withdrawn:
+            return False
+        self._withdrawn = True
+        return self._task.uncancel() <= self._cancelling
 
 
 class Deadlines:

@@ -14,6 +14,7 @@ Use `if not slots.take(): await slots.wait()` on the hot path, `release()` once 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 
 
@@ -53,7 +54,10 @@ class Slots:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # handed a slot, then cancelled: pass it on
             else:
-                self._waiters.remove(waiter)  # leave the line now, not at the next release
+                # Leave the line now, not at the next release; a release that ran between
+                # the cancel and this line has already dropped it.
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
             raise
 
     async def acquire(self) -> None:

@@ -126,3 +126,24 @@ def test_it_needs_a_running_task_and_a_positive_grain() -> None:
         Deadlines().start(None)
     with pytest.raises(ValueError):
         Deadlines(grain=0)
+
+
+async def test_a_deadline_turned_into_another_error_is_still_withdrawn() -> None:
+    deadlines = Deadlines()
+
+    async def converts() -> int:
+        expiry = deadlines.after(0.01)
+        try:
+            try:
+                await asyncio.sleep(1.0)
+            except asyncio.CancelledError:
+                raise LookupError("handled as something else") from None
+            finally:
+                expiry.cancel()
+        except LookupError:
+            pass
+        current = asyncio.current_task()
+        assert current is not None
+        return current.cancelling()
+
+    assert await asyncio.wait_for(converts(), 2.0) == 0

@@ -80,3 +80,18 @@ async def test_a_waiter_cancelled_after_its_slot_was_handed_over_passes_it_on() 
     assert second.done() and not second.cancelled()  # the slot went on, not lost
     slots.release()
     assert slots.free == 1
+
+
+async def test_a_release_between_a_cancel_and_its_wake_up_leaves_a_plain_cancel() -> None:
+    slots = Slots(1)
+    assert slots.take()
+    gone = asyncio.create_task(slots.acquire())
+    stays = asyncio.create_task(slots.acquire())
+    await settle()
+    gone.cancel()  # its waiter is cancelled now; the task unwinds at its next turn
+    slots.release()  # in the same turn: drops the cancelled waiter, serves `stays`
+    await settle()
+    assert gone.cancelled()  # a CancelledError, not an error from leaving the line
+    assert stays.done() and not stays.cancelled()
+    slots.release()
+    assert slots.free == 1

@@ -64,6 +64,10 @@ class Headers(Mapping[str, str]):
         # or six times, and SDK clients send a dozen headers or more.
         self._first: dict[str, str] | None = None
 
+    def reindex(self) -> None:
+        """The list grew after a lookup (trailers of a chunked body): look again."""
+        self._first = None
+
     def _index(self) -> dict[str, str]:
         first = self._first
         if first is None:

@@ -270,6 +270,8 @@ class _Connection(asyncio.Protocol):
         if self._head_size > self._server.limits.head:
             raise _HeadTooLarge
         self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+        if not self._in_head and self._reading is not None:
+            self._reading.headers.reindex()  # a trailer joins the request's headers
 
     def on_headers_complete(self) -> None:
         self._in_head = False

@@ -171,7 +171,8 @@ class Stream:
             try:
                 await waiter
             finally:
-                self._reader = None
+                if self._reader is waiter:
+                    self._reader = None
         chunk = self._chunks.popleft()
         self._consumed += len(chunk)
         if self._consumed >= INITIAL_WINDOW // 2 and not self._recv_done:
@@ -233,7 +234,8 @@ class Stream:
                     self.reset(WriteTimeout())
                     raise WriteTimeout() from None
                 finally:
-                    self._writer = None
+                    if self._writer is waiter:
+                        self._writer = None
                 self._check_writable()
             size = min(len(view), self._send_credit, frames.MAX_PAYLOAD)
             piece = bytes(view[:size])

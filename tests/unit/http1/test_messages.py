@@ -11,6 +11,7 @@ from hivenet_router.http1.messages import (
     BodyError,
     BodyTooLarge,
     EncodingUnsupported,
+    Headers,
     Request,
     decode,
     head,
@@ -55,3 +56,14 @@ async def test_a_request_reads_headers_query_and_an_encoded_body() -> None:
     assert "CONTENT-ENCODING" in request.headers and request.headers.get("missing") is None
     assert request.query == {"a": "1", "b": ""}
     assert await request.read() == b"hello"
+
+
+def test_headers_give_the_first_value_and_see_what_joins_later() -> None:
+    items = [("x-a", "1"), ("x-b", "2"), ("x-a", "3")]
+    headers = Headers(items)
+    assert headers.get("X-A") == "1" and headers["x-b"] == "2" and "X-B" in headers
+    assert headers.getall("x-a") == ["1", "3"]
+    assert headers.get("x-c") is None and "x-c" not in headers
+    items.append(("x-c", "4"))  # a trailer of a chunked body, after the first lookup
+    headers.reindex()
+    assert headers.get("x-c") == "4" and headers.get("x-a") == "1"

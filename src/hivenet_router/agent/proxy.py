@@ -115,9 +115,10 @@ class BackendProxy:
             self._count(-1)
 
     def _count(self, step: int) -> None:
-        was = self.full
+        capacity = self.capacity  # `full`, inline: this runs twice per request
+        was = 0 < capacity <= self.active
         self.active += step
-        if self.full != was:
+        if (0 < capacity <= self.active) != was:
             self._on_turn()
         if self.active == 1 and step > 0:
             self._on_busy()

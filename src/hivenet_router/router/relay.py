@@ -15,6 +15,7 @@ import contextlib
 
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.expiry import Deadlines
 from hivenet_router.http1 import messages as http
 from hivenet_router.pipeline.ticket import Ticket
 
@@ -24,6 +25,7 @@ _JSON = "application/json"
 class Relay:
     def __init__(self) -> None:
         self.stopping = False  # set when the shutdown grace is over and streams are cut
+        self.deadlines = Deadlines()  # each stream's, on one timer per 50 ms
 
     async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
@@ -49,12 +51,19 @@ class Relay:
         written = b""  # the last chunk the client was sent
         try:
             response = await http.stream(request, answer.status, headers)
-            async with asyncio.timeout_at(ticket.deadline):
+            expiry = self.deadlines.start(ticket.deadline)
+            try:
                 chunk = answer.first
                 while chunk is not None:
                     await response.write(chunk)
                     written = chunk
                     chunk = await answer.next_chunk()
+            except asyncio.CancelledError:
+                if expiry.caused():
+                    raise TimeoutError from None
+                raise
+            finally:
+                expiry.cancel()
             outcome = Outcome.OK
         except AnswerBroken as exc:
             outcome = Outcome.BROKEN

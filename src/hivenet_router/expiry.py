@@ -8,17 +8,11 @@ never fires. The router and the agent each set one per request.
 `Deadlines` files each deadline under its 50 ms slot, rounded up, and keeps one loop timer
 per slot, whatever the number of requests in it. A deadline so fires up to 50 ms late, and
 never early. Request deadlines are seconds or minutes, so that is well inside their
-meaning. The pattern:
+meaning. An `Expiry` is a plain context manager, used as `asyncio.timeout` is (a plain
+`with`, so entering and leaving it costs no coroutine):
 
-    expiry = deadlines.start(when)   # loop time; None for no deadline
-    try:
-        ...                          # awaits
-    except asyncio.CancelledError:
-        if expiry.caused():          # it was the deadline: the cancel is withdrawn
-            raise TimeoutError from None
-        raise
-    finally:
-        expiry.cancel()
+    with deadlines.start(when):      # loop time; None for no deadline
+        ...                          # awaits; TimeoutError when the deadline passes
 
 As with `asyncio.timeout`, a cancel from anywhere else stays a cancel (a deadline that
 fires as well is withdrawn and the cancel goes on), and a deadline already past cancels
@@ -29,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from types import TracebackType
 
 GRAIN = 0.05  # seconds: how late a deadline may fire, and how many share a timer
 
@@ -44,6 +39,20 @@ class Expiry:
         self._slot: set[Expiry] | None = None
         self.fired = False
         self._withdrawn = False
+
+    def __enter__(self) -> Expiry:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.caused():
+            self.cancel()
+            raise TimeoutError from error
+        self.cancel()
 
     def _fire(self) -> None:
         self._slot = None

@@ -13,16 +13,9 @@ from hivenet_router.expiry import Deadlines
 
 async def guarded(deadlines: Deadlines, after: float | None, work: float) -> str:
     """Sleep `work` seconds under a deadline; say how it ended."""
-    expiry = deadlines.after(after)
     try:
-        try:
+        with deadlines.after(after):
             await asyncio.sleep(work)
-        except asyncio.CancelledError:
-            if expiry.caused():
-                raise TimeoutError from None
-            raise
-        finally:
-            expiry.cancel()
     except TimeoutError:
         return "timed out"
     return "done"
@@ -66,17 +59,15 @@ async def test_a_deadline_already_past_cancels_at_the_next_turn() -> None:
     deadlines = Deadlines()
     loop = asyncio.get_running_loop()
 
-    async def past() -> bool:
-        expiry = deadlines.start(loop.time() - 1.0)
+    async def past() -> str:
         try:
-            await asyncio.sleep(1.0)
-        except asyncio.CancelledError:
-            return expiry.caused()
-        finally:
-            expiry.cancel()
-        return False
+            with deadlines.start(loop.time() - 1.0):
+                await asyncio.sleep(1.0)
+        except TimeoutError:
+            return "timed out"
+        return "done"
 
-    assert await asyncio.wait_for(past(), 2.0)
+    assert await asyncio.wait_for(past(), 2.0) == "timed out"
 
 
 async def test_a_cancel_from_outside_stays_a_cancel() -> None:
@@ -91,26 +82,19 @@ async def test_a_cancel_from_outside_stays_a_cancel() -> None:
 
 async def test_an_outside_cancel_together_with_the_deadline_stays_a_cancel() -> None:
     deadlines = Deadlines()
-    seen: list[bool] = []
 
     async def both() -> None:
-        expiry = deadlines.after(0.01)
-        with contextlib.suppress(asyncio.CancelledError):  # swallowed, as a handler might
-            await asyncio.sleep(0.5)  # the deadline fires here
-        current = asyncio.current_task()
-        assert current is not None
-        current.cancel()  # and someone else cancels too
-        try:
+        with deadlines.after(0.01):
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed, as a handler might
+                await asyncio.sleep(0.5)  # the deadline fires here
+            current = asyncio.current_task()
+            assert current is not None
+            current.cancel()  # and someone else cancels too
             await asyncio.sleep(1.0)
-        except asyncio.CancelledError:
-            seen.append(expiry.caused())
-            raise
-        finally:
-            expiry.cancel()
 
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.create_task(both())
-    assert seen == [False]
+    task = asyncio.create_task(both())
+    with pytest.raises(asyncio.CancelledError):  # not TimeoutError
+        await task
 
 
 async def test_cancel_before_the_slot_comes_leaves_the_task_alone() -> None:
@@ -132,14 +116,12 @@ async def test_a_deadline_turned_into_another_error_is_still_withdrawn() -> None
     deadlines = Deadlines()
 
     async def converts() -> int:
-        expiry = deadlines.after(0.01)
         try:
-            try:
-                await asyncio.sleep(1.0)
-            except asyncio.CancelledError:
-                raise LookupError("handled as something else") from None
-            finally:
-                expiry.cancel()
+            with deadlines.after(0.01):
+                try:
+                    await asyncio.sleep(1.0)
+                except asyncio.CancelledError:
+                    raise LookupError("handled as something else") from None
         except LookupError:
             pass
         current = asyncio.current_task()
@@ -147,3 +129,16 @@ async def test_a_deadline_turned_into_another_error_is_still_withdrawn() -> None
         return current.cancelling()
 
     assert await asyncio.wait_for(converts(), 2.0) == 0
+
+
+async def test_the_parts_can_be_used_by_hand() -> None:
+    deadlines = Deadlines()
+    expiry = deadlines.after(0.01)
+    try:
+        await asyncio.sleep(1.0)
+    except asyncio.CancelledError:
+        assert expiry.caused()  # its own cancel, withdrawn
+    finally:
+        expiry.cancel()
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0

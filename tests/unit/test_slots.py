@@ -51,47 +51,46 @@ async def test_waiters_are_served_in_order_and_a_release_skips_the_free_count() 
     assert slots.free == 1
 
 
-async def test_a_cancelled_waiter_leaves_the_line() -> None:
-    slots = Slots(1)
-    assert slots.take()
-    gone = asyncio.create_task(slots.acquire())
-    stays = asyncio.create_task(slots.acquire())
-    await settle()
-    gone.cancel()
-    await settle()
-    assert gone.cancelled()
-    slots.release()  # goes to the one still waiting
-    await settle()
-    assert stays.done() and slots.free == 0
-    slots.release()
-    assert slots.free == 1
-
-
-async def test_a_waiter_cancelled_after_its_slot_was_handed_over_passes_it_on() -> None:
+async def one_taken_and_two_waiting() -> tuple[Slots, asyncio.Task[None], asyncio.Task[None]]:
     slots = Slots(1)
     assert slots.take()
     first = asyncio.create_task(slots.acquire())
     second = asyncio.create_task(slots.acquire())
     await settle()
+    return slots, first, second
+
+
+def served_and_given_back(
+    slots: Slots, gone: asyncio.Task[None], stays: asyncio.Task[None]
+) -> None:
+    """`gone` ended cancelled, `stays` holds the one slot; giving it back frees it."""
+    assert gone.cancelled()
+    assert stays.done() and not stays.cancelled() and slots.free == 0
+    slots.release()
+    assert slots.free == 1
+
+
+async def test_a_cancelled_waiter_leaves_the_line() -> None:
+    slots, gone, stays = await one_taken_and_two_waiting()
+    gone.cancel()
+    await settle()
+    slots.release()  # goes to the one still waiting
+    await settle()
+    served_and_given_back(slots, gone, stays)
+
+
+async def test_a_waiter_cancelled_after_its_slot_was_handed_over_passes_it_on() -> None:
+    slots, first, second = await one_taken_and_two_waiting()
     slots.release()  # hands the slot to `first`, which has not run yet
     first.cancel()  # and is cancelled before it does
     await settle()
-    assert first.cancelled()
-    assert second.done() and not second.cancelled()  # the slot went on, not lost
-    slots.release()
-    assert slots.free == 1
+    served_and_given_back(slots, first, second)  # the slot went on, not lost
 
 
 async def test_a_release_between_a_cancel_and_its_wake_up_leaves_a_plain_cancel() -> None:
-    slots = Slots(1)
-    assert slots.take()
-    gone = asyncio.create_task(slots.acquire())
-    stays = asyncio.create_task(slots.acquire())
-    await settle()
+    slots, gone, stays = await one_taken_and_two_waiting()
     gone.cancel()  # its waiter is cancelled now; the task unwinds at its next turn
     slots.release()  # in the same turn: drops the cancelled waiter, serves `stays`
     await settle()
-    assert gone.cancelled()  # a CancelledError, not an error from leaving the line
-    assert stays.done() and not stays.cancelled()
-    slots.release()
-    assert slots.free == 1
+    # A CancelledError, not an error from leaving the line.
+    served_and_given_back(slots, gone, stays)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
@@ -140,17 +139,10 @@ class BackendProxy:
         self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes
     ) -> None:
         answer: EngineResponse | None = None
-        expiry = self._deadlines.after(self._timeout)
         try:
-            try:
+            with self._deadlines.after(self._timeout):
                 answer = await self._engine.request(method, path, headers, body)
                 await self._relay(stream, answer)
-            except asyncio.CancelledError:
-                if not expiry.caused():
-                    raise
-                raise TimeoutError from None
-            finally:
-                expiry.cancel()
         except StreamReset:
             raise
         except Unreachable as exc:

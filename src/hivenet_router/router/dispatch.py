@@ -152,26 +152,21 @@ class Dispatcher:
         ticket.phase = "queue"
         pending = self.pending
         forwarding = False
-        expiry = self.deadlines.start(ticket.deadline)
         try:
             try:
-                if not await pending.enter(self.limits.enqueue_timeout):
-                    raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
-                await pending.take_slot()
-                forwarding = True
-                policy = self.policies.current.for_model(job.model)
-                try:
-                    answer = await self._route(ticket, job, policy)
-                except ApiError as exc:
-                    answer = await self._fall_back(ticket, job, policy, exc)
-            except asyncio.CancelledError:
-                if not expiry.caused():
-                    raise
-                raise ApiError(ErrorCode.REQUEST_TIMEOUT, self._timed_out(ticket)) from None
+                with self.deadlines.start(ticket.deadline):
+                    if not await pending.enter(self.limits.enqueue_timeout):
+                        raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
+                    await pending.take_slot()
+                    forwarding = True
+                    policy = self.policies.current.for_model(job.model)
+                    try:
+                        answer = await self._route(ticket, job, policy)
+                    except ApiError as exc:
+                        answer = await self._fall_back(ticket, job, policy, exc)
             except TimeoutError:
-                raise ApiError(ErrorCode.REQUEST_TIMEOUT, self._timed_out(ticket)) from None
-            finally:
-                expiry.cancel()
+                message = _TIMEOUT_MESSAGES.get(ticket.phase, "Request timeout")
+                raise ApiError(ErrorCode.REQUEST_TIMEOUT, message) from None
         except BaseException:
             if forwarding:
                 pending.release_slot()
@@ -179,10 +174,6 @@ class Dispatcher:
         answer.on_close(lambda outcome, usage: pending.release_slot())
         ticket.phase = "respond"
         return answer
-
-    @staticmethod
-    def _timed_out(ticket: Ticket) -> str:
-        return _TIMEOUT_MESSAGES.get(ticket.phase, "Request timeout")
 
     # -- routing with retries -----------------------------------------------------------------
 

@@ -51,19 +51,12 @@ class Relay:
         written = b""  # the last chunk the client was sent
         try:
             response = await http.stream(request, answer.status, headers)
-            expiry = self.deadlines.start(ticket.deadline)
-            try:
+            with self.deadlines.start(ticket.deadline):
                 chunk = answer.first
                 while chunk is not None:
                     await response.write(chunk)
                     written = chunk
                     chunk = await answer.next_chunk()
-            except asyncio.CancelledError:
-                if expiry.caused():
-                    raise TimeoutError from None
-                raise
-            finally:
-                expiry.cancel()
             outcome = Outcome.OK
         except AnswerBroken as exc:
             outcome = Outcome.BROKEN

@@ -49,7 +49,7 @@ class Expiry:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.caused():
+        if kind is asyncio.CancelledError and self.caused():  # exactly, as asyncio.timeout
             self.cancel()
             raise TimeoutError from error
         self.cancel()

@@ -146,7 +146,7 @@ class AgentConfig:
     http_timeout: float = duration_option(
         120.0,
         flag="--http-timeout",
-        help="Timeout of one backend request",
+        help="Timeout of one backend request (enforced to within 50 ms after it, never before)",
     )
     stream_write_timeout: float = duration_option(
         60.0,

@@ -129,6 +129,7 @@ class Report:
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     peak_pss_mb: dict[str, float] = field(default_factory=dict)
     idle_cpu_percent: dict[str, float] = field(default_factory=dict)
+    idle_seconds: float = 0.0  # the window idle CPU was measured over
     notes: list[str] = field(default_factory=list)
     rounds: int = 1
     alone: list[str] = field(default_factory=list)  # measured by themselves, not in turns
@@ -541,6 +542,7 @@ def run_group(
         bench.bar.set_description(f"{profile}: idle CPU of hivenet")
         named = {name: fleet.pid(name) for name in running["hivenet"].procs}
         report.idle_cpu_percent = idle_cpu_percent(named, idle)
+        report.idle_seconds = idle
     for load in LOADS:
         for conns in levels:
             by_system: dict[str, list[Cell]] = {system: [] for system in systems}

@@ -208,7 +208,8 @@ def targets(report: Report, peer: str = "vllm-router") -> list[str]:
         ttft_rounds,
     )
     for name, value in report.idle_cpu_percent.items():
-        rows.append((f"idle CPU, {name} (60 s)", f"{value:.2f}% of a core", "< 0.2%", value < 0.2))
+        label = f"idle CPU, {name} ({report.idle_seconds:g} s)"
+        rows.append((label, f"{value:.2f}% of a core", "< 0.2%", value < 0.2))
     for key, value in report.peak_pss_mb.items():
         if key.endswith("/hivenet"):
             rss = report.peak_rss_mb.get(key, 0.0)

@@ -25,6 +25,7 @@ async def test_work_within_the_deadline_is_left_alone_and_forgotten() -> None:
     deadlines = Deadlines()
     assert await guarded(deadlines, 1.0, 0.01) == "done"
     assert deadlines.pending == 0
+    assert deadlines.slots == 0  # the slot and its timer went with its last deadline
 
 
 async def test_the_deadline_cancels_and_is_told_apart() -> None:
@@ -46,7 +47,7 @@ async def test_many_deadlines_in_one_slot_share_it_and_each_fires() -> None:
     assert deadlines.pending == 23
     assert await asyncio.wait_for(asyncio.gather(*tasks), 2.0) == ["timed out"] * 20
     assert await asyncio.wait_for(asyncio.gather(*keep), 2.0) == ["done"] * 3
-    assert deadlines.pending == 0
+    assert deadlines.pending == 0 and deadlines.slots == 0
 
 
 async def test_no_deadline_never_fires() -> None:

@@ -48,11 +48,10 @@ from hivenet_router.transport.wsframes import (
     FrameReader,
     Message,
     ProtocolError,
-    Unmask,
     accept_key,
     encode_frame,
-    mask,
 )
+from hivenet_router.transport.wsmask import mask
 
 __all__ = [
     "BINARY",
@@ -108,13 +107,11 @@ class WebSocket:
     """One open WebSocket; `receive` gives messages the way aiohttp's does. `client` picks
     the role: a client masks what it sends and refuses masked frames, a server the reverse."""
 
-    def __init__(
-        self, max_size: int, heartbeat: float | None, *, client: bool, unmask: Unmask = mask
-    ) -> None:
+    def __init__(self, max_size: int, heartbeat: float | None, *, client: bool) -> None:
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._masked = client
-        self._reader = FrameReader(max_size, masked=not client, unmask=unmask)
+        self._reader = FrameReader(max_size, masked=not client)
         self._heartbeat = heartbeat
         self._messages: deque[Message] = deque()
         self._waiter: asyncio.Future[None] | None = None

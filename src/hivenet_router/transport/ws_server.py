@@ -21,20 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from hivenet_router.transport.websocket import SocketProtocol, WebSocket
-from hivenet_router.transport.wsframes import ProtocolError, Unmask, accept_key, mask
-
-try:
-    # aiohttp's compiled XOR (the router imports aiohttp anyway): several times faster than
-    # the pure-Python `mask` on the agent's frames, which all arrive masked.
-    from aiohttp._websocket.helpers import websocket_mask
-except ImportError:  # pragma: no cover - moved by a later aiohttp: the plain XOR still works
-    _unmask: Unmask = mask
-else:
-
-    def _unmask(payload: bytes, key: bytes) -> bytes:
-        data = bytearray(payload)
-        websocket_mask(key, data)
-        return bytes(data)
+from hivenet_router.transport.wsframes import ProtocolError, accept_key
 
 
 class UpgradeRefused(Exception):
@@ -49,7 +36,7 @@ class ServerWebSocket(WebSocket):
     """The server end of one link."""
 
     def __init__(self, max_size: int, heartbeat: float | None) -> None:
-        super().__init__(max_size, heartbeat, client=False, unmask=_unmask)
+        super().__init__(max_size, heartbeat, client=False)
 
     def _error_code(self, error: ProtocolError) -> int:
         return error.code

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
+
+from hivenet_router.transport.wsmask import KEYS, xor
 
 # Message kinds, with the values aiohttp's WSMsgType uses, so that the link reads both.
 BINARY = 2
@@ -30,8 +30,6 @@ CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR, CLOSE_TOO_BIG, CLOSE_INTERNAL = 1000, 1002, 
 SHORT = struct.Struct("!H")
 _LONG = struct.Struct("!Q")
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-
-Unmask = Callable[[bytes, bytes], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +53,6 @@ def accept_key(key: str) -> str:
     return base64.b64encode(digest).decode()
 
 
-def mask(payload: bytes, key: bytes) -> bytes:
-    """XOR `payload` with the repeated 4-byte `key` (its own inverse)."""
-    size = len(payload)
-    if not size:
-        return payload
-    stream = (key * (size // 4 + 1))[:size]
-    value = int.from_bytes(payload, "little") ^ int.from_bytes(stream, "little")
-    return value.to_bytes(size, "little")
-
-
 def encode_frame(opcode: int, payload: bytes, masked: bool = True) -> bytes:
     """One final frame: masked as a client sends it, unmasked as a server does."""
     size = len(payload)
@@ -78,18 +66,19 @@ def encode_frame(opcode: int, payload: bytes, masked: bool = True) -> bytes:
         head = bytes((first, bit | 127)) + _LONG.pack(size)
     if not masked:
         return head + payload
-    key = os.urandom(4)
-    return head + key + mask(payload, key)
+    key = KEYS.take()
+    data = bytearray(payload)
+    xor(key, data)
+    return head + key + data
 
 
 class FrameReader:
     """Frames in, whole messages out. `masked`: the frames come from a client, so each must
-    be masked (and is unmasked with `unmask`); otherwise from a server, and none may be."""
+    be masked (and is unmasked here); otherwise from a server, and none may be."""
 
-    def __init__(self, max_size: int, *, masked: bool = False, unmask: Unmask = mask) -> None:
+    def __init__(self, max_size: int, *, masked: bool = False) -> None:
         self.max_size = max_size
         self._masked = masked
-        self._unmask = unmask
         self._buffer = bytearray()
         self._fragments: list[bytes] = []
         self._fragment_size = 0
@@ -134,9 +123,12 @@ class FrameReader:
                 start += 4
             if len(buffer) < start + size:
                 break
-            payload = bytes(buffer[start : start + size])
             if self._masked:
-                payload = self._unmask(payload, bytes(buffer[key_at:start]))
+                masked = buffer[start : start + size]
+                xor(bytes(buffer[key_at:start]), masked)
+                payload = bytes(masked)
+            else:
+                payload = bytes(buffer[start : start + size])
             del buffer[: start + size]
             message = self._assemble(opcode, final, payload)
             if message is not None:

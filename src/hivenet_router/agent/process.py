@@ -24,7 +24,7 @@ from hivenet_router.config.values import ListenAddress
 from hivenet_router.http1.client import EngineClient
 from hivenet_router.observability.spans import AgentTracing
 from hivenet_router.observability.spans import configured as tracing_configured
-from hivenet_router.transport import trust
+from hivenet_router.transport import trust, wsmask
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
 from hivenet_router.transport.tls import RouterTlsIdentity
 
@@ -88,6 +88,11 @@ class AgentProcess:
 
     async def serve(self, stop: asyncio.Event) -> int:
         cfg = self.config
+        if not wsmask.COMPILED:
+            log.warning(
+                "aiohttp's compiled WebSocket mask could not be loaded: the link masks every "
+                "frame in pure Python, ten to fifty times slower"
+            )
         # Keep as many connections as requests may run at once, so a busy agent does not
         # open a new connection per request once past a fixed idle limit.
         backend = EngineClient(cfg.backend_url, max_idle=min(cfg.capacity, 1024))

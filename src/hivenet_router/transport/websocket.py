@@ -51,7 +51,6 @@ from hivenet_router.transport.wsframes import (
     accept_key,
     encode_frame,
 )
-from hivenet_router.transport.wsmask import mask
 
 __all__ = [
     "BINARY",
@@ -66,7 +65,6 @@ __all__ = [
     "WebSocketClient",
     "connect",
     "encode_frame",
-    "mask",
 ]
 
 

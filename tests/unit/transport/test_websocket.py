@@ -20,8 +20,8 @@ from hivenet_router.transport.websocket import (
     HandshakeError,
     ProtocolError,
     encode_frame,
-    mask,
 )
+from hivenet_router.transport.wsmask import mask
 from tests.counting import CountingTransport
 from tests.linkpair import echo_every_length, serve_ws, ws_url
 

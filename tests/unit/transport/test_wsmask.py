@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,21 +42,32 @@ def test_a_wrong_xor_is_refused() -> None:
     assert not checks_out(forgets_the_tail)
 
 
-def test_loading_the_compiled_xor_does_not_import_aiohttp_and_aiohttp_still_loads() -> None:
-    script = (
-        "import sys\n"
-        "from hivenet_router.transport import wsmask\n"
-        "assert wsmask.COMPILED\n"
-        "assert 'aiohttp' not in sys.modules, 'aiohttp was imported'\n"
-        "from aiohttp._websocket.helpers import websocket_mask\n"
-        "data = bytearray(b'abcdefgh')\n"
-        "websocket_mask(b'\\x01\\x02\\x03\\x04', data)\n"
-        "assert bytes(data) == wsmask.mask(b'abcdefgh', b'\\x01\\x02\\x03\\x04')\n"
-    )
+def _run(script: str) -> None:
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_loading_the_compiled_xor_does_not_import_aiohttp_and_aiohttp_shares_it() -> None:
+    _run(
+        "import sys\n"
+        "from hivenet_router.transport import wsmask\n"
+        "assert wsmask.COMPILED\n"
+        "assert 'aiohttp' not in sys.modules, 'aiohttp was imported'\n"
+        "from aiohttp._websocket import helpers\n"
+        "assert helpers.websocket_mask is wsmask.xor, 'aiohttp fell back to its Python XOR'\n"
+    )
+
+
+def test_an_aiohttp_imported_first_lends_its_compiled_xor() -> None:
+    _run(
+        "import sys\n"
+        "from aiohttp._websocket import helpers\n"
+        "from hivenet_router.transport import wsmask\n"
+        "assert wsmask.xor is helpers.websocket_mask\n"
+        "assert wsmask.xor is sys.modules['aiohttp._websocket.mask']._websocket_mask_cython\n"
+    )
 
 
 def test_masked_frames_round_trip_through_the_reader() -> None:
@@ -68,24 +80,39 @@ def test_masked_frames_round_trip_through_the_reader() -> None:
     assert got == [(0x2, payload) for payload in payloads]
 
 
-def test_keys_come_in_batches_and_differ() -> None:
+def test_keys_come_in_batches_and_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = os.urandom
+
+    def counting(size: int) -> bytes:
+        calls.append(size)
+        return real(size)
+
+    monkeypatch.setattr(os, "urandom", counting)
     keys = MaskKeys(batch=4)
     taken = [keys.take() for _ in range(4000)]
+    assert calls == [16] * 1000  # one system call per four keys
     assert all(len(key) == 4 for key in taken)
     assert len(set(taken)) > 3990  # 4,000 draws from 2**32: a repeat or two at most
 
 
 def test_a_forked_child_does_not_reuse_its_parent_s_keys() -> None:
-    first = wsmask.KEYS.take()  # the parent now holds a batch
-    assert len(first) == 4
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report the key it would use next, then leave at once
-        os.write(write_end, wsmask.KEYS.take())
-        os._exit(0)
-    os.close(write_end)
-    child = os.read(read_end, 4)
-    os.close(read_end)
-    os.waitpid(pid, 0)
-    assert len(child) == 4
-    assert child != wsmask.KEYS.take()
+    # In a process of its own: forking pytest (with its threads) is not something to do.
+    _run(
+        "import os\n"
+        "from hivenet_router.transport.wsmask import KEYS\n"
+        "KEYS.forget()\n"
+        "assert len(KEYS.take()) == 4  # a fresh batch, 1,023 keys left in it\n"
+        "read_end, write_end = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n"
+        "        os.write(write_end, KEYS.take())\n"
+        "    finally:\n"
+        "        os._exit(0)\n"
+        "os.close(write_end)\n"
+        "child = os.read(read_end, 4)\n"
+        "os.waitpid(pid, 0)\n"
+        "assert len(child) == 4\n"
+        "assert child != KEYS.take(), 'the child took its parent\\'s next key'\n"
+    )

@@ -8,11 +8,10 @@ XOR runs once per frame on each side, so it is on the hot path of both processes
   3.5 us against 0.07 us for a 1.3 KB payload, 32 us against 0.5 us for 16 KB). The agent
   does not import aiohttp otherwise (its package costs about 8 MiB per process), so the
   compiled module is loaded from its file without running aiohttp's package
-  initialisation. It registers
-  itself in sys.modules under its own name (aiohttp._websocket.mask), so an aiohttp
-  imported later in the same process shares it. The compiled XOR is checked against known
-  answers before it is used; if anything about it is off, the pure-Python one is used
-  instead (the agent logs a warning at start).
+  initialisation. It registers itself in sys.modules under its own name
+  (aiohttp._websocket.mask), so an aiohttp imported later in the same process shares it.
+  The compiled XOR is checked against known answers before it is used; if anything about
+  it is off, the pure-Python one is used instead (the agent logs a warning at start).
 - `KEYS` hands out masking keys from the operating system's random source, fetched 1,024
   keys at a time: one system call per 1,024 frames instead of one per frame. A forked child
   drops the batch it inherited, so parent and child never share keys.
@@ -63,15 +62,12 @@ def _load_compiled() -> XorInPlace | None:
         if module is None:
             spec = importlib.util.find_spec("aiohttp")  # finds the package, runs nothing
             folders = list(spec.submodule_search_locations or []) if spec is not None else []
-            path = next(
-                (
-                    Path(folder, "_websocket", "mask" + suffix)
-                    for folder in folders
-                    for suffix in importlib.machinery.EXTENSION_SUFFIXES
-                    if Path(folder, "_websocket", "mask" + suffix).is_file()
-                ),
-                None,
+            candidates = (
+                Path(folder, "_websocket", "mask" + suffix)
+                for folder in folders
+                for suffix in importlib.machinery.EXTENSION_SUFFIXES
             )
+            path = next((candidate for candidate in candidates if candidate.is_file()), None)
             if path is None:
                 return None
             loader = importlib.machinery.ExtensionFileLoader(_COMPILED_NAME, str(path))

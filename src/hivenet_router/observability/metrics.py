@@ -14,6 +14,7 @@ table's templates.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from hivenet_router.observability.series import CounterSeries, HistogramSeries, 
 from hivenet_router.pipeline.ticket import Ticket
 
 _TENANT = ("tenant_id", "key_id", "deployment_id", "model")
+ROWS = 10_000  # kinds of finished request whose series cells are kept at hand
 UNSET = "unset"  # deployment_id before an agent was chosen
 # Waits and durations: 10 ms doubling to about 41 s, as the Go router buckets them.
 WAIT_BUCKETS = tuple(0.01 * 2**n for n in range(13))
@@ -134,6 +136,8 @@ class MetricsObserver:
             Exhausted: lambda t, e: self.policy_exhausted.inc((t.model,)),
         }
         self.observes = frozenset(self._on)  # the fan-out calls on_event for these alone
+        self._rows: dict[tuple[Any, ...], _Row] = {}
+        self._server_bounds = self.http_server.bounds
 
     def _tenant_series(self) -> None:
         c, h = CounterSeries, HistogramSeries
@@ -208,34 +212,121 @@ class MetricsObserver:
             self.tenant_token_limited.inc((*self._key(ticket), UNSET, "input"))
 
     def _ended(self, ticket: Ticket, event: Ended) -> None:
-        status = str(event.status)
-        self.http_server.observe((ticket.method, ticket.endpoint, status), event.seconds)
-        if ticket.job is None or ticket.principal is None:
-            return  # not an inference request for a model the router knows
-        model = ticket.model
-        answered = event.code is None and event.status < 400 and event.outcome is Outcome.OK
-        tenant, key = self._key(ticket)
-        agent = ticket.agent
-        deployment = (agent.deployment_id or UNSET) if agent is not None else UNSET
-        labels = (tenant, key, deployment, model)
-        (self.tenant_success if answered else self.tenant_failed).inc(labels)
-        self.tenants.seen(ticket, self._replicas)
-        if not ticket.dispatched:
+        principal = ticket.principal
+        seconds = event.seconds
+        if ticket.job is None or principal is None:
+            # not an inference request for a model the router knows
+            self.http_server.observe((ticket.method, ticket.endpoint, str(event.status)), seconds)
             return
-        self.tenant_duration.observe(labels, event.seconds)
-        self.request_duration.observe((tenant, ticket.origin, model, status), event.seconds)
+        code = event.code
+        status = event.status
+        answered = code is None and status < 400 and event.outcome is Outcome.OK
+        agent = ticket.agent
+        if agent is not None:
+            deployment, region, engine = agent.deployment_id or UNSET, agent.region, agent.engine
+        else:
+            deployment, region, engine = UNSET, "", ""
+        # Everything that picks a label of a series this request counts in, so that one
+        # lookup finds all of its cells.
+        key = (
+            ticket.method,
+            ticket.endpoint,
+            status,
+            principal.tenant,
+            principal.key_id,
+            ticket.model,
+            ticket.origin,
+            deployment,
+            region,
+            engine,
+            code,
+            answered,
+            ticket.dispatched,
+            ticket.provider,
+        )
+        row = self._rows.get(key)
+        if row is None:
+            row = self._row(key)
+        counts = row.server
+        counts[bisect_left(self._server_bounds, seconds)] += 1
+        counts[-1] += seconds
+        row.counted[0] += 1
+        self.tenants.seen(row.last, principal, ticket.model, self._replicas)
+        if not row.durations:
+            return  # not dispatched
+        at = bisect_left(WAIT_BUCKETS, seconds)
+        for counts in row.durations:
+            counts[at] += 1
+            counts[-1] += seconds
         usage = event.usage
         if usage is not None and ticket.admitted:
-            self.tenant_input.inc(labels, usage.input_tokens)
-            self.tenant_output.inc(labels, usage.output_tokens)
-        where = (agent.region, agent.engine) if agent is not None else ("", "")
-        if event.code is not None:
-            self.failed.inc((*where, model, tenant, event.code.value))
-        if ticket.provider:
-            if answered:
-                self.provider_fallback.inc((model, ticket.origin))
-        elif answered:
-            self.routed.inc((*where, model, tenant))
+            tokens = row.tokens
+            if tokens is None:
+                tokens = row.tokens = (
+                    self.tenant_input.cell(row.labels),
+                    self.tenant_output.cell(row.labels),
+                )
+            tokens[0][0] += usage.input_tokens
+            tokens[1][0] += usage.output_tokens
+        for cell in row.after:
+            cell[0] += 1
+
+    def _row(self, key: tuple[Any, ...]) -> _Row:
+        """The cells a finished request of this kind counts in (`_ended` says the key's
+        fields). The table is bounded: past ROWS kinds it starts again, which costs only
+        lookups (the series keep their values)."""
+        (method, endpoint, status, tenant, key_id, model, origin, deployment, region, engine,
+         code, answered, dispatched, provider) = key  # fmt: skip
+        last = (tenant, key_id or "anonymous", deployment)
+        labels = (*last, model)
+        row = _Row(
+            server=self.http_server.cell((method, endpoint, str(status))),
+            counted=(self.tenant_success if answered else self.tenant_failed).cell(labels),
+            last=last,
+            labels=labels,
+        )
+        if dispatched:
+            row.durations = (
+                self.tenant_duration.cell(labels),
+                self.request_duration.cell((tenant, origin, model, str(status))),
+            )
+            where = (region, engine, model, tenant)
+            after = []
+            if code is not None:
+                after.append(self.failed.cell((*where, code.value)))
+            if provider:
+                if answered:
+                    after.append(self.provider_fallback.cell((model, origin)))
+            elif answered:
+                after.append(self.routed.cell(where))
+            row.after = tuple(after)
+        if len(self._rows) >= ROWS:
+            self._rows.clear()
+        self._rows[key] = row
+        return row
+
+
+class _Row:
+    """The cells one kind of finished request adds to."""
+
+    __slots__ = ("after", "counted", "durations", "labels", "last", "server", "tokens")
+
+    def __init__(
+        self,
+        server: list[float],
+        counted: list[float],
+        last: tuple[str, str, str],
+        labels: tuple[str, ...],
+    ) -> None:
+        self.server = server  # http_server_request_duration_seconds
+        self.counted = counted  # the tenant's success or failure counter
+        self.last = last  # the tenant's last-request gauge's labels
+        self.labels = labels  # the tenant series' labels
+        # once dispatched: the tenant's and the request's duration histograms, and the
+        # counters of how it ended (routed, failed, provider fallback)
+        self.durations: tuple[list[float], ...] = ()
+        self.after: tuple[list[float], ...] = ()
+        self.tokens: tuple[list[float], list[float]] | None = None  # made at the first usage
 
 
 class TenantGauges(Collector):
@@ -249,14 +340,19 @@ class TenantGauges(Collector):
         self.model_tpd: dict[tuple[str, str], int] = {}
         self.last: dict[tuple[str, str, str], float] = {}
 
-    def seen(self, ticket: Ticket, replicas: Callable[[str], int]) -> None:
-        """Note the request's tenant; `replicas(model)` is asked only for a per-model
+    def seen(
+        self,
+        last: tuple[str, str, str],
+        principal: Any,
+        model: str,
+        replicas: Callable[[str], int],
+    ) -> None:
+        """Note a request of `principal` (auth.providers.Principal) for `model`; `last` is
+        the last-request gauge's labels. `replicas(model)` is asked only for a per-model
         quota, whose ceiling scales with the healthy agents (a registry walk)."""
-        principal = ticket.principal
-        tenant, quota, model = principal.tenant, principal.quota, ticket.model
-        agent = ticket.agent
-        deployment = (agent.deployment_id or UNSET) if agent is not None else UNSET
-        self.last[(tenant, principal.key_id or "anonymous", deployment)] = time.time()
+        self.last[last] = time.time()
+        quota = principal.quota
+        tenant = principal.tenant
         if quota.per_model is None:
             if quota.requests_per_minute:
                 self.rpm[tenant] = quota.requests_per_minute

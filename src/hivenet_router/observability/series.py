@@ -26,16 +26,24 @@ class CounterSeries:
         self.name = name.removesuffix("_total")
         self.help = help
         self.labels = list(labels)
-        self.values: dict[tuple[str, ...], float] = {}
+        # per label set, a one-item list: a caller that counts the same labels often may
+        # keep the list (see `cell`) and add to it without a lookup
+        self.values: dict[tuple[str, ...], list[float]] = {}
 
     def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
-        values = self.values
-        values[labels] = values.get(labels, 0.0) + amount
+        self.cell(labels)[0] += amount
+
+    def cell(self, labels: tuple[str, ...]) -> list[float]:
+        """The label set's value as a one-item list (the series shows it from now on)."""
+        cell = self.values.get(labels)
+        if cell is None:
+            cell = self.values[labels] = [0.0]
+        return cell
 
     def family(self) -> Metric:
         out = CounterMetricFamily(self.name, self.help, labels=self.labels)
-        for labels, value in list(self.values.items()):
-            out.add_metric(list(labels), value)
+        for labels, cell in list(self.values.items()):
+            out.add_metric(list(labels), cell[0])
         return out
 
 
@@ -53,11 +61,17 @@ class HistogramSeries:
         self.values: dict[tuple[str, ...], list[float]] = {}
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
+        counts = self.cell(labels)
+        counts[bisect.bisect_left(self.bounds, value)] += 1
+        counts[-1] += value
+
+    def cell(self, labels: tuple[str, ...]) -> list[float]:
+        """The label set's counts: one per bucket (`bisect_left(bounds, value)` is a
+        value's), then the sum. The series shows the label set from now on."""
         counts = self.values.get(labels)
         if counts is None:
             counts = self.values[labels] = [0.0] * (len(self.bounds) + 2)
-        counts[bisect.bisect_left(self.bounds, value)] += 1
-        counts[-1] += value
+        return counts
 
     def family(self) -> Metric:
         out = HistogramMetricFamily(self.name, self.help, labels=self.labels)

@@ -192,7 +192,7 @@ async def relay(answer: Answer) -> tuple[bytes, Outcome]:
 
 def count(validator: StreamValidator, name: str, *labels: str) -> float:
     series = getattr(validator.metrics, name)
-    return float(series.values[labels])
+    return float(series.values[labels][0])
 
 
 # -- nothing to do -------------------------------------------------------------------------

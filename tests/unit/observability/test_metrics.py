@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import generate_latest
 
 from hivenet_router.auth.config import ModelQuota, Quota
@@ -10,6 +11,7 @@ from hivenet_router.domain.agent import Registration
 from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import Job, RequestFacts, Usage
+from hivenet_router.observability import metrics
 from hivenet_router.observability.events import (
     AgentEvent,
     Ended,
@@ -168,3 +170,40 @@ def test_a_failing_observer_never_breaks_the_others() -> None:
     ticket(observers).emit(Ended(200, None, None, None, 0.0))
     observers.on_agent(AgentEvent("unhealthy", "p", "m"))
     assert len(seen) == 1
+
+
+def test_requests_of_one_kind_add_to_the_same_series_and_the_row_table_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics, "ROWS", 2)
+    observer = MetricsObserver()
+    observers = Observers([observer])
+
+    def answered(tenant: str, usage: Usage | None) -> None:
+        t = ticket(observers)
+        t.principal = Principal(tenant, "k1", "n", frozenset())
+        t.admitted, t.dispatched, t.origin, t.method = True, True, "peer", "POST"
+        t.emit(Ended(200, None, Outcome.OK, usage, 0.02))
+
+    answered("acme", None)
+    page = text(observer)
+    assert metric(page, "hivenet_tenant_requests_success_total", tenant_id="acme") == 1
+    # No usage reported yet: the token series do not show the tenant at all.
+    assert metric(page, "hivenet_tenant_input_tokens_total", tenant_id="acme") is None
+    answered("acme", Usage(3, 4))
+    answered("acme", Usage(5, 6))
+    # Three more kinds of request than the table keeps: it starts again, counts go on.
+    for tenant in ("b", "c", "d"):
+        answered(tenant, Usage(1, 1))
+    answered("acme", Usage(1, 1))
+    page = text(observer)
+    assert metric(page, "hivenet_tenant_requests_success_total", tenant_id="acme") == 4
+    assert metric(page, "hivenet_tenant_input_tokens_total", tenant_id="acme") == 9
+    assert metric(page, "hivenet_tenant_output_tokens_total", tenant_id="acme") == 11
+    assert metric(page, "hivenet_tenant_requests_success_total", tenant_id="d") == 1
+    assert metric(page, "hivenet_routing_requests_routed_total", tenant_id="acme", region="") == 4
+    assert metric(page, "hivenet_request_duration_seconds_count", tenant_id="acme") == 4
+    assert metric(page, "hivenet_request_duration_seconds_sum", tenant_id="acme") == pytest.approx(
+        0.08
+    )
+    assert len(observer._rows) <= 2

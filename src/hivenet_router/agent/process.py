@@ -90,8 +90,9 @@ class AgentProcess:
         cfg = self.config
         if not wsmask.COMPILED:
             log.warning(
-                "aiohttp's compiled WebSocket mask could not be loaded: the link masks every "
-                "frame in pure Python, ten to fifty times slower"
+                "aiohttp's compiled WebSocket mask is not in use (missing, failed its check, "
+                "or AIOHTTP_NO_EXTENSIONS is set): the link masks every frame in pure Python, "
+                "ten to fifty times slower"
             )
         # Keep as many connections as requests may run at once, so a busy agent does not
         # open a new connection per request once past a fixed idle limit.

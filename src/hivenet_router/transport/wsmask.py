@@ -11,7 +11,8 @@ XOR runs once per frame on each side, so it is on the hot path of both processes
   initialisation. It registers itself in sys.modules under its own name
   (aiohttp._websocket.mask), so an aiohttp imported later in the same process shares it.
   The compiled XOR is checked against known answers before it is used; if anything about
-  it is off, the pure-Python one is used instead (the agent logs a warning at start).
+  it is off, the pure-Python one is used instead (the agent logs a warning at start). As
+  in aiohttp itself, AIOHTTP_NO_EXTENSIONS set to anything non-empty means the Python one.
 - `KEYS` hands out masking keys from the operating system's random source, fetched 1,024
   keys at a time: one system call per 1,024 frames instead of one per frame. A forked child
   drops the batch it inherited, so parent and child never share keys.
@@ -56,7 +57,10 @@ def checks_out(candidate: XorInPlace) -> bool:
 
 
 def _load_compiled() -> XorInPlace | None:
-    """aiohttp's compiled XOR, or None where it cannot be had or does not check out."""
+    """aiohttp's compiled XOR, or None where it cannot be had, does not check out, or the
+    operator turned aiohttp's extensions off."""
+    if os.environ.get("AIOHTTP_NO_EXTENSIONS"):
+        return None
     try:
         module = sys.modules.get(_COMPILED_NAME)
         if module is None:

@@ -42,11 +42,26 @@ def test_a_wrong_xor_is_refused() -> None:
     assert not checks_out(forgets_the_tail)
 
 
-def _run(script: str) -> None:
+def _run(script: str, env: dict[str, str] | None = None) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_aiohttp_no_extensions_means_the_python_xor() -> None:
+    _run(
+        "from hivenet_router.transport import wsmask\n"
+        "assert not wsmask.COMPILED\n"
+        "assert wsmask.xor is wsmask.xor_python\n"
+        "assert wsmask.mask(b'abcd', b'\\x01\\x02\\x03\\x04') == b'\\x60\\x60\\x60\\x60'\n",
+        env={"AIOHTTP_NO_EXTENSIONS": "1"},
+    )
 
 
 def test_loading_the_compiled_xor_does_not_import_aiohttp_and_aiohttp_shares_it() -> None:

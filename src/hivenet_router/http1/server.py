@@ -172,7 +172,11 @@ class _Connection(asyncio.Protocol):
         # parsing
         self._url: list[bytes] = []
         self._headers: list[tuple[str, str]] = []
-        self._head_size = 0
+        self._head_size = 0  # bytes of the head's parts the parser has handed over
+        self._head_raw = 0  # bytes of whole pieces received while a head was incomplete
+        self._begun = 0  # messages begun on this connection
+        self._framing = 0  # bytes of a body's pieces that were not body (chunk framing, trailers)
+        self._body_fed = 0  # body bytes the parser handed over from the piece being fed
         self._in_head = False
         self._reading: Request | None = None  # the request whose body is being parsed
         # answering
@@ -182,6 +186,7 @@ class _Connection(asyncio.Protocol):
         self._backlog: list[bytes] = []
         self._backlog_size = 0
         self._reading_paused = False
+        self._held = False  # an answer is waiting for the client to read: start nothing more
 
     @property
     def idle(self) -> bool:
@@ -236,13 +241,16 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
+        if self._held:
+            self._held = False
+            self._next()
 
     def data_received(self, data: bytes) -> None:
         if self.lost or self._draining:
             return  # refused, or answered and closing: what the client sends is discarded
-        if self._current is not None and self._reading is None:
-            # An answer is in progress and its request is complete: hold what follows
-            # (a pipelined request) until the answer is done.
+        if (self._current is not None and self._reading is None) or self._held:
+            # An answer is in progress and its request is complete, or the client has not
+            # read the last one: hold what follows (a pipelined request) until it is done.
             self._backlog.append(data)
             self._backlog_size += len(data)
             if self._backlog_size > BACKLOG_LIMIT:
@@ -257,6 +265,9 @@ class _Connection(asyncio.Protocol):
         self._url.clear()
         self._headers = []
         self._head_size = 0
+        self._head_raw = 0
+        self._framing = 0
+        self._begun += 1
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -300,6 +311,7 @@ class _Connection(asyncio.Protocol):
             self._pause_reading()
 
     def on_body(self, body: bytes) -> None:
+        self._body_fed += len(body)
         if self._reading is not None:
             self._reading._feed(body)
 
@@ -312,6 +324,12 @@ class _Connection(asyncio.Protocol):
     # -- parsing ------------------------------------------------------------------------------
 
     def _feed(self, data: bytes) -> None:
+        # What the parser holds but has not handed over (a header line still arriving, a
+        # trailer) is bounded by counting whole pieces that were all head, or all body.
+        continuing = self._in_head
+        reading = self._reading
+        begun = self._begun
+        self._body_fed = 0
         try:
             self._parser.feed_data(data)
         except _HeadTooLarge:
@@ -332,10 +350,34 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._broken(str(exc))
             return
-        if self._in_head:
-            self._head_size += len(data)  # a head arriving in pieces is bounded too
-            if self._head_size > self._server.limits.head:
+        limits = self._server.limits
+        if self._begun != begun:
+            if not self._in_head:
+                return  # every message begun in this piece has its whole head
+            # A head begun in this piece is still arriving: it is what follows the last
+            # blank line, less whatever body of an earlier message came after that line.
+            end = data.rfind(b"\r\n\r\n")
+            self._head_raw = len(data) - (end + 4 if end >= 0 else 0) - self._body_fed
+            if self._head_raw > limits.head:
                 self._refuse(431, "request headers are too large")
+        elif continuing and self._in_head:
+            # The whole piece is more of a head begun earlier.
+            self._head_raw += len(data)
+            if self._head_raw > limits.head:
+                self._refuse(431, "request headers are too large")
+        elif reading is not None and reading is self._reading:
+            # The whole piece is more of one body: what the parser did not hand over as
+            # body is chunk framing or trailers, which it may hold until they end.
+            self._framing += len(data) - self._body_fed
+            if self._framing > limits.head + limits.body:
+                self._server.malformed(f"chunk framing and trailers over {self._framing} bytes")
+                reading._fail(
+                    BodyError(
+                        "request body could not be read: its chunk framing and trailers "
+                        f"exceed {limits.head + limits.body} bytes"
+                    )
+                )
+                self._no_more()
 
     def _broken(self, description: str) -> None:
         self._server.malformed(f"HttpParserError: {description[:120]}")
@@ -366,6 +408,9 @@ class _Connection(asyncio.Protocol):
             self._server.malformed(f"head over {self._server.limits.head} bytes")
         self._parser = _Discard()  # type: ignore[assignment]
         self._in_head = False
+        if self._reading is not None:
+            # A trailer too large: the request's reader hears of it rather than waiting.
+            self._reading._fail(BodyError(f"request body could not be read: {message}"))
         if self._current is not None:
             self._current.keep_alive = False
             return
@@ -421,10 +466,22 @@ class _Connection(asyncio.Protocol):
             self._linger()
             return
         self.idle_since = self._loop.time()
+        if self.paused:
+            # The client has not read what it was sent: take nothing more from it until it
+            # has (resume_writing goes on), so unread answers cannot pile up in memory.
+            self._held = True
+            self._pause_reading()
+            return
+        self._next()
+
+    def _next(self) -> None:
+        """Answer the next pipelined request, or parse what arrived behind the last one."""
+        if self.lost or self._current is not None:
+            return
         if self._waiting:
             self._start(self._waiting.popleft())
-            if not self._waiting and self._reading is None:
-                self._resume_reading()
+            if not self._waiting:
+                self._resume_reading()  # its body may still be arriving
             return
         backlog, self._backlog, self._backlog_size = self._backlog, [], 0
         self._resume_reading()

@@ -20,6 +20,10 @@ from hivenet_router.http1 import messages as http
 from hivenet_router.pipeline.ticket import Ticket
 
 _JSON = "application/json"
+# How long the error event that ends a broken stream may wait for the client to read: past
+# it the event is dropped, so a client that stopped reading cannot keep what the request
+# holds (its forwarding slot, its agent stream) after the stream has ended.
+ERROR_WRITE = 1.0
 
 
 class Relay:
@@ -76,14 +80,12 @@ class Relay:
                 outcome = Outcome.OK
             elif self.stopping:
                 outcome = Outcome.BROKEN
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await self._end_with_error(
-                            response,
-                            ticket,
-                            ErrorCode.AGENT_DISCONNECTED,
-                            "stream interrupted: the router is shutting down",
-                        )
+                await self._end_with_error(
+                    response,
+                    ticket,
+                    ErrorCode.AGENT_DISCONNECTED,
+                    "stream interrupted: the router is shutting down",
+                )
             raise
         finally:
             await self._close(ticket, answer, outcome)
@@ -106,8 +108,9 @@ class Relay:
         data = b"data: " + error_body(code, message, request_id=ticket.request_id) + b"\n\n"
         if ticket.endpoint.startswith("/v1/messages"):
             data = b"event: error\n" + data
-        with contextlib.suppress(ConnectionError):
-            await response.write(data)
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            async with asyncio.timeout(ERROR_WRITE):
+                await response.write(data)
 
 
 def complete(chunk: bytes) -> bool:

@@ -280,3 +280,106 @@ async def test_a_closed_connection_is_freed_without_the_cycle_collector(served: 
             await asyncio.sleep(0.01)
         assert not server.connections
         del reader, writer
+
+
+async def test_a_head_within_the_limit_passes_in_pieces_and_after_other_requests(
+    served: Served,
+) -> None:
+    _, _, connect = served
+    lines = b"".join(b"X-%d: %s\r\n" % (n, b"v" * 90) for n in range(15))  # 1,500 bytes
+    reader, writer = await connect()
+    writer.write(b"GET /split HTTP/1.1\r\nHost: h\r\n" + lines[:700])
+    await writer.drain()
+    await asyncio.sleep(0.05)  # two pieces for certain
+    writer.write(lines[700:] + b"\r\n")
+    assert (await answer(reader))[0] == b"HTTP/1.1 200 OK"
+    # The same head pipelined behind answered requests, split after its first part.
+    quick = b"GET /q HTTP/1.1\r\nHost: h\r\n\r\n" * 40
+    writer.write(quick + b"GET /late HTTP/1.1\r\nHost: h\r\n" + lines[:700])
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(lines[700:] + b"\r\n")
+    for _ in range(40):
+        assert (await answer(reader))[2] == b"GET /q {} "
+    assert (await answer(reader))[2] == b"GET /late {} "
+    writer.close()
+
+
+async def test_a_burst_of_pipelined_requests_larger_than_the_head_limit_is_answered(
+    served: Served,
+) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    burst = b"GET /b HTTP/1.1\r\nHost: h\r\n\r\n" * 2000  # 58 KB against a 2 KB head limit
+    writer.write(burst)
+    for _ in range(2000):
+        assert (await answer(reader))[0] == b"HTTP/1.1 200 OK"
+    writer.close()
+
+
+async def test_one_huge_header_behind_a_pipelined_request_closes_the_connection(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"GET /q HTTP/1.1\r\nHost: h\r\n\r\nGET /big HTTP/1.1\r\nX-Big: " + b"x" * 5000)
+    _, headers, body = await answer(reader)
+    # The request in progress is answered, then the connection closes: the refused one is
+    # never answered on it (a client retries it on a new connection, and gets its 431).
+    assert body == b"GET /q {} " and headers["connection"] == "close"
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_a_pipelined_request_whose_body_arrives_later_is_answered(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(
+        b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\nA"
+        b"POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nB"
+    )
+    await writer.drain()
+    assert (await answer(reader))[2] == b"POST /a {} A"
+    await asyncio.sleep(0.05)
+    writer.write(b"BB")
+    assert (await answer(reader))[2] == b"POST /b {} BBB"
+    writer.close()
+
+
+async def test_a_client_that_does_not_read_its_answers_stops_being_read(served: Served) -> None:
+    server, _, connect = served
+    _, writer = await connect()
+    request = b"GET /%s HTTP/1.1\r\nHost: h\r\n\r\n" % (b"p" * 60)
+    sent = 0
+
+    async def flood() -> None:
+        nonlocal sent
+        for _ in range(20_000):  # about 1.8 MB of requests, 2.2 MB of answers if all ran
+            writer.write(request * 10)
+            sent += 10
+            await writer.drain()
+
+    task = asyncio.create_task(flood())
+    await asyncio.sleep(1.0)
+    assert not task.done(), "the server read every request although no answer was read"
+    (conn,) = server.connections
+    transport = conn._transport
+    assert transport is not None
+    # Answers wait in the server's buffer only up to about its high-water mark.
+    assert transport.get_write_buffer_size() < 1_000_000
+    task.cancel()
+    writer.transport.abort()
+
+
+async def test_trailers_too_large_fail_the_body(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n")
+    writer.write(b"1\r\na\r\n0\r\n")
+    await writer.drain()
+    writer.write(b"X-Trailer: ")
+    for _ in range(40):  # far past head (2 KB) + body (100 B) limits, never ending
+        await asyncio.sleep(0.005)
+        writer.write(b"t" * 1000)
+    status, _, body = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 400") and b"trailers" in body
+    assert await closed(reader)
+    writer.close()

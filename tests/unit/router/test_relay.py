@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import pytest
 
-from hivenet_router.router.relay import complete
+from hivenet_router.domain.answer import Answer, Outcome
+from hivenet_router.http1 import messages as http
+from hivenet_router.http1.server import HttpServer, Limits
+from hivenet_router.observability.events import Observers
+from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.router.relay import ERROR_WRITE, Relay, complete
 
 
 @pytest.mark.parametrize(
@@ -27,3 +35,46 @@ def test_the_last_event_of_an_answer_completes_it(chunk: bytes) -> None:
 )
 def test_any_other_chunk_leaves_it_open(chunk: bytes) -> None:
     assert not complete(chunk)
+
+
+class Endless:
+    """A stream source that always has another 64 KB event, and hears how it was closed."""
+
+    def __init__(self) -> None:
+        self.closed: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    async def read(self) -> bytes | None:
+        await asyncio.sleep(0)
+        return b"data: " + b"x" * 65536 + b"\n\n"
+
+    def close(self, outcome: Outcome) -> None:
+        self.closed.set_result(outcome)
+
+
+async def test_a_client_that_stops_reading_cannot_hold_a_stream_past_its_deadline() -> None:
+    relay = Relay()
+    source = Endless()
+    loop = asyncio.get_running_loop()
+    deadline = 0.0
+
+    async def app(request: http.Request) -> http.Answer:
+        nonlocal deadline
+        ticket = Ticket("rid", "/v1/chat/completions", loop.time(), Observers([]))
+        deadline = ticket.deadline = loop.time() + 0.3
+        answer = Answer(200, [("content-type", "text/event-stream")], source, first=b"data: 1\n\n")
+        return await relay(request, ticket, answer)
+
+    server = HttpServer(app, Limits(), error_page=lambda status, message: b"{}")
+    await server.listen("127.0.0.1", 0)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read
+    sock.connect(("127.0.0.1", server.ports[0]))
+    sock.sendall(b"POST /s HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")
+    try:
+        outcome = await asyncio.wait_for(source.closed, 5)
+        assert outcome is Outcome.TIMEOUT
+        # The error event that ends the stream waited for the client a bounded time.
+        assert loop.time() <= deadline + ERROR_WRITE + 1.0
+    finally:
+        sock.close()
+        await server.close()

@@ -12,6 +12,7 @@ from hivenet_router.expiry import Deadlines
 from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
 from hivenet_router.observability.spans import AgentTracing
 from hivenet_router.slots import Slots
+from hivenet_router.transport.frames import FrameError
 from hivenet_router.transport.link import Stream, StreamReset
 
 log = logging.getLogger("hivenet.agent")
@@ -149,7 +150,7 @@ class BackendProxy:
             await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "unreachable", exc)
         except TimeoutError as exc:
             await self._fail(stream, ErrorCode.BACKEND_UNAVAILABLE, "timeout", exc)
-        except EngineError as exc:
+        except (EngineError, FrameError) as exc:  # FrameError: a head the link cannot carry
             await self._fail(stream, ErrorCode.BACKEND_ERROR, "failed", exc)
         finally:
             if answer is not None:
@@ -165,11 +166,19 @@ class BackendProxy:
         if answer.content_type != "text/event-stream":
             # A whole answer travels with its head in as few frames as it fits.
             whole = await answer.read(MAX_ANSWER_BYTES)
-            await stream.send_head(answer.status, out_headers, whole, end=True)
+            await stream.send_head(
+                answer.status, out_headers, whole, end=True, timeout=self._write_timeout
+            )
             return
         # A stream: the head leaves with the first chunk (the router waits for both).
         first = await answer.next_chunk()
-        await stream.send_head(answer.status, out_headers, first or b"", end=first is None)
+        await stream.send_head(
+            answer.status,
+            out_headers,
+            first or b"",
+            end=first is None,
+            timeout=self._write_timeout,
+        )
         if first is None:
             return
         while (chunk := await answer.next_chunk()) is not None:

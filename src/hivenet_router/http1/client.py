@@ -24,6 +24,9 @@ import httptools
 
 HIGH_WATER = 1 << 20  # buffered body bytes past which the socket stops being read
 LOW_WATER = 1 << 18
+# Bytes of an answer's header lines. An engine's are a few hundred; the agent relays them
+# in one link frame of at most 64 KiB, whatever characters they hold.
+HEAD_LIMIT = 16 * 1024
 
 
 class EngineError(Exception):
@@ -36,6 +39,10 @@ class Unreachable(EngineError):
 
 class _Closed(EngineError):
     """The connection closed before any answer arrived."""
+
+
+class _Unexpected(Exception):
+    """Raised from a parser callback: the engine sent what no request asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.busy = False  # an exchange is running (not idle in the pool)
+        self._paused = False  # reading stopped: the body's reader fell behind
         self._reset()
 
     def _reset(self) -> None:
@@ -92,7 +101,9 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.error: EngineError | None = None
         self._readable: asyncio.Future[None] | None = None
-        self._paused = False
+        self._head_size = 0
+        self._interim = False  # parsing a 1xx (100 Continue, 103 Early Hints): skipped
+        self.resume()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -103,13 +114,21 @@ class _Connection(asyncio.Protocol):
         self.received = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(EngineError(f"malformed answer from the engine: {exc}"))
+        except httptools.HttpParserCallbackError as exc:
+            reason = exc.__context__ if isinstance(exc.__context__, EngineError) else exc
+            self._fail(EngineError(f"unusable answer from the engine: {reason}"))
+            self.close()
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._fail(EngineError(f"malformed answer from the engine: {exc!r}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._parser = _GONE  # type: ignore[assignment]  # it points back at us
+        if not self.complete and exc is None and self._ends_at_close():
+            # An answer with neither a length nor chunks ends where the connection does.
+            self.complete = True
+            self._wake()
         if not self.complete:
             if self.received:
                 self._fail(EngineError("the engine closed the connection mid-answer"))
@@ -117,13 +136,41 @@ class _Connection(asyncio.Protocol):
                 self._fail(_Closed("the engine closed the connection"))
         self._pool._forget(self)
 
+    def _ends_at_close(self) -> bool:
+        if not self.head.done() or self.error is not None or self.status in (204, 304):
+            return False
+        for name, value in self.headers:
+            key = name.lower()
+            if key == "content-length":
+                return False
+            if key == "transfer-encoding" and "chunked" in value.lower():
+                return False
+        return True
+
     # -- httptools callbacks ------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.complete or not self.busy:
+            # An answer nobody asked for (a second one to one request, or bytes on an idle
+            # connection): whatever follows on this connection cannot be matched to a
+            # request, so it is closed (data_received) rather than reused.
+            raise _Unexpected("an answer to no request")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > HEAD_LIMIT:
+            raise EngineError(f"answer head over {HEAD_LIMIT} bytes")
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim answer: the final one follows on the same connection.
+            self._interim = True
+            self.headers = []
+            self._head_size = 0
+            return
+        self.status = status
         if not self.head.done():
             self.head.set_result(None)
 
@@ -136,6 +183,9 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
         self._wake()
@@ -169,16 +219,22 @@ class _Connection(asyncio.Protocol):
         chunk = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self.buffered -= len(chunk)
-        if self._paused and self.buffered < LOW_WATER and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+        if self.buffered < LOW_WATER:
+            self.resume()
         return chunk
+
+    def resume(self) -> None:
+        """Read the socket again (if the body's reader had fallen behind)."""
+        if self._paused and self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        self._paused = False
 
     def send(self, data: bytes) -> None:
         """Start the next exchange on this connection (llhttp resets itself between
         messages, so the parser carries on)."""
         assert self.transport is not None
         self._reset()
+        self.busy = True
         self.transport.write(data)
 
     def close(self) -> None:
@@ -237,7 +293,11 @@ class EngineResponse:
             return
         self._done = True
         conn = self._conn
+        conn.busy = False
         if conn.complete and conn.keep_alive and not conn.closed:
+            # Reading again: an idle connection must hear the engine close it, or send
+            # what no request asked for (it is then closed, not reused).
+            conn.resume()
             conn._pool._give_back(conn)
         else:
             conn.close()

@@ -203,21 +203,23 @@ class Stream:
         headers: list[tuple[str, str]],
         body: bytes = b"",
         end: bool = False,
+        timeout: float | None = None,
     ) -> None:
-        """Send the response head, with as much of `body` as fits in the same frame."""
+        """Send the response head, with as much of `body` as fits in the same frame; the
+        rest as `write` sends it (`timeout` bounds each wait for credit)."""
         self._check_writable()
-        self.head_sent = True
         head = {"status": status, "headers": headers}
         frame, inline = frames.encode_head(
             FrameType.HEADERS, self.id, head, body, self._send_credit, END if end else 0
         )
+        self.head_sent = True  # not before: a head too large to encode was never sent
         rest = body[inline:] if inline < len(body) else b""
         if end and inline == len(body):
             self._send_done = True
         self._send_credit -= inline
         await self.link.send(frame)
         if inline < len(body) or (end and not self._send_done):
-            await self.write(rest, end=end)
+            await self.write(rest, end=end, timeout=timeout)
         self.link._forget_if_finished(self)
 
     async def write(self, data: bytes, end: bool = False, timeout: float | None = None) -> None:

@@ -209,3 +209,109 @@ async def test_a_connection_the_engine_closed_is_freed_without_the_cycle_collect
         del response
         await asyncio.sleep(0.05)  # the engine's close reaches the pooled connection
     await client.close()
+
+
+async def test_a_connection_released_while_paused_reads_again_in_the_pool(serve: Start) -> None:
+    body = b"x" * ((1 << 20) + 100)  # past the high-water mark, in one answer
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+
+    state, url = await serve(handler)
+    client = EngineClient(url)
+    first = await client.request("GET", "/one", [])
+    while not first._conn.complete:  # the whole body arrived; nobody read it
+        await asyncio.sleep(0.01)
+    first.release()
+    second = await asyncio.wait_for(client.request("GET", "/two", []), 2)
+    assert len(await asyncio.wait_for(second.read(1 << 21), 2)) == len(body)
+    assert state.connections == 1  # the same connection, reused
+    await client.close()
+
+
+async def test_interim_answers_are_skipped(serve: Start) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"HTTP/1.1 200 OK\r\nX-Final: yes\r\nContent-Length: 1\r\n\r\nA")
+
+    _, url = await serve(handler)
+    client = EngineClient(url)
+    for _ in range(2):
+        answer = await client.request("POST", "/p", [], b"{}")
+        assert answer.status == 200 and answer.header("x-final") == "yes"
+        assert answer.header("link") is None
+        assert await answer.read(10) == b"A"
+    await client.close()
+
+
+async def test_an_answer_to_no_request_closes_the_connection(serve: Start) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            ok = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n"
+            writer.write(ok + b"A")
+            await asyncio.sleep(0.05)
+            writer.write(ok + b"B")  # a second answer to the same request
+
+    state, url = await serve(handler)
+    client = EngineClient(url)
+    first = await client.request("GET", "/one", [])
+    assert await first.read(10) == b"A"
+    await asyncio.sleep(0.1)  # the stray answer arrives while the connection is idle
+    second = await client.request("GET", "/two", [])
+    assert await second.read(10) == b"A"  # its own answer, on a new connection
+    assert state.connections == 2
+    await client.close()
+
+
+async def test_an_answer_head_over_the_limit_is_an_engine_error(serve: Start) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    _, url = await serve(handler)
+    client = EngineClient(url)
+    with pytest.raises(EngineError, match="head over"):
+        await asyncio.wait_for(client.request("GET", "/big", []), 2)
+    await client.close()
+
+
+async def test_an_answer_ended_by_closing_the_connection_is_whole(serve: Start) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b" world")  # then the handler returns and the connection closes
+
+    _, url = await serve(handler)
+    client = EngineClient(url)
+    answer = await client.request("GET", "/eof", [])
+    assert await asyncio.wait_for(answer.read(100), 2) == b"hello world"
+    await client.close()
+
+
+async def test_a_switch_of_protocols_is_an_engine_error(serve: Start) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\nzz"
+        )
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    _, url = await serve(handler)
+    client = EngineClient(url)
+    with pytest.raises(EngineError):
+        await asyncio.wait_for(client.request("GET", "/up", []), 2)
+    await client.close()

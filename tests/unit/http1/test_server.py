@@ -317,7 +317,9 @@ async def test_a_burst_of_pipelined_requests_larger_than_the_head_limit_is_answe
     writer.close()
 
 
-async def test_one_huge_header_behind_a_pipelined_request_closes_the_connection(served: Served) -> None:
+async def test_one_huge_header_behind_a_pipelined_request_closes_the_connection(
+    served: Served,
+) -> None:
     _, _, connect = served
     reader, writer = await connect()
     writer.write(b"GET /q HTTP/1.1\r\nHost: h\r\n\r\nGET /big HTTP/1.1\r\nX-Big: " + b"x" * 5000)

@@ -265,3 +265,39 @@ async def test_a_cancelled_open_leaves_nothing_behind(
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert pair.client.active_streams == 0
+
+
+async def test_an_answer_head_too_large_to_send_can_still_be_answered_with_an_error(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    async def handler(stream: Stream) -> None:
+        await stream.read_all(1024)
+        with pytest.raises(frames.FrameError):
+            await stream.send_head(200, [(f"x-{i}", "v" * 8000) for i in range(10)])
+        assert not stream.head_sent
+        await stream.send_head(502, [], b"too big", end=True)
+
+    pair = await connect(handler)
+    async with pair.client.request(PROTO, "POST", "/", [], b"") as s:
+        assert (await s.response_head()).status == 502
+        assert await s.read_all(64) == b"too big"
+
+
+async def test_the_body_sent_with_a_head_is_bounded_by_the_write_timeout(
+    connect: Callable[[Handler], Awaitable[Pair]],
+) -> None:
+    outcome: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+    async def whole(stream: Stream) -> None:
+        await stream.read_all(1024)
+        try:
+            await stream.send_head(200, [], b"z" * (2 * INITIAL_WINDOW), end=True, timeout=0.2)
+            outcome.set_result(None)
+        except StreamReset as exc:
+            outcome.set_result(exc)
+            raise
+
+    pair = await connect(whole)
+    async with pair.client.request(PROTO, "POST", "/", [], b"") as s:
+        await s.response_head()  # and then read nothing
+        assert isinstance(await asyncio.wait_for(outcome, 5), WriteTimeout)

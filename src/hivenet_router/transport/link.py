@@ -527,7 +527,10 @@ class Link:
             code = "unknown_protocol" if handler is None else "refused"
             self.send_nowait(
                 frames.encode_json(
-                    FrameType.RESET, frame.stream_id, {"code": code, "message": str(protocol)}
+                    # the peer's own text, cut short: a RESET must fit in a frame
+                    FrameType.RESET,
+                    frame.stream_id,
+                    {"code": code, "message": str(protocol)[:200]},
                 )
             )
             return

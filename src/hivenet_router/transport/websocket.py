@@ -285,12 +285,19 @@ class WebSocketClient(WebSocket):
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._status = 0
         self._accept = ""
+        self._upgrade = False  # Upgrade: websocket
+        self._connection = False  # Connection: ... upgrade ...
 
     # -- the handshake (httptools callbacks) -----------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"sec-websocket-accept":
+        name = name.lower()
+        if name == b"sec-websocket-accept":
             self._accept = value.decode("latin-1")
+        elif name == b"upgrade":
+            self._upgrade = value.strip().lower() == b"websocket"
+        elif name == b"connection":
+            self._connection = b"upgrade" in (t.strip() for t in value.lower().split(b","))
 
     def on_headers_complete(self) -> None:
         assert self._parser is not None
@@ -322,6 +329,8 @@ class WebSocketClient(WebSocket):
             raise HandshakeError(f"server answered {self._status}, not 101", self._status)
         if self._accept != accept_key(key):
             raise HandshakeError("server sent a wrong Sec-WebSocket-Accept")
+        if not (self._upgrade and self._connection):
+            raise HandshakeError("server's 101 lacks Upgrade: websocket or Connection: Upgrade")
         self._last_received = self._loop.time()
         if rest:
             self._on_data(rest)

@@ -137,7 +137,11 @@ class FrameReader:
 
     def _assemble(self, opcode: int, final: bool, payload: bytes) -> tuple[int, bytes] | None:
         if opcode >= 0x8:
-            return opcode, payload  # a reserved control opcode is ignored by the connection
+            if opcode > OP_PONG:
+                raise ProtocolError(f"reserved control opcode {opcode:#x}")
+            if opcode == OP_CLOSE:
+                _check_close(payload)
+            return opcode, payload
         if opcode == OP_TEXT:
             raise ProtocolError("text messages are not part of the link protocol")
         if opcode == OP_BINARY:
@@ -159,3 +163,19 @@ class FrameReader:
         whole = b"".join(self._fragments)
         self._fragments, self._fragment_size = [], 0
         return OP_BINARY, whole
+
+
+def _check_close(payload: bytes) -> None:
+    """A close frame's body is empty, or a status code that may be sent on the wire and a
+    UTF-8 reason (RFC 6455, 5.5.1 and 7.4)."""
+    if not payload:
+        return
+    if len(payload) == 1:
+        raise ProtocolError("a close frame with a one-byte body")
+    (code,) = SHORT.unpack_from(payload)
+    if not (1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999):
+        raise ProtocolError(f"close code {code} may not be sent")
+    try:
+        payload[2:].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("a close reason that is not UTF-8") from None

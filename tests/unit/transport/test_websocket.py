@@ -145,6 +145,44 @@ def test_fragments_are_reassembled_and_violations_refused() -> None:
         bytes((0xC2, 1)) + b"r",  # reserved bit
         bytes((0x82, 126)) + (101).to_bytes(2, "big"),  # over the limit
         bytes((0x89, 126)) + (126).to_bytes(2, "big"),  # control frame too long
+        bytes((0x8B, 0)),  # a reserved control opcode
+        bytes((0x88, 1)) + b"\x03",  # a close body of one byte
+        bytes((0x88, 2)) + (1005).to_bytes(2, "big"),  # a code that is never sent
+        bytes((0x88, 2)) + (999).to_bytes(2, "big"),  # a code out of range
+        bytes((0x88, 4)) + (1000).to_bytes(2, "big") + b"\xff\xfe",  # a reason not UTF-8
     ):
         with pytest.raises(ProtocolError):
             FrameReader(max_size=100).feed(bad)
+    good = bytes((0x88, 12)) + (4000).to_bytes(2, "big") + "bye, été".encode()
+    assert FrameReader(max_size=100).feed(good) == [(CLOSE, good[2:])]
+
+
+async def test_a_101_without_the_upgrade_headers_is_refused() -> None:
+    async def half(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        key = next(
+            line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")
+            if line.lower().startswith("sec-websocket-key")
+        )
+        accept = key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+        digest = hashlib.sha1(accept, usedforsecurity=False).digest()
+        writer.write(  # the right accept key, but no Upgrade or Connection header
+            b"HTTP/1.1 101 Switching Protocols\r\n"
+            b"Sec-WebSocket-Accept: " + base64.b64encode(digest) + b"\r\n\r\n"
+        )
+        await asyncio.wait_for(reader.read(), 5)  # until the client hangs up
+        writer.close()
+        await writer.wait_closed()
+        finished.set()
+
+    finished = asyncio.Event()
+    server = await asyncio.start_server(half, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    with pytest.raises(HandshakeError, match="Upgrade"):
+        await websocket.connect(
+            f"ws://127.0.0.1:{port}/", ssl_context=None, headers={}, max_size=1024
+        )
+    await asyncio.wait_for(finished.wait(), 5)  # the client closed its connection
+    server.close()
+    await server.wait_closed()

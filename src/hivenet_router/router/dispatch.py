@@ -361,6 +361,11 @@ class Dispatcher:
             answer = await self._answer(stream, job, agent.peer_id)
         except StreamReset as exc:
             stream.reset(exc)
+            if exc.code == "too_large":
+                # The agent cannot take a body this large; no other agent would either.
+                raise ApiError(
+                    ErrorCode.REQUEST_TOO_LARGE, "request body too large for the agent", status=413
+                ) from None
             code = (
                 ErrorCode.AGENT_DISCONNECTED
                 if isinstance(exc, LinkClosed)

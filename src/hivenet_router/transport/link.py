@@ -191,7 +191,9 @@ class Stream:
         while (chunk := await self.read()) is not None:
             size += len(chunk)
             if size > limit:
-                raise StreamReset("too_large", f"body exceeds {limit} bytes")
+                error = StreamReset("too_large", f"body exceeds {limit} bytes")
+                self.reset(error)  # the peer learns why, rather than of an internal error
+                raise error
             parts.append(chunk)
         return b"".join(parts)
 

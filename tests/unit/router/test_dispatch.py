@@ -364,3 +364,16 @@ async def test_provider_fallback_gives_back_local_reservations_first() -> None:
             await f.dispatcher.providers.close()
     finally:
         await runner.cleanup()
+
+
+async def test_a_body_too_large_for_the_agent_is_a_413_not_a_retry() -> None:
+    async with fleet() as f:
+        await f.agent("a1")
+        await f.agent("a2")
+        ticket = f.ticket()
+        ticket.job = Job(ROUTE, "m", "llm", False, b"x" * ((1 << 20) + 1), [])  # past read_all
+        with pytest.raises(ApiError) as info:
+            await f.dispatcher(ticket)
+        assert info.value.code is ErrorCode.REQUEST_TOO_LARGE and info.value.status == 413
+        assert sorted(e.calls for e in f.engines.values()) == [0, 1]  # no second agent tried
+        assert f.held() == (0, 0)

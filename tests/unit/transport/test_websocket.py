@@ -91,21 +91,27 @@ async def test_a_refused_handshake_says_its_status(echo_url: str) -> None:
     assert info.value.status == 401
 
 
+async def read_upgrade(reader: asyncio.StreamReader) -> bytes:
+    """Read a client's upgrade request; the Sec-WebSocket-Accept value that answers it,
+    worked out here by hand (RFC 6455, 4.2.2) rather than by the code under test."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    key = next(
+        line.split(":", 1)[1].strip()
+        for line in head.split("\r\n")
+        if line.lower().startswith("sec-websocket-key")
+    )
+    accept = key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+    return base64.b64encode(hashlib.sha1(accept, usedforsecurity=False).digest())
+
+
 async def test_a_silent_server_is_given_up_after_the_heartbeat() -> None:
     done = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        key = next(
-            line.split(":", 1)[1].strip()
-            for line in head.split("\r\n")
-            if line.lower().startswith("sec-websocket-key")
-        )
-        accept = key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-        digest = hashlib.sha1(accept, usedforsecurity=False).digest()
+        accept = await read_upgrade(reader)
         writer.write(
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Accept: " + base64.b64encode(digest) + b"\r\n\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
         )
         await done.wait()  # never answers a ping
         writer.close()
@@ -159,17 +165,9 @@ def test_fragments_are_reassembled_and_violations_refused() -> None:
 
 async def test_a_101_without_the_upgrade_headers_is_refused() -> None:
     async def half(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        key = next(
-            line.split(":", 1)[1].strip()
-            for line in head.split("\r\n")
-            if line.lower().startswith("sec-websocket-key")
-        )
-        accept = key.encode() + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-        digest = hashlib.sha1(accept, usedforsecurity=False).digest()
+        accept = await read_upgrade(reader)
         writer.write(  # the right accept key, but no Upgrade or Connection header
-            b"HTTP/1.1 101 Switching Protocols\r\n"
-            b"Sec-WebSocket-Accept: " + base64.b64encode(digest) + b"\r\n\r\n"
+            b"HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
         )
         await asyncio.wait_for(reader.read(), 5)  # until the client hangs up
         writer.close()

@@ -163,6 +163,7 @@ class Answer:
         try:
             self.source.close(outcome)
         finally:
+            cancelled: BaseException | None = None
             for hook in reversed(closers):
                 try:
                     pending = hook(outcome, self.usage)
@@ -170,3 +171,9 @@ class Answer:
                         await pending
                 except Exception:
                     log.exception("a close hook of an answer failed")
+                except BaseException as exc:  # cancelled while a hook waited
+                    # The hooks still to run give back what earlier stages took (slots,
+                    # streams): they run all the same, and the cancellation goes on after.
+                    cancelled = cancelled or exc
+            if cancelled is not None:
+                raise cancelled

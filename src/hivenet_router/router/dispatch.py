@@ -44,6 +44,7 @@ _TIMEOUT_MESSAGES = {
     "queue": "Request expired in queue",
     "agent": "Request timed out waiting for an available agent",
     "forward": "Request deadline exceeded while contacting agent",
+    "provider": "Request deadline exceeded while contacting provider",
 }
 
 
@@ -310,6 +311,10 @@ class Dispatcher:
                     ticket.emit(Queued(self.clock.monotonic() - waited_from))
                 return choice.agent, False
             if not choice.full:
+                if place is not None:
+                    # Woken for a slot this step can no longer use (its candidates were
+                    # drained, fell ill or are excluded now): pass the wake-up on.
+                    self._queue(facts.model).wake_one()
                 return None, False
             if waited_from is None:
                 for agent in agents:  # each full candidate turned this request away once
@@ -481,6 +486,7 @@ class Dispatcher:
         routing = self.routing
         ticket.leave_pool()  # the provider does not use the local pool's occupancy
         ticket.provider, ticket.origin = True, provider.engine
+        ticket.phase = "provider"
         sent = self.clock.monotonic()
         breaker = routing.provider_started(provider.engine, policy)
         try:

@@ -57,6 +57,9 @@ class AgentRecord:
     reported: int = 0
     # The routers of the site the agent has a session with (None: it does not say).
     routers_up: tuple[str, ...] | None = None
+    # The record of the agent's next connection, which took over this one's slots in use
+    # (`carry`): a slot given back here is given back there too. None once removed.
+    successor: AgentRecord | None = None
     process_healthy: bool = True
     backend_healthy: bool = True
     engine: EngineSnapshot | None = None
@@ -125,6 +128,7 @@ class AgentRecord:
 
     def carry(self, old: AgentRecord) -> None:
         """A new connection of the same agent: keep its slots in use and its history."""
+        old.successor = self
         self.held, self.reported = old.held, old.reported
         self.successes, self.failures = old.successes, old.failures
         self.srtt_ms, self.rttvar_ms = old.srtt_ms, old.rttvar_ms
@@ -279,8 +283,12 @@ class Registry:
                 del self._by_model[record.model]
 
     def release(self, record: AgentRecord) -> None:
-        """Give back one slot taken on `record` (or on the connection it replaced)."""
+        """Give back one slot taken on `record`, and on every later connection of the agent
+        that took its slots over. A record that was removed handed nothing over: a new
+        registration of the same peer starts with its own count."""
         record.release()
-        current = self._by_peer.get(record.peer_id)
-        if current is not None and current is not record and current.held > 0:
-            current.held -= 1
+        successor = record.successor
+        while successor is not None:
+            if successor.held > 0:
+                successor.held -= 1
+            successor = successor.successor

@@ -53,6 +53,7 @@ class Relay:
         }
         outcome = Outcome.CLIENT_GONE
         written = b""  # the last chunk the client was sent
+        response: http.Stream | None = None
         try:
             response = await http.stream(request, answer.status, headers)
             with self.deadlines.start(ticket.deadline):
@@ -89,6 +90,8 @@ class Relay:
             raise
         finally:
             await self._close(ticket, answer, outcome)
+        # Only a cancellation can leave before the stream began, and that one propagates.
+        assert response is not None
         with contextlib.suppress(ConnectionError):
             await response.end()
         return response
@@ -100,11 +103,13 @@ class Relay:
 
     @staticmethod
     async def _end_with_error(
-        response: http.Stream, ticket: Ticket, code: ErrorCode, message: str
+        response: http.Stream | None, ticket: Ticket, code: ErrorCode, message: str
     ) -> None:
         """One error event: the envelope every error has, as an Anthropic `event: error` on
-        /v1/messages and as a bare `data:` line elsewhere."""
+        /v1/messages and as a bare `data:` line elsewhere (none if the stream never began)."""
         ticket.failure = code
+        if response is None:
+            return
         data = b"data: " + error_body(code, message, request_id=ticket.request_id) + b"\n\n"
         if ticket.endpoint.startswith("/v1/messages"):
             data = b"event: error\n" + data

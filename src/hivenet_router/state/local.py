@@ -240,8 +240,12 @@ class LocalPool:
         if entry is None:
             entry = self._entries[key] = _Occupancy(key, self.clock.monotonic())
         fits = not entry.waiters and self._fits(entry, amount, budget, most)
-        if not fits and not await self._wait(entry, amount, budget, most, wait):
-            return None
+        if not fits:
+            if not await self._wait(entry, amount, budget, most, wait):
+                return None
+            # Woken by a release that may have freed room for more than this one: the next
+            # in line looks too (each woken one that fits passes it on).
+            entry.wake_next()
         entry.tokens += amount
         entry.inflight += 1
         entry.last_used = self.clock.monotonic()
@@ -250,25 +254,38 @@ class LocalPool:
     async def _wait(
         self, entry: _Occupancy, amount: int, budget: int, most: int, wait: float
     ) -> bool:
-        """Wait in line until this reservation fits (True) or `wait` passes (False)."""
+        """Wait in line until this reservation fits (True) or `wait` passes (False). The
+        line is first come, first served: one woken that still does not fit keeps its
+        place at the head, and nobody behind it goes first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
+        head = False
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
             waiter: asyncio.Future[None] = loop.create_future()
-            entry.waiters.append(waiter)
+            if head:
+                entry.waiters.appendleft(waiter)
+            else:
+                entry.waiters.append(waiter)
+            woken = False
             try:
                 async with asyncio.timeout(remaining):
                     await waiter
+                woken = True
             except TimeoutError:
                 return False
             finally:
                 if waiter in entry.waiters:
                     entry.waiters.remove(waiter)
+                elif not woken and waiter.done() and not waiter.cancelled():
+                    # Woken, but leaving (timed out or cancelled in the same turn): the
+                    # wake-up is passed on, or room could sit unused behind us.
+                    entry.wake_next()
             if self._fits(entry, amount, budget, most):
                 return True
+            head = True
 
     def wake_all(self, key: str) -> None:
         """Let every waiter of `key` check again (room appeared other than by a release)."""

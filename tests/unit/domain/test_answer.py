@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
@@ -108,3 +110,21 @@ async def test_closing_drops_the_hooks_so_nothing_waits_for_the_cycle_collector(
             pass
         await answer.close(Outcome.OK)
         del answer
+
+
+async def test_a_close_cancelled_in_an_async_hook_still_runs_the_earlier_hooks() -> None:
+    ran: list[str] = []
+    answer = Answer(200, [], Whole(), body=b"{}")
+    answer.on_close(lambda outcome, usage: ran.append("slot given back"))  # runs last
+
+    async def settle(outcome: Outcome, usage: Usage | None) -> None:
+        await asyncio.sleep(1)  # a settle that waits on a store
+        ran.append("settled")
+
+    answer.on_close(settle)
+    closing = asyncio.create_task(answer.close(Outcome.OK))
+    await asyncio.sleep(0.01)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert ran == ["slot given back"]

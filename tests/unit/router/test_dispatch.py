@@ -377,3 +377,58 @@ async def test_a_body_too_large_for_the_agent_is_a_413_not_a_retry() -> None:
         assert info.value.code is ErrorCode.REQUEST_TOO_LARGE and info.value.status == 413
         assert sorted(e.calls for e in f.engines.values()) == [0, 1]  # no second agent tried
         assert f.held() == (0, 0)
+
+
+async def test_a_woken_request_that_cannot_use_the_freed_slot_passes_the_wake_up_on() -> None:
+    async with fleet(queue_depth=4) as f:
+        x = await f.agent("x", capacity=1)
+        y = await f.agent("y", capacity=1)
+        on_y, on_x = f.ticket(), f.ticket()
+        on_y.avoid, on_x.avoid = frozenset({"x"}), frozenset({"y"})
+        first = await f.dispatcher(on_y)
+        second = await f.dispatcher(on_x)
+        only_y = f.ticket()
+        only_y.avoid = frozenset({"x"})
+        a = asyncio.create_task(f.dispatcher(only_y))  # first in line, can only use y
+        await asyncio.sleep(0.05)
+        b = asyncio.create_task(f.dispatcher(f.ticket()))  # second, can use either
+        await asyncio.sleep(0.05)
+        y.draining = True
+        await second.close(Outcome.OK)  # x frees and wakes a, which cannot use it
+        with pytest.raises(ApiError):
+            await asyncio.wait_for(a, 1)
+        answer = await asyncio.wait_for(b, 1)  # b was woken in turn and took x
+        assert x.held == 1
+        await answer.close(Outcome.OK)
+        await first.close(Outcome.OK)
+        assert f.held() == (0, 0)
+
+
+async def test_a_deadline_while_the_provider_answers_says_so() -> None:
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(10)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post(ROUTE, slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    policy = (
+        "routing_policy: {strategy: least-loaded}\nfallback_provider: {engine: openai, model: x}\n"
+    )
+    try:
+        async with fleet(policy, queue_depth=0) as f:
+            f.dispatcher.providers = Providers({"openai": ProviderConfig("openai", url, "sk")})
+            await f.agent("a", 500)
+            ticket = f.ticket()
+            ticket.deadline = asyncio.get_running_loop().time() + 0.5
+            with pytest.raises(ApiError) as info:
+                await f.dispatcher(ticket)
+            assert info.value.code is ErrorCode.REQUEST_TIMEOUT
+            assert "provider" in info.value.message
+            assert f.held() == (0, 0)
+            await f.dispatcher.providers.close()
+    finally:
+        await runner.cleanup()

@@ -111,3 +111,36 @@ def test_steady_samples_converge(sample: float) -> None:
         srtt, rttvar = smooth_rtt(srtt, rttvar, sample)
     assert srtt == pytest.approx(sample)
     assert rttvar < sample * 1e-6
+
+
+def test_a_late_release_on_a_removed_agent_leaves_its_new_registration_alone() -> None:
+    registry = Registry()
+    old = record(capacity=1)
+    registry.upsert(old)
+    assert old.try_acquire()  # a request in flight on the old connection
+    registry.remove("a")  # removed (admin, or silent too long)
+    new = record(capacity=1)
+    registry.upsert(new)
+    assert new.try_acquire()  # the agent came back and took a new request
+    registry.release(old)  # the old request ends
+    assert (old.held, new.held) == (0, 1)
+    assert not new.try_acquire()  # still full: its one slot is in use
+    registry.release(new)
+    assert new.held == 0
+
+
+def test_slots_taken_before_two_reconnects_are_given_back_on_the_latest() -> None:
+    registry = Registry()
+    first = record(capacity=2)
+    registry.upsert(first)
+    assert first.try_acquire()
+    second = record(capacity=2)
+    registry.upsert(second)  # reconnected: second carries the slot in use
+    assert second.try_acquire()
+    third = record(capacity=2)
+    registry.upsert(third)  # and again
+    assert third.held == 2
+    registry.release(first)
+    assert (second.held, third.held) == (1, 1)
+    registry.release(second)
+    assert third.held == 0

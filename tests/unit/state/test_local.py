@@ -182,3 +182,32 @@ def test_pool_arithmetic_under_any_interleaving(steps: list[tuple[str, int, int]
         assert all((t, n) == (0, 0) for _, t, n in pool.levels())
 
     asyncio.run(run())
+
+
+async def test_room_freed_at_once_admits_everyone_in_line_who_fits() -> None:
+    pool = LocalPool(ManualClock(), alone_fits=False)
+    big = await pool.reserve("m", 100, 100, 5)
+    assert big is not None
+    small = [asyncio.create_task(pool.reserve("m", 10, 100, 5)) for _ in range(3)]
+    await asyncio.sleep(0)
+    big.release()
+    leases = await asyncio.wait_for(asyncio.gather(*small), 1)
+    assert all(lease is not None for lease in leases)
+
+
+async def test_one_woken_that_still_does_not_fit_keeps_its_place() -> None:
+    pool = LocalPool(ManualClock(), alone_fits=False)
+    a = await pool.reserve("m", 60, 100, 5)
+    b = await pool.reserve("m", 40, 100, 5)
+    assert a is not None and b is not None
+    large = asyncio.create_task(pool.reserve("m", 90, 100, 5))  # first in line
+    await asyncio.sleep(0)
+    small = asyncio.create_task(pool.reserve("m", 10, 100, 5))
+    await asyncio.sleep(0)
+    b.release()  # 40 free: not enough for the first in line, who stays first
+    await asyncio.sleep(0.01)
+    assert not large.done() and not small.done()
+    a.release()
+    assert await asyncio.wait_for(large, 1) is not None
+    lease = await asyncio.wait_for(small, 1)
+    assert lease is not None  # 90 + 10 fit together

@@ -34,8 +34,12 @@ class _Common(msgspec.Struct, kw_only=True):
     max_tokens: int | float | None = None
     max_completion_tokens: int | float | None = None
     # Tool schemas become part of the prompt: their size feeds the estimate. An empty Raw
-    # stands for "absent" (msgspec cannot put Raw in a union with None).
+    # stands for "absent" (msgspec cannot put Raw in a union with None). `functions` is
+    # OpenAI's older name for tools, `documents` vLLM's retrieval documents for the chat
+    # template: both reach the model too.
     tools: msgspec.Raw = msgspec.Raw()
+    functions: msgspec.Raw = msgspec.Raw()
+    documents: msgspec.Raw = msgspec.Raw()
 
 
 class _Chat(_Common):
@@ -76,6 +80,11 @@ _ANY = msgspec.json.Decoder()
 
 _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 _TEXT_FIELDS = ("text", "thinking", "arguments")
+# Parts that carry no image and no text field of their own but still reach the model
+# (documents, files, audio, video, search results, blocks added later) count by the
+# size of their JSON, as tools do; so does content nested past _NEST_LIMIT.
+_BYTES_PER_TOKEN_ID = 4  # a prompt given as token IDs: about what a token's text takes
+MAX_OUTPUT = 2**31 - 1  # larger output limits are refused, not reserved
 
 
 class _Tally:
@@ -101,7 +110,10 @@ def _content(content: Any, tally: _Tally, depth: int = 0) -> None:
     """
     if isinstance(content, str):
         tally.text(content)
-    elif isinstance(content, list) and depth < _NEST_LIMIT:
+    elif isinstance(content, list):
+        if depth >= _NEST_LIMIT:
+            tally.text_bytes += len(msgspec.json.encode(content))
+            return
         for part in content:
             if isinstance(part, dict):
                 _part(part, tally, depth)
@@ -111,17 +123,23 @@ def _content(content: Any, tally: _Tally, depth: int = 0) -> None:
 
 def _part(part: dict[str, Any], tally: _Tally, depth: int) -> None:
     kind = part.get("type")
+    if not isinstance(kind, str):
+        kind = None  # the engine judges a part of no type, or of a type that is no string
     if kind in _IMAGE_PARTS:
         tally.images += 1
         return
+    counted = False
     for name in _TEXT_FIELDS:
         text = part.get(name)
         if isinstance(text, str):
             tally.text(text)
-    if kind == "tool_result":
+            counted = True
+    if kind in ("tool_result", "search_result"):
         _content(part.get("content"), tally, depth + 1)
     elif kind == "tool_use":
         tally.text(msgspec.json.encode(part.get("input")).decode())
+    elif not counted and kind not in (None, "text"):
+        tally.text_bytes += len(msgspec.json.encode(part))
 
 
 def _measure(decoded: Any) -> tuple[_Tally, int]:
@@ -138,6 +156,9 @@ def _measure(decoded: Any) -> tuple[_Tally, int]:
                 role = message.get("role")
                 if isinstance(role, str):
                     tally.pieces.append(role)
+                name = message.get("name")
+                if isinstance(name, str):
+                    tally.text(name)
                 _content(message.get("content"), tally)
                 calls = message.get("tool_calls")
                 if isinstance(calls, list):
@@ -146,17 +167,38 @@ def _measure(decoded: Any) -> tuple[_Tally, int]:
                         if isinstance(function, dict):
                             _part(function, tally, 0)
     prompt = getattr(decoded, "prompt", None)
-    if prompt is not None:
-        _content(prompt if isinstance(prompt, str) else [str(p) for p in prompt], tally)
-    tools = getattr(decoded, "tools", None)
-    if tools is not None:
-        tally.text_bytes += len(tools)
+    if isinstance(prompt, str):
+        tally.text(prompt)
+    elif isinstance(prompt, list):
+        _prompts(prompt, tally)
+    for field in ("tools", "functions", "documents"):
+        raw = getattr(decoded, field, None)
+        if raw is not None:
+            tally.text_bytes += len(raw)
     return tally, count
 
 
-def _declared(value: float | None) -> int | None:
+def _prompts(prompt: list[Any], tally: _Tally) -> None:
+    """A completion prompt given as a list: texts, token IDs, or a batch of either."""
+    for item in prompt:
+        if isinstance(item, str):
+            tally.text(item)
+        elif isinstance(item, int):
+            tally.text_bytes += _BYTES_PER_TOKEN_ID
+            tally.pieces.append(str(item))
+        elif isinstance(item, list):
+            ids = sum(1 for value in item if isinstance(value, int))
+            tally.text_bytes += ids * _BYTES_PER_TOKEN_ID
+            tally.pieces.extend(str(value) for value in item)
+        else:
+            tally.text_bytes += len(msgspec.json.encode(item))
+
+
+def _declared(value: float | None, field: str) -> int | None:
     if value is None or value < 0 or (isinstance(value, float) and not value.is_integer()):
         return None
+    if value > MAX_OUTPUT:
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"{field} must be at most {MAX_OUTPUT}")
     return int(value)
 
 
@@ -173,9 +215,10 @@ def parse(route: str, body: bytes) -> RequestFacts:
         # msgspec follows nesting on the C stack; past Python's limit it gives up here.
         raise ApiError(ErrorCode.REQUEST_INVALID, "JSON is nested too deeply") from None
     stream = bool(getattr(decoded, "stream", None))
-    max_out = _declared(getattr(decoded, "max_completion_tokens", None))
-    if max_out is None:
-        max_out = _declared(getattr(decoded, "max_tokens", None))
+    # As the engines read them: max_completion_tokens, unless it is absent or 0, in which
+    # case max_tokens (absent: undeclared).
+    newer = _declared(getattr(decoded, "max_completion_tokens", None), "max_completion_tokens")
+    max_out = newer if newer else _declared(getattr(decoded, "max_tokens", None), "max_tokens")
     tally, messages = _measure(decoded)
     return RequestFacts(
         route,

@@ -45,15 +45,18 @@ def credential(request: Request) -> str | None:
     headers = request.headers
     found: set[str] = set()
     for value in headers.getall("authorization"):
-        found.add(value[7:].strip() if value[:7].lower() == "bearer " else "\0" + value)
-    found.update(headers.getall("x-api-key"))
+        key = value[7:].strip() if value[:7].lower() == "bearer " else "\0" + value
+        if key:
+            found.add(key)
+    # An empty header carries no key: it neither conflicts with another nor is one.
+    found.update(value for value in headers.getall("x-api-key") if value.strip())
     if len(found) > 1:
         raise ApiError(
             ErrorCode.UNAUTHORIZED,
             "conflicting credentials: send one key, as Authorization: Bearer or x-api-key",
         )
-    key = next(iter(found), None)
-    return None if key is None or key.startswith("\0") else key
+    presented = next(iter(found), None)
+    return None if presented is None or presented.startswith("\0") else presented
 
 
 async def read_body(request: Request, timeout: float) -> bytes:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from hivenet_router.router.bodies import parse
+import pytest
+
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.router.bodies import MAX_OUTPUT, parse
 
 
 def test_router_validation_follows_the_official_schemas() -> None:
@@ -46,3 +49,89 @@ def test_the_prompt_is_read_in_the_order_the_model_reads_it() -> None:
     assert anthropic.prompt == ("S", "user", "q")  # the system prompt first, wherever sent
     assert parse("/v1/completions", b'{"model": "m", "prompt": "P"}').prompt == ("P",)
     assert parse("/v1/embeddings", b'{"model": "m", "input": "x"}').prompt == ()
+
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "messages": [{"role": "user", "content": [{"type": [], "text": "hi"}]}]}',
+        b'{"model": "m", "messages": [{"role": "user", "content": [{"type": {"a": 1}}]}]}',
+        b'{"model": "m", "messages": [{"role": "assistant", "tool_calls":'
+        b' [{"function": {"type": [], "arguments": "{}"}}]}]}',
+    ],
+)
+def test_a_part_whose_type_is_no_string_is_measured_not_a_crash(body: bytes) -> None:
+    facts = parse(CHAT, body)
+    assert facts.images == 0
+
+
+def test_a_system_block_whose_type_is_no_string_is_measured() -> None:
+    facts = parse("/v1/messages", b'{"model": "m", "max_tokens": 1, "messages": [],'
+                  b' "system": [{"type": [1], "text": "abc"}]}')  # fmt: skip
+    assert facts.text_bytes == 3
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        b'{"type": "document", "source": {"type": "text", "media_type": "text/plain",'
+        b' "data": "' + b"d" * 1000 + b'"}}',
+        b'{"type": "file", "file": {"file_data": "' + b"f" * 1000 + b'"}}',
+        b'{"type": "input_audio", "input_audio": {"data": "' + b"a" * 1000 + b'"}}',
+        b'{"type": "search_result", "source": "s", "title": "t",'
+        b' "content": [{"type": "text", "text": "' + b"r" * 1000 + b'"}]}',
+    ],
+)
+def test_parts_without_text_fields_count_by_their_size(part: bytes) -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": [' + part + b"]}]}"
+    assert parse(CHAT, body).text_bytes >= 1000
+
+
+def test_names_legacy_functions_documents_and_deep_tool_results_count() -> None:
+    body = (
+        b'{"model": "m", "messages": [{"role": "user", "name": "' + b"n" * 100 + b'",'
+        b' "content": "hi"}], "functions": [{"name": "f", "description": "'
+        + b"x" * 500
+        + b'"}], "documents": [{"text": "'
+        + b"y" * 300
+        + b'"}]}'
+    )
+    assert parse(CHAT, body).text_bytes >= 2 + 100 + 500 + 300
+    deep: bytes = b'"' + b"z" * 400 + b'"'
+    for _ in range(6):
+        deep = b'[{"type": "tool_result", "tool_use_id": "t", "content": ' + deep + b"}]"
+    body = b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": '
+    assert parse("/v1/messages", body + deep + b"}]}").text_bytes >= 400
+
+
+def test_token_id_prompts_count_about_a_token_each() -> None:
+    one = parse("/v1/completions", b'{"model": "m", "prompt": [1, 2, 3, 4, 5]}')
+    batch = parse("/v1/completions", b'{"model": "m", "prompt": [[1, 2, 3], [4, 5]]}')
+    assert one.text_bytes == batch.text_bytes == 5 * 4
+
+
+@pytest.mark.parametrize(
+    ("fields", "declared"),
+    [
+        (b'"max_completion_tokens": 0, "max_tokens": 100', 100),
+        (b'"max_completion_tokens": 0', None),
+        (b'"max_completion_tokens": 7, "max_tokens": 100', 7),
+        (b'"max_tokens": 0', 0),
+    ],
+)
+def test_the_output_limit_is_read_as_the_engines_read_it(
+    fields: bytes, declared: int | None
+) -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "q"}], ' + fields + b"}"
+    assert parse(CHAT, body).max_output_tokens == declared
+
+
+@pytest.mark.parametrize("value", [b"1e308", str(MAX_OUTPUT + 1).encode(), b"9" * 400])
+def test_an_absurd_output_limit_is_refused(value: bytes) -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "q"}], "max_tokens": '
+    with pytest.raises(ApiError) as info:
+        parse(CHAT, body + value + b"}")
+    assert info.value.code is ErrorCode.REQUEST_INVALID and "max_tokens" in info.value.message

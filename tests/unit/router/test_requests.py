@@ -25,6 +25,10 @@ def _request(*headers: tuple[str, str], body: bytes = b"") -> Request:
         ((("Authorization", "Bearer k1"), ("x-api-key", "k1")), "k1"),
         ((("Authorization", "Bearer k1"), ("Authorization", "Bearer k1")), "k1"),
         ((("Authorization", "Basic dXNlcjpwYXNz"),), None),
+        # An empty header is no key, and does not conflict with one.
+        ((("Authorization", "Bearer k1"), ("x-api-key", "")), "k1"),
+        ((("Authorization", "Bearer "), ("x-api-key", "k1")), "k1"),
+        ((("x-api-key", " "),), None),
     ],
 )
 def test_one_credential(headers: tuple[tuple[str, str], ...], key: str | None) -> None:

@@ -12,6 +12,35 @@ import msgspec
 Label = Annotated[str, msgspec.Meta(max_length=256)]
 ShortLabel = Annotated[str, msgspec.Meta(max_length=128)]
 
+# What an agent reports is checked for sense, not only for type: one agent's figure must
+# never break a page or a routing decision for the others (a 20-digit byte count failed
+# every admin view and /metrics; a pace of 1e-310 made prefix routing overflow). A figure
+# out of range is dropped as if never reported, and the heartbeat is taken.
+MAX_BYTES = 2**63 - 1
+_SECONDS = (1e-9, 3600.0)  # or exactly 0
+_FRACTION = (0.0, 1.0)
+_ENGINE_BOUNDS = {
+    "kv_cache_utilization": _FRACTION,
+    "prefix_cache_hit_rate": _FRACTION,
+    "avg_ttft_seconds": _SECONDS,
+    "p90_ttft_seconds": _SECONDS,
+    "avg_itl_seconds": _SECONDS,
+    "p90_itl_seconds": _SECONDS,
+    "kv_cache_tokens": (0.0, 1e9),
+}
+_COUNT = (0.0, 1e15)  # the other engine figures: counts, totals, rates
+
+
+def _sensible(value: float | None, bounds: tuple[float, float]) -> float | None:
+    if value is None or value == 0:
+        return value
+    low, high = bounds
+    return value if low <= value <= high else None  # NaN fails both comparisons
+
+
+def _bytes(value: int | None) -> int | None:
+    return value if value is None or 0 <= value <= MAX_BYTES else None
+
 
 class EngineSnapshot(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
     """Scalar engine metrics; a field the engine never reported stays None (absent)."""
@@ -31,6 +60,12 @@ class EngineSnapshot(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=F
     prompt_tps: float | None = None  # llama.cpp: prompt processing, tokens per second
     kv_cache_tokens: float | None = None  # the engine's KV/prefix cache size in tokens
 
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, _sensible(value, _ENGINE_BOUNDS.get(name, _COUNT)))
+
 
 class GpuSnapshot(msgspec.Struct, omit_defaults=True):
     uuid: Annotated[str, msgspec.Meta(max_length=128)]
@@ -43,6 +78,11 @@ class GpuSnapshot(msgspec.Struct, omit_defaults=True):
     vram_free_bytes: int | None = None
     power_watts: float | None = None
 
+    def __post_init__(self) -> None:
+        self.vram_used_bytes = _bytes(self.vram_used_bytes)
+        self.vram_total_bytes = _bytes(self.vram_total_bytes)
+        self.vram_free_bytes = _bytes(self.vram_free_bytes)
+
 
 class HardwareSnapshot(msgspec.Struct, omit_defaults=True):
     cpu_usage_percent: float | None = None
@@ -52,6 +92,10 @@ class HardwareSnapshot(msgspec.Struct, omit_defaults=True):
     gpus: Annotated[list[GpuSnapshot], msgspec.Meta(max_length=64)] = msgspec.field(
         default_factory=list
     )
+
+    def __post_init__(self) -> None:
+        self.memory_total_bytes = _bytes(self.memory_total_bytes)
+        self.memory_available_bytes = _bytes(self.memory_available_bytes)
 
     def hottest(self) -> float | None:
         values = [g.temperature_c for g in self.gpus if g.temperature_c is not None]

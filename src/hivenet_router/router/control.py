@@ -80,6 +80,7 @@ class ControlPlane:
         self.sessions = sessions
         self.router_peer_id = router_peer_id
         self.links: set[Link] = set()
+        self._closing: set[asyncio.Task[None]] = set()  # replaced links being closed
         self._calls: dict[str, Callable[[Binding, bytes], Reply]] = {
             "/register": self._register,
             "/renew": self._renew,
@@ -106,6 +107,9 @@ class ControlPlane:
         except ws_server.UpgradeRefused as exc:
             log.warning("agent connection from %s refused: %s", request.remote, exc)
             return _refuse(exc.status, str(exc))
+        except ConnectionResetError:
+            log.info("agent %s left during the WebSocket upgrade", grant.peer_id)
+            return web.Response(status=499)
         link = Link(ws, dialer=False, name=f"agent {grant.peer_id}", handlers={})
         binding = Binding(link, grant)
         link.add_handler(ROUTER_PROTOCOL, self._management(binding))
@@ -186,7 +190,12 @@ class ControlPlane:
         # this router does not hold is restored from the store (else it would count twice).
         binding.fresh = old is None
         if old is not None and old.link is not None and old.link is not binding.link:
-            asyncio.get_running_loop().create_task(old.link.close("replaced by a new connection"))
+            # Held until done: a task nobody references may be collected before it runs.
+            closing = asyncio.get_running_loop().create_task(
+                old.link.close("replaced by a new connection")
+            )
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
         log.info(
             "agent %s registered: model %s, %s, engine %s, capacity %d",
             reg.peer_id,

@@ -127,8 +127,10 @@ class AgentRecord:
             self.srtt_ms, self.rttvar_ms = past.srtt_ms, past.rttvar_ms
 
     def carry(self, old: AgentRecord) -> None:
-        """A new connection of the same agent: keep its slots in use and its history."""
+        """A new connection of the same agent: keep its slots in use, its history, and an
+        operator's drain (a reconnect must not undo it)."""
         old.successor = self
+        self.draining = self.draining or old.draining
         self.held, self.reported = old.held, old.reported
         self.successes, self.failures = old.successes, old.failures
         self.srtt_ms, self.rttvar_ms = old.srtt_ms, old.rttvar_ms

@@ -144,3 +144,13 @@ def test_slots_taken_before_two_reconnects_are_given_back_on_the_latest() -> Non
     assert (second.held, third.held) == (1, 1)
     registry.release(second)
     assert third.held == 0
+
+
+def test_a_drained_agent_stays_drained_when_it_reconnects() -> None:
+    registry = Registry()
+    old = record()
+    registry.upsert(old)
+    old.draining = True  # an operator drained it
+    new = record()
+    registry.upsert(new)  # its connection dropped and it came back
+    assert new.draining and not new.eligible

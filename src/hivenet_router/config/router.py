@@ -419,7 +419,8 @@ class RouterConfig:
         parse=v.comma_list,
         env="HIVENET_ROUTER_STAGES",
         help="Request stages between the edge and dispatch, in order, by name "
-        "(wallet, cache, admission, validator); each gateway stage acts only where turned on",
+        "(wallet, cache, admission, validator); each gateway stage acts only where turned on. "
+        "A name may appear once, and wallet must come before cache and validator",
     )
     ledger_dsn: str = option(
         "",

@@ -23,7 +23,7 @@ from dataclasses import replace
 from decimal import Decimal
 from typing import Final
 
-from hivenet_router.domain.answer import Answer
+from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
 from hivenet_router.gateway.ledger import HoldResult, Ledger
@@ -151,7 +151,9 @@ class WalletStage:
                 meter.feed(answer.first)
             answer.on_chunk(meter.feed)
         answer.on_close(
-            lambda outcome, usage: self._settle(ticket, facts, base, price, answer, usage, meter)
+            lambda outcome, usage: self._settle(
+                ticket, facts, base, price, answer, outcome, usage, meter
+            )
         )
         return answer
 
@@ -178,6 +180,7 @@ class WalletStage:
         base: Charge,
         price: Price,
         answer: Answer,
+        outcome: Outcome,
         usage: Usage | None,
         meter: _Meter,
     ) -> None:
@@ -187,6 +190,10 @@ class WalletStage:
             tokens_in = tokens_out = 0  # an error answer generated nothing
         elif usage is not None:
             tokens_in, tokens_out = usage.input_tokens, usage.output_tokens
+            if outcome is not Outcome.OK and answer.streamed and facts.route in GENERATING_ROUTES:
+                # Cut short before its last usage report (an Anthropic stream gives output
+                # tokens only at its end): what the client was sent is counted at least.
+                tokens_out = max(tokens_out, meter.events)
         else:
             tokens_in = estimated_input(facts)
             tokens_out = meter.events if facts.route in GENERATING_ROUTES else 0

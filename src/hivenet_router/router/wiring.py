@@ -164,8 +164,15 @@ OBSERVERS: dict[str, Callable[[Router, RouterConfig], RequestObserver | None]] =
 }
 
 
+# Stages whose order decides what is billed: the wallet must hold before the cache serves
+# (else hits and shared answers are never billed) and before the validator (else it bills
+# a rejected attempt and its replacement both).
+_BEFORE = {"wallet": ("cache", "validator")}
+
+
 def check_names(config: RouterConfig) -> None:
-    """Refuse, at start, a stage or observer this router does not have."""
+    """Refuse, at start, a stage or observer this router does not have, one named twice
+    (it would hold and charge twice), or stages in an order that bills wrongly."""
     for kind, names, table in (
         ("HIVENET_ROUTER_STAGES", config.stages, STAGES),
         ("HIVENET_ROUTER_OBSERVERS", config.observers, OBSERVERS),
@@ -173,6 +180,17 @@ def check_names(config: RouterConfig) -> None:
         unknown = [name for name in names if name not in table]
         if unknown:
             raise ConfigError(f"{kind}: unknown {', '.join(unknown)} (known: {', '.join(table)})")
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ConfigError(f"{kind}: {', '.join(twice)} named more than once")
+    stages = list(config.stages)
+    for first, laters in _BEFORE.items():
+        for later in laters:
+            if first in stages and later in stages and stages.index(later) < stages.index(first):
+                raise ConfigError(
+                    f"HIVENET_ROUTER_STAGES: {first} must come before {later} "
+                    f"(default order: {', '.join(STAGES)})"
+                )
 
 
 def local_ports(config: RouterConfig, clock: Clock) -> tuple[Ports, DailyCounter]:

@@ -147,6 +147,27 @@ async def test_a_stream_without_usage_is_charged_what_was_metered(ledger: Ledger
     assert t.charge == Decimal("0.014") + Decimal("0.006")
 
 
+async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was_sent(
+    ledger: Ledger,
+) -> None:
+    await ledger.credit("acme", Decimal(1), "USD", None)
+    stage = WalletStage(ledger, lambda model: PRICED)
+    start = (
+        b'event: message_start\ndata: {"type": "message_start", "message":'
+        b' {"usage": {"input_tokens": 25, "output_tokens": 1}}}\n\n'
+    )
+    delta = b'event: content_block_delta\ndata: {"type": "content_block_delta"}\n\n'
+
+    async def anthropic(t: Ticket) -> Answer:
+        return Answer(200, [], Chunks([delta] * 50), first=start)
+
+    t = ticket(route="/v1/messages")
+    # The client hangs up before message_delta, which would have carried the output count.
+    await serve(stage, t, anthropic, Outcome.CLIENT_GONE)
+    # 25 input tokens as reported; output at least the 51 data events it was sent
+    assert t.charge == Decimal("0.025") + 51 * Decimal("0.002")
+
+
 async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
     stage = WalletStage(ledger, lambda model: PRICED)

@@ -1,0 +1,41 @@
+"""The names of stages and observers the router is configured with, checked at start."""
+
+from __future__ import annotations
+
+import pytest
+
+from hivenet_router.config.options import ConfigError
+from hivenet_router.config.router import RouterConfig
+from hivenet_router.router.wiring import check_names
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        ("wallet", "cache", "admission", "validator"),
+        ("cache", "admission"),
+        ("wallet", "admission", "cache"),  # admission may come before the cache
+        (),
+    ],
+)
+def test_orders_that_bill_rightly_are_taken(stages: tuple[str, ...]) -> None:
+    check_names(RouterConfig(stages=stages))
+
+
+@pytest.mark.parametrize(
+    ("stages", "says"),
+    [
+        (("wallet", "cache", "wallet"), "wallet named more than once"),
+        (("cache", "wallet"), "wallet must come before cache"),
+        (("admission", "validator", "wallet"), "wallet must come before validator"),
+        (("wallet", "cahce"), "unknown cahce"),
+    ],
+)
+def test_orders_that_would_bill_wrongly_are_refused(stages: tuple[str, ...], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        check_names(RouterConfig(stages=stages))
+
+
+def test_an_observer_named_twice_is_refused() -> None:
+    with pytest.raises(ConfigError, match="metrics named more than once"):
+        check_names(RouterConfig(observers=("metrics", "audit", "metrics")))

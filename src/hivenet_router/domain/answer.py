@@ -84,6 +84,7 @@ class Answer:
         "body",
         "first",
         "headers",
+        "keep",
         "origin",
         "source",
         "status",
@@ -106,6 +107,9 @@ class Answer:
         self.body = body  # a whole answer; None for a stream
         self.first = first  # a stream's first chunk
         self.origin = origin  # the agent's peer ID or the provider's name
+        # False once a stage judged the answer unfit to be served again (a cache must not
+        # store it), though this client gets it whole.
+        self.keep = True
         self.usage: Usage | None = None
         self._meter: StreamMeter | None = None
         self._closers: list[Closer] = []

@@ -228,7 +228,7 @@ class ResponseCache:
     def _ended(self, settings: CacheSettings, flight: Flight, outcome: Outcome) -> None:
         """A flight is over: no one joins it any more; a complete 200 answer is kept."""
         self.flights.discard(flight)
-        if not (settings.store and flight.complete and flight.status == 200):
+        if not (settings.store and flight.complete and flight.keep and flight.status == 200):
             return
         if flight.size > settings.max_entry_bytes or (flight.body is None and not flight.size):
             return

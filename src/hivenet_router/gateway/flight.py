@@ -60,6 +60,7 @@ class Flight:
         self.size = 0  # bytes in `chunks` (or the whole body)
         self.ended = False  # the pump is over, however it ended
         self.complete = False  # ... and the upstream was read to its end
+        self.keep = True  # the upstream did not say it must not be served again
         self.failure: AnswerBroken | None = None  # mid-stream, after `chunks`
         self.refusal: BaseException | None = None  # before the head
         self.own = False  # `refusal` was the first request's own
@@ -153,6 +154,7 @@ class Flight:
         self._head.set()
         self.wake()  # a keeper waiting for the head
         outcome = await self._read(upstream)
+        self.keep = upstream.keep
         try:
             self._end(outcome)
         finally:

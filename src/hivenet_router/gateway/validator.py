@@ -121,6 +121,7 @@ class StreamValidator:
         hold.pending = None
         first = b"".join(hold.chunks) if hold.chunks else None
         outer = Answer(local.status, local.headers, source, first=first, origin=local.origin)
+        source.outer = outer
         metrics = self.metrics
 
         async def close_local(outcome: Outcome, usage: Usage | None) -> None:
@@ -240,7 +241,7 @@ class Checked:
     only counted: the client has a whole answer, which an error event would spoil, and the
     agent did finish it."""
 
-    __slots__ = ("_detector", "_ended", "_local", "_pending", "_text", "looped")
+    __slots__ = ("_detector", "_ended", "_local", "_pending", "_text", "looped", "outer")
 
     def __init__(
         self,
@@ -256,6 +257,7 @@ class Checked:
         self._detector = detector
         self._ended = ended
         self.looped = False
+        self.outer: Answer | None = None  # the answer this source feeds
 
     async def read(self) -> bytes | None:
         if self._ended:
@@ -278,6 +280,8 @@ class Checked:
         if text.done:
             self._detector = None
             self.looped = detector.finish() is not None
+            if self.looped and self.outer is not None:
+                self.outer.keep = False  # this client keeps it; nobody is served it again
         return chunk
 
     def _loop(self, detector: Detector) -> None:

@@ -221,6 +221,20 @@ async def test_a_leaders_own_refusal_sends_its_followers_on_alone() -> None:
     assert engine.calls == 2
 
 
+async def test_an_answer_a_stage_marked_unfit_to_serve_again_is_not_stored() -> None:
+    cache, engine = stage(), Engine()
+
+    async def judged(t: Ticket) -> Answer:
+        answer = await engine(t)
+        answer.keep = False  # as the validator marks an answer it judged degenerate at its end
+        return answer
+
+    first = await read(await cache(ticket(BODY), judged))
+    assert first == b"".join(CHUNKS)  # its client has it whole
+    await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2 and cache.snapshot().entries == 1  # the second one stored
+
+
 async def test_a_broken_stream_is_not_stored() -> None:
     cache, engine = stage(), Engine([CHUNKS[0], b"BREAK"])
     answer = await cache(ticket(BODY), engine)

@@ -444,6 +444,7 @@ async def test_a_verdict_after_the_terminal_event_is_only_counted(shape: str) ->
     assert local.closed_once(Outcome.OK)
     assert count(validator, "streams", "late_degenerate") == 1
     assert count(validator, "streams", "clean") == 0
+    assert not answer.keep  # a cache must not serve it to anyone else
 
 
 async def test_an_end_without_a_terminal_event_still_breaks() -> None:

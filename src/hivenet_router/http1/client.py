@@ -41,7 +41,7 @@ class _Closed(EngineError):
     """The connection closed before any answer arrived."""
 
 
-class _Unexpected(Exception):
+class _Unexpected(EngineError):
     """Raised from a parser callback: the engine sent what no request asked for."""
 
 
@@ -114,9 +114,8 @@ class _Connection(asyncio.Protocol):
         self.received = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError as exc:
-            reason = exc.__context__ if isinstance(exc.__context__, EngineError) else exc
-            self._fail(EngineError(f"unusable answer from the engine: {reason}"))
+        except httptools.HttpParserCallbackError as exc:  # raised by a callback below
+            self._fail(EngineError(f"unusable answer from the engine: {exc.__context__ or exc}"))
             self.close()
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(EngineError(f"malformed answer from the engine: {exc!r}"))

@@ -357,7 +357,7 @@ class _Connection(asyncio.Protocol):
             # A head begun in this piece is still arriving: it is what follows the last
             # blank line, less whatever body of an earlier message came after that line.
             end = data.rfind(b"\r\n\r\n")
-            self._head_raw = len(data) - (end + 4 if end >= 0 else 0) - self._body_fed
+            self._head_raw = max(0, len(data) - (end + 4 if end >= 0 else 0) - self._body_fed)
             if self._head_raw > limits.head:
                 self._refuse(431, "request headers are too large")
         elif continuing and self._in_head:

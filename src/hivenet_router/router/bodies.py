@@ -80,9 +80,6 @@ _ANY = msgspec.json.Decoder()
 
 _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 _TEXT_FIELDS = ("text", "thinking", "arguments")
-# Parts that carry no image and no text field of their own but still reach the model
-# (documents, files, audio, video, search results, blocks added later) count by the
-# size of their JSON, as tools do; so does content nested past _NEST_LIMIT.
 _BYTES_PER_TOKEN_ID = 4  # a prompt given as token IDs: about what a token's text takes
 MAX_OUTPUT = 2**31 - 1  # larger output limits are refused, not reserved
 
@@ -122,6 +119,9 @@ def _content(content: Any, tally: _Tally, depth: int = 0) -> None:
 
 
 def _part(part: dict[str, Any], tally: _Tally, depth: int) -> None:
+    """A part with no image and no text field of its own still reaches the model
+    (documents, files, audio, video, blocks added later): it counts by the size of its
+    JSON, as tools do, and so does content nested past _NEST_LIMIT."""
     kind = part.get("type")
     if not isinstance(kind, str):
         kind = None  # the engine judges a part of no type, or of a type that is no string

@@ -279,9 +279,9 @@ class LocalPool:
             finally:
                 if waiter in entry.waiters:
                     entry.waiters.remove(waiter)
-                elif not woken and waiter.done() and not waiter.cancelled():
-                    # Woken, but leaving (timed out or cancelled in the same turn): the
-                    # wake-up is passed on, or room could sit unused behind us.
+                if not woken:
+                    # Leaving the line (timed out or cancelled, woken in the same turn or
+                    # not): the next one looks, or room could sit unused behind us.
                     entry.wake_next()
             if self._fits(entry, amount, budget, most):
                 return True

@@ -211,3 +211,16 @@ async def test_one_woken_that_still_does_not_fit_keeps_its_place() -> None:
     assert await asyncio.wait_for(large, 1) is not None
     lease = await asyncio.wait_for(small, 1)
     assert lease is not None  # 90 + 10 fit together
+
+
+async def test_when_the_head_of_the_line_gives_up_the_next_one_looks() -> None:
+    pool = LocalPool(ManualClock(), alone_fits=False)
+    a = await pool.reserve("m", 60, 100, 5)
+    assert a is not None
+    large = asyncio.create_task(pool.reserve("m", 90, 100, 0.05))  # gives up soon
+    await asyncio.sleep(0)
+    small = asyncio.create_task(pool.reserve("m", 10, 100, 5))  # fits, but waits its turn
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(large, 1) is None
+    lease = await asyncio.wait_for(small, 0.5)  # not left waiting for the next release
+    assert lease is not None

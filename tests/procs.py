@@ -209,7 +209,9 @@ class Cluster:
         name: str = "router",
         ports: Router | None = None,
         env: dict[str, str] | None = None,
+        wait: bool = True,
     ) -> Router:
+        """Start a router; unless `wait` is False, return once `/health` answers."""
         http, grpc, p2p, met = (
             (ports.http, ports.grpc, ports.p2p, ports.metrics_port)
             if ports
@@ -251,7 +253,8 @@ class Cluster:
             },
         )
         router = Router(proc, http, grpc, p2p, met, self.tmp / f"{name}-audit.jsonl")
-        wait_until(lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200)
+        if wait:
+            wait_until(lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200)
         return router
 
     def agent(

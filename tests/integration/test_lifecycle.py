@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import anthropic
@@ -19,6 +20,23 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 def _ok(router: Router) -> bool:
     reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
     return reply.status_code == 200
+
+
+def test_the_public_port_opens_after_every_other_listener(make_cluster: Cluster) -> None:
+    # What waits for the public port (a readiness probe, an agent's operator, a test) may
+    # dial the agent and metrics ports the moment it answers.
+    router = make_cluster.router(wait=False)
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "the public port never opened"
+        assert router.proc.alive, router.proc.log()
+        try:
+            socket.create_connection(("127.0.0.1", router.http), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.001)
+    for port in (router.grpc, router.p2p, router.metrics_port):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 def test_dead_agent_leaves_the_pool_then_the_registry(make_cluster: Cluster) -> None:

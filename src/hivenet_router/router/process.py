@@ -227,7 +227,12 @@ class RouterProcess:
         return {"policies": policies, "auth": auth}
 
     async def _listen(self, router: Router, auth_server: GrpcAuthServer) -> _Listening | None:
-        """Start every listener, the public port first; None (logged) if one cannot bind."""
+        """Start every listener, the public port last; None (logged) if one cannot bind.
+
+        The public port opens last so that an answer from `/health` (what a load balancer,
+        an orchestrator's readiness probe or a test waits for) means that the agents' gRPC
+        and link ports and the metrics port are already accepting connections.
+        """
         cfg = self.config
         open_files = raise_open_files_limit()
         client_conns = connection_budget(cfg.http_max_conns, open_files)
@@ -248,7 +253,6 @@ class RouterProcess:
             malformed=QuietServerLog("hivenet.http").malformed,
         )
         try:
-            await public.listen(cfg.http_port.host, cfg.http_port.port, reuse_port=cfg.reuse_port)
             await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
             runners.append(
                 await start_site(
@@ -265,6 +269,7 @@ class RouterProcess:
             runners.append(
                 await start_site(_metrics_app(router), cfg.metrics_port.host, cfg.metrics_port.port)
             )
+            await public.listen(cfg.http_port.host, cfg.http_port.port, reuse_port=cfg.reuse_port)
         except (OSError, RuntimeError) as exc:
             log.error("cannot listen: %s", exc)
             await auth_server.stop()

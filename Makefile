@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input soak docs clean
+.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input bench-heavy-body soak docs clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -96,6 +96,10 @@ bench-gateway: $(BENCH_STAMP)
 ## Good requests' throughput when one in ten is bad, at 256 connections (about 2 minutes).
 bench-bad-input: $(STAMP)
 	$(BIN)/python -m bench.badinput $(ARGS)
+
+## Good requests' rate and latency while clients send 10 MiB bodies built to be slow (about a minute).
+bench-heavy-body: $(STAMP)
+	$(BIN)/python -m bench.heavybody $(ARGS)
 
 ## One million requests; memory must stay flat and nothing held (about 10 minutes).
 soak: $(STAMP)

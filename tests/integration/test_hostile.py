@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 import orjson
+import psutil
 import pytest
 
 from tests.procs import ADMIN_KEY, Cluster, Router, Sim, cluster, metric, wait_until
@@ -223,6 +224,32 @@ def test_deeply_nested_json(fleet: tuple[Cluster, Router, Sim], route: str, dept
         )
     assert 400 <= reply.status_code < 500, reply.text[:300]
     assert reply.json()["error"]["code"] in ("request_invalid", "invalid_parameter")
+
+
+def test_bodies_dense_with_values_are_read_apart_and_answered(
+    fleet: tuple[Cluster, Router, Sim],
+) -> None:
+    """A body of tens of thousands of small values is read by the router's child process:
+    it is forwarded and the engine's answer, the router's own refusals and an unknown
+    model come back as they would for any body; the child is the router's own."""
+    _, router, _ = fleet
+    # A tool whose argument may take any of 200,000 values (400 KB), as a client listing IDs.
+    ids = {"type": "integer", "enum": [0] * 200_000}
+    choice = {"type": "object", "properties": {"id": ids}}
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": choice}}]
+    dense = {**GOOD, "tools": tools}
+    # Read, measured and forwarded: the simulator's context is too small for it.
+    reply = _chat(router, dense)
+    _envelope(reply, 400, "context_length_exceeded")
+    assert reply.json()["error"]["source"] == "backend"
+    _envelope(_chat(router, {**dense, "max_tokens": 2**40}), 400, "request_invalid")
+    _envelope(_chat(router, {**dense, "model": "nobody-serves-this"}), 404, "model_not_found")
+    assert router.proc.popen is not None
+    children = psutil.Process(router.proc.popen.pid).children()
+    assert [" ".join(c.cmdline()[-2:]) for c in children] == [
+        f"hivenet_router.router.body_reader {160 * 1024 * 1024}"
+    ]
+    assert _chat(router, GOOD).status_code == 200
 
 
 def test_oversized_headers(fleet: tuple[Cluster, Router, Sim]) -> None:

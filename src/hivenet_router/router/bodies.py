@@ -18,6 +18,7 @@ import msgspec
 from hivenet_router.domain.agent import ROUTE_CAPABILITY
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts
+from hivenet_router.routing.prefix import PREFIX_CHARS
 
 ModelId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # Parts of a message whose text the model reads, and how deep tool results nest.
@@ -76,6 +77,7 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "/v1/rerank": msgspec.json.Decoder(_Rerank),
 }
 _ANY = msgspec.json.Decoder()
+ROUTES = tuple(_DECODERS)  # the routes whose bodies `parse` reads
 
 
 _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
@@ -85,18 +87,33 @@ MAX_OUTPUT = 2**31 - 1  # larger output limits are refused, not reserved
 
 
 class _Tally:
-    """What a prompt holds: its text bytes, its images and its text pieces in order."""
+    """What a prompt holds: its text bytes, its images and its leading text pieces in order.
 
-    __slots__ = ("images", "pieces", "text_bytes")
+    Pieces are kept only until they (and a separator after each) cover PREFIX_CHARS, all
+    that prefix routing reads: a prompt of a million short strings or token IDs costs its
+    first pieces, not a million references or a million new strings.
+    """
+
+    __slots__ = ("images", "pieces", "room", "text_bytes")
 
     def __init__(self) -> None:
         self.text_bytes = 0
         self.images = 0
         self.pieces: list[str] = []
+        self.room = PREFIX_CHARS + 1  # the last separator is the one prefix reading skips
 
     def text(self, value: str) -> None:
-        self.text_bytes += len(value.encode())
-        self.pieces.append(value)
+        # An ASCII string's length is its UTF-8 size (isascii reads a flag, no scan).
+        self.text_bytes += len(value) if value.isascii() else len(value.encode())
+        if self.room > 0:
+            self.pieces.append(value)
+            self.room -= len(value) + 1
+
+    def piece(self, value: str) -> None:
+        """A piece of the prompt that is not counted as text (a role name)."""
+        if self.room > 0:
+            self.pieces.append(value)
+            self.room -= len(value) + 1
 
 
 def _content(content: Any, tally: _Tally, depth: int = 0) -> None:
@@ -152,20 +169,8 @@ def _measure(decoded: Any) -> tuple[_Tally, int]:
     if isinstance(messages, list):
         count = len(messages)
         for message in messages:
-            if isinstance(message, dict):
-                role = message.get("role")
-                if isinstance(role, str):
-                    tally.pieces.append(role)
-                name = message.get("name")
-                if isinstance(name, str):
-                    tally.text(name)
-                _content(message.get("content"), tally)
-                calls = message.get("tool_calls")
-                if isinstance(calls, list):
-                    for call in calls:
-                        function = call.get("function") if isinstance(call, dict) else None
-                        if isinstance(function, dict):
-                            _part(function, tally, 0)
+            if isinstance(message, dict) and message:
+                _message(message, tally)
     prompt = getattr(decoded, "prompt", None)
     if isinstance(prompt, str):
         tally.text(prompt)
@@ -178,20 +183,49 @@ def _measure(decoded: Any) -> tuple[_Tally, int]:
     return tally, count
 
 
+def _message(message: dict[str, Any], tally: _Tally) -> None:
+    role = message.get("role")
+    if isinstance(role, str):
+        tally.piece(role)
+    name = message.get("name")
+    if isinstance(name, str):
+        tally.text(name)
+    content = message.get("content")
+    if content is not None:
+        _content(content, tally)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                _part(function, tally, 0)
+
+
 def _prompts(prompt: list[Any], tally: _Tally) -> None:
     """A completion prompt given as a list: texts, token IDs, or a batch of either."""
+    if prompt and type(prompt[0]) is int:
+        # Token IDs. Counted by length: an item that is no integer makes the prompt one
+        # the engine refuses anyway, so nothing it hides reaches a model.
+        _ids(prompt, tally)
+        return
     for item in prompt:
         if isinstance(item, str):
             tally.text(item)
         elif isinstance(item, int):
             tally.text_bytes += _BYTES_PER_TOKEN_ID
-            tally.pieces.append(str(item))
+            tally.piece(str(item))
         elif isinstance(item, list):
-            ids = sum(1 for value in item if isinstance(value, int))
-            tally.text_bytes += ids * _BYTES_PER_TOKEN_ID
-            tally.pieces.extend(str(value) for value in item)
+            _ids(item, tally)
         else:
             tally.text_bytes += len(msgspec.json.encode(item))
+
+
+def _ids(ids: list[Any], tally: _Tally) -> None:
+    tally.text_bytes += len(ids) * _BYTES_PER_TOKEN_ID
+    for value in ids:
+        if tally.room <= 0:
+            break
+        tally.piece(str(value))
 
 
 def _declared(value: float | None, field: str) -> int | None:

@@ -13,7 +13,8 @@ from hivenet_router.domain.request import Job
 from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
-from hivenet_router.router import bodies, catalog
+from hivenet_router.router import catalog
+from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.registry import Registry
 from hivenet_router.router.relay import Relay
 from hivenet_router.router.requests import read_body
@@ -62,8 +63,10 @@ class Handlers:
         request_timeout: float,
         body_timeout: float = 30.0,
         warming: Callable[[], bool] = lambda: False,
+        reader: BodyReader | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.reader = reader or BodyReader()
         self.relay = relay
         self.registry = registry
         self.claims = claims  # does a per-model policy name this model?
@@ -110,7 +113,7 @@ class Handlers:
         ticket: Ticket = request.ticket
         route = request.path
         body = await read_body(request, self.body_timeout)
-        facts = bodies.parse(route, body)
+        facts = await self.reader.parse(route, body)
         ticket.facts = facts  # the model is known from here on (audit records name it)
         principal: Principal = ticket.principal
         if not principal.allows(facts.model):

@@ -341,6 +341,7 @@ class RouterProcess:
         if cut:
             log.warning("shutdown grace over: cut %d request(s) still in flight", cut)
         await listening.public.close()
+        await router.bodies.close()
         await background.stop()
         if router.cache is not None:
             await router.cache.close()  # its engine calls and site locks, before the site

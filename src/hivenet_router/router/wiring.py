@@ -46,6 +46,7 @@ from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.admission import Admission, Ports
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
+from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.cors import Cors
 from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
@@ -113,6 +114,8 @@ class Router:
     # The cache stage, when the stage list has it: closed at shutdown (its engine calls and
     # site locks) before the site store's client.
     cache: ResponseCache | None = None
+    # Reads request bodies, the costly ones in a child process: stopped at shutdown.
+    bodies: BodyReader = field(default_factory=BodyReader)
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -377,6 +380,7 @@ def _public_app(shared: Shared, router: Router) -> App:
         cfg.request_timeout,
         body_timeout=cfg.http_body_timeout,
         warming=lambda: clock.monotonic() < warm_until,
+        reader=router.bodies,
     )
     return build_app(handlers, router.admin, router.edge)
 

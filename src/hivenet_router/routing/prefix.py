@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TypeAlias
 
-__all__ = ["BLOCK_CHARS", "MAX_BLOCKS", "PrefixIndex", "prompt_blocks"]
+__all__ = ["BLOCK_CHARS", "MAX_BLOCKS", "PREFIX_CHARS", "PrefixIndex", "prompt_blocks"]
 
 BLOCK_CHARS = 256
 """Characters per block: about 64 tokens of English text or code."""
@@ -27,6 +27,10 @@ BLOCK_CHARS = 256
 MAX_BLOCKS = 256
 """Leading blocks hashed at most (64 KiB of text): bounds CPU and memory for megabyte prompts.
 A prefix that long already decides where the request should go."""
+
+PREFIX_CHARS = BLOCK_CHARS * MAX_BLOCKS
+"""Characters of a prompt (its pieces and the newlines between them) that `prompt_blocks`
+reads with the default sizes: what a request's reader needs to keep, and no more."""
 
 # The hash that stands before block 0, so that every block hashes a (previous, text) pair.
 _ROOT = 0

@@ -4,6 +4,7 @@ import pytest
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.router.bodies import MAX_OUTPUT, parse
+from hivenet_router.routing.prefix import PREFIX_CHARS, prompt_blocks
 
 
 def test_router_validation_follows_the_official_schemas() -> None:
@@ -135,3 +136,39 @@ def test_an_absurd_output_limit_is_refused(value: bytes) -> None:
     with pytest.raises(ApiError) as info:
         parse(CHAT, body + value + b"}")
     assert info.value.code is ErrorCode.REQUEST_INVALID and "max_tokens" in info.value.message
+
+
+def _repeat(head: bytes, item: bytes, count: int, tail: bytes) -> bytes:
+    return head + b",".join([item] * count) + tail
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # A hundred thousand short messages, then token IDs alone and in a batch.
+        _repeat(
+            b'{"model": "m", "messages": [', b'{"role": "user", "content": "ab"}', 100_000, b"]}"
+        ),
+        _repeat(b'{"model": "m", "prompt": [', b"12345", 100_000, b"]}"),
+        _repeat(b'{"model": "m", "prompt": [[', b"12345", 100_000, b"]]}"),
+        # Pieces that end exactly where prefix reading stops, separators included.
+        _repeat(b'{"model": "m", "prompt": [', b'"' + b"x" * 255 + b'"', 300, b"]}"),
+    ],
+)
+def test_only_the_prompt_that_prefix_routing_reads_is_kept(body: bytes) -> None:
+    route = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+    facts = parse(route, body)
+    kept = sum(len(piece) + 1 for piece in facts.prompt)
+    assert PREFIX_CHARS <= kept < PREFIX_CHARS + 300
+    # The pieces kept hash exactly as every piece would have.
+    everything = facts.prompt + ("more",) * 100
+    assert prompt_blocks(facts.prompt) == prompt_blocks(everything)
+    assert len(prompt_blocks(facts.prompt)) == PREFIX_CHARS // 256
+
+
+def test_a_long_token_id_prompt_is_counted_whole() -> None:
+    ids = _repeat(b'{"model": "m", "prompt": [', b"7", 200_000, b"]}")
+    assert parse("/v1/completions", ids).text_bytes == 200_000 * 4
+    text = "\u00e9".encode() * 3  # three two-byte characters
+    unicode = b'{"model": "m", "prompt": ["' + text + b'"]}'
+    assert parse("/v1/completions", unicode).text_bytes == 6

@@ -132,7 +132,7 @@ class Ledger:
         self._wake = asyncio.Event()
         self._keeper = ChargeKeeper(self.pending, self.stats, self._wake.set)
         self._settling = SettleQueue(self._settle_batch, self._keep_all, self._tasks)
-        self._holding = TurnGather(self._send_holds)
+        self._holding = TurnGather(self._send_holds, abandoned=self._release_abandoned)
         self._warned = False  # an outage was reported: its end will be too
         self._down_since = 0.0
         self._billed_in_outage = 0
@@ -162,16 +162,21 @@ class Ledger:
         except LedgerUnavailable:
             self._live.add(charge_id)
             return HoldResult("unknown")
-        except asyncio.CancelledError:
-            # The request went away while asking: a hold may have been taken. Release it.
-            self.settle_soon(
-                Charge(charge_id, request_id, tenant, currency, "", Decimal(0), record=False)
-            )
-            raise
+        # A request that goes away while asking is not released here: the hold may still
+        # be on its way, and a release that overtook it would leave it held until it
+        # expired. _holding releases it once its batch is answered (_release_abandoned).
         head, _, detail = str(status).partition(":")
         if head == "held":
             self._live.add(charge_id)
         return HoldResult(head, detail)
+
+    def _release_abandoned(self, args: tuple[Any, ...]) -> None:
+        """A hold asked by a request that went away, its batch now answered: give it back
+        (if it was not taken, the release finds nothing and writes nothing)."""
+        charge_id, request_id, tenant, currency, _ = args
+        self.settle_soon(
+            Charge(charge_id, request_id, tenant, currency, "", Decimal(0), record=False)
+        )
 
     async def _send_holds(self, batch: list[tuple[Any, ...]]) -> list[str | Exception]:
         """The holds asked in one turn, in one statement. One refused for its data fails

@@ -174,13 +174,22 @@ class TurnGather(Generic[_A]):
     """The calls made during one turn of the event loop, sent together at its end: each
     caller gets its own result (a string, or the exception `send` gave for it), `size`
     calls per batch at most. Nothing waits beyond the turn; a batch still in flight does
-    not hold back the next one."""
+    not hold back the next one.
+
+    A call whose caller goes away (cancelled) is still sent with its batch, and once the
+    batch has been answered (or cut), `abandoned` is called with its argument: what it
+    took can be given back after it was taken, never before.
+    """
 
     def __init__(
-        self, send: Callable[[list[_A]], Awaitable[list[str | Exception]]], size: int = HOLD_BATCH
+        self,
+        send: Callable[[list[_A]], Awaitable[list[str | Exception]]],
+        size: int = HOLD_BATCH,
+        abandoned: Callable[[_A], None] = lambda arg: None,
     ) -> None:
         self._send = send
         self._size = size
+        self._abandoned = abandoned
         self._waiting: list[tuple[_A, asyncio.Future[str]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -204,13 +213,15 @@ class TurnGather(Generic[_A]):
         try:
             results = await self._send([arg for arg, _ in batch])
         except asyncio.CancelledError:
-            for _, future in batch:
+            for arg, future in batch:  # cut: nobody knows what was taken
                 future.cancel()
+                self._abandoned(arg)
             raise
         except Exception as exc:  # every caller hears of it
             results = [exc] * len(batch)
-        for (_, future), result in zip(batch, results, strict=True):
+        for (arg, future), result in zip(batch, results, strict=True):
             if future.done():  # its caller went away
+                self._abandoned(arg)
                 continue
             if isinstance(result, Exception):
                 future.set_exception(result)

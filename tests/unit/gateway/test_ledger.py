@@ -140,6 +140,36 @@ async def test_a_release_gives_the_hold_back_without_a_ledger_row(dsn: str, tmp_
         assert len(await ledger.entries("acme", 10, None)) == 1  # the credit only
 
 
+async def test_a_request_gone_while_its_hold_is_on_the_way_gets_it_back(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release waits for the hold: one sent at once could reach the database first,
+    find nothing, and leave the hold to block the wallet until it expired."""
+    real = asyncpg.Connection.fetchval
+
+    async def slow_holds(self: object, query: str, *args: object, **kw: object) -> object:
+        if "wallet_hold" in query:
+            await asyncio.sleep(0.3)  # the hold is still on its way when its caller leaves
+        return await real(self, query, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncpg.Connection, "fetchval", slow_holds)
+    async with running(dsn, tmp_path) as ledger:
+        await ledger.credit("acme", Decimal(10), USD, None)
+        asking = asyncio.create_task(
+            ledger.hold(ledger.new_charge_id(), "req", "acme", USD, Decimal(4))
+        )
+        await asyncio.sleep(0.1)
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+        await asyncio.sleep(0.5)  # the hold lands, then its release
+        await ledger.idle(5)
+        wallet = await ledger.wallet("acme")
+        assert wallet is not None and (wallet.balance, wallet.held) == (10, 0)
+        rows = await sql(dsn, "SELECT count(*) AS n FROM holds")
+        assert rows[0]["n"] == 0
+
+
 async def test_concurrent_holds_overdraw_by_at_most_one_worst_case(
     dsn: str, tmp_path: Path
 ) -> None:

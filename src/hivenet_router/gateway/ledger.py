@@ -533,6 +533,9 @@ class Ledger:
             await self._db.close(self.timeout)
 
     async def _finish_settles(self) -> None:
+        # Holds still on their way first: the releases of those whose requests went away
+        # are queued when they are answered, and must be among the settles finished here.
+        await self._holding.wait(self.timeout)
         tasks = list(self._tasks)
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=self.timeout)

@@ -199,7 +199,20 @@ class TurnGather(Generic[_A]):
         self._waiting.append((arg, future))
         if len(self._waiting) == 1:
             loop.call_soon(self._flush)
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                # Answered, but cancelled before it could take the answer: the batch saw
+                # a caller still there, so the giving back is left to this side.
+                self._abandoned(arg)
+            raise
+
+    async def wait(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) for the batches in flight to be answered, so
+        that what their abandoned calls give back is queued."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
 
     def _flush(self) -> None:
         waiting, self._waiting = self._waiting, []

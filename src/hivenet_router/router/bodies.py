@@ -201,31 +201,20 @@ def _message(message: dict[str, Any], tally: _Tally) -> None:
                 _part(function, tally, 0)
 
 
-def _prompts(prompt: list[Any], tally: _Tally) -> None:
-    """A completion prompt given as a list: texts, token IDs, or a batch of either."""
-    if prompt and type(prompt[0]) is int:
-        # Token IDs. Counted by length: an item that is no integer makes the prompt one
-        # the engine refuses anyway, so nothing it hides reaches a model.
-        _ids(prompt, tally)
-        return
+def _prompts(prompt: list[Any], tally: _Tally, nested: bool = False) -> None:
+    """A completion prompt given as a list: texts, token IDs, both mixed (llama.cpp reads
+    them), or a batch of any of those."""
     for item in prompt:
-        if isinstance(item, str):
-            tally.text(item)
-        elif isinstance(item, int):
+        if isinstance(item, int):
             tally.text_bytes += _BYTES_PER_TOKEN_ID
-            tally.piece(str(item))
-        elif isinstance(item, list):
-            _ids(item, tally)
+            if tally.room > 0:  # no string made for an ID that prefix routing never reads
+                tally.piece(str(item))
+        elif isinstance(item, str):
+            tally.text(item)
+        elif isinstance(item, list) and not nested:
+            _prompts(item, tally, nested=True)
         else:
             tally.text_bytes += len(msgspec.json.encode(item))
-
-
-def _ids(ids: list[Any], tally: _Tally) -> None:
-    tally.text_bytes += len(ids) * _BYTES_PER_TOKEN_ID
-    for value in ids:
-        if tally.room <= 0:
-            break
-        tally.piece(str(value))
 
 
 def _declared(value: float | None, field: str) -> int | None:

@@ -112,6 +112,11 @@ def test_token_id_prompts_count_about_a_token_each() -> None:
     one = parse("/v1/completions", b'{"model": "m", "prompt": [1, 2, 3, 4, 5]}')
     batch = parse("/v1/completions", b'{"model": "m", "prompt": [[1, 2, 3], [4, 5]]}')
     assert one.text_bytes == batch.text_bytes == 5 * 4
+    # Text and IDs mixed, as llama.cpp reads them, alone and in a batch: the text counts.
+    mixed = parse("/v1/completions", b'{"model": "m", "prompt": [1, "' + b"A" * 1000 + b'"]}')
+    assert mixed.text_bytes == 4 + 1000
+    mixed_batch = parse("/v1/completions", b'{"model": "m", "prompt": [[1, "abc"], [2]]}')
+    assert mixed_batch.text_bytes == 4 + 3 + 4
 
 
 @pytest.mark.parametrize(

@@ -12,14 +12,15 @@ child and keeps serving while it reads them.
 text, images and documents have few), is read at once, in a few milliseconds at most.
 Any other goes to the child.
 
-The parent (`BodyWorker`) starts the child on first use and sends it one body at a time
-over its stdin; the child answers on its stdout (MessagePack) with the `RequestFacts` or
-the refusal that `bodies.parse` gave. A child whose memory grew past its bound (bytes, its
-argument; `RETIRE_RSS` by default) says so with its answer and exits, and the next body
-starts a fresh one. A child that dies or takes longer than `READ_TIMEOUT` fails the body
-it was reading (413) and is replaced. The child ignores SIGINT (a terminal's Ctrl-C
-reaches the whole process group; the router decides when to stop) and exits when its
-stdin closes, so it never outlives the router.
+The parent (`BodyWorker`) starts the child on first use and sends it one body at a time,
+tenants taking turns (`FairTurns`), over its stdin; the child answers on its stdout
+(MessagePack) with the `RequestFacts` or the refusal that `bodies.parse` gave. A child
+whose memory grew past its bound (bytes, its argument; `RETIRE_RSS` by default) says so
+with its answer and exits, and the next body starts a fresh one. A child that dies while
+reading, or takes longer than `READ_TIMEOUT`, fails the body it was reading (413) and is
+replaced; one that died while idle is replaced before the next body. The child ignores
+SIGINT (a terminal's Ctrl-C reaches the whole process group; the router decides when to
+stop) and exits when its stdin closes, so it never outlives the router.
 
     python -m hivenet_router.router.body_reader [RETIRE_RSS]    # what the parent runs
 """
@@ -27,6 +28,7 @@ stdin closes, so it never outlives the router.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -73,13 +75,64 @@ class BodyReader:
         self.dense = dense
         self.worker = BodyWorker()
 
-    async def parse(self, route: str, body: bytes) -> RequestFacts:
+    async def parse(self, route: str, body: bytes, tenant: str = "") -> RequestFacts:
+        """`tenant`: whose body it is (bodies read by the child take turns by tenant)."""
         if len(body) < self.large or body.count(b",") < self.dense:
             return parse(route, body)
-        return await self.worker.parse(route, body)
+        return await self.worker.parse(route, body, tenant)
 
     async def close(self) -> None:
         await self.worker.close()
+
+
+class FairTurns:
+    """One holder at a time; waiters served in turn by tenant, first come first served
+    within one. A tenant with many bodies waiting delays another tenant's body by the one
+    being read and one more at most, not by all of them."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(queue) for queue in self._waiting.values())
+
+    async def acquire(self, who: str) -> None:
+        if not self._busy:
+            self._busy = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(who, collections.deque()).append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # handed the turn as it left: pass it on
+            else:
+                queue = self._waiting.get(who)
+                if queue is not None and turn in queue:
+                    queue.remove(turn)
+                    if not queue:
+                        del self._waiting[who]
+            raise
+
+    def release(self) -> None:
+        """Hand the turn to the longest-waiting tenant's first waiter (dicts keep their
+        order: a served tenant with more waiting goes to the back), or free it."""
+        while self._waiting:
+            who, queue = next(iter(self._waiting.items()))
+            del self._waiting[who]
+            turn = queue.popleft()
+            if queue:
+                self._waiting[who] = queue
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._busy = False
+
+
+class _ChildGone(Exception):
+    """The child ended (or was ended) before it answered."""
 
 
 class BodyWorker:
@@ -88,7 +141,8 @@ class BodyWorker:
     def __init__(self, retire_rss: int = RETIRE_RSS) -> None:
         self.retire_rss = retire_rss
         self._proc: asyncio.subprocess.Process | None = None
-        self._turn = asyncio.Lock()
+        self._turns = FairTurns()
+        self._closed = False
         self.started = 0  # children started so far
 
     @property
@@ -96,21 +150,60 @@ class BodyWorker:
         """The child's process ID while one runs."""
         return self._proc.pid if self._proc is not None else None
 
-    async def parse(self, route: str, body: bytes) -> RequestFacts:
-        """`bodies.parse` in the child. A caller that leaves while its body is being read
-        leaves the exchange to finish, so the next body meets a child ready for it."""
-        await self._turn.acquire()
+    @property
+    def waiting(self) -> int:
+        """Bodies waiting for their turn."""
+        return len(self._turns)
+
+    async def parse(self, route: str, body: bytes, tenant: str = "") -> RequestFacts:
+        """`bodies.parse` in the child, tenants' bodies taking turns. A caller that leaves
+        while its body is being read leaves the exchange to finish, so the next body meets
+        a child ready for it."""
+        await self._turns.acquire(tenant)
         exchange = asyncio.ensure_future(self._exchange(route, body))
         exchange.add_done_callback(self._finished)
         return await asyncio.shield(exchange)
 
     def _finished(self, exchange: asyncio.Future[RequestFacts]) -> None:
-        self._turn.release()
+        self._turns.release()
         if not exchange.cancelled():
             exchange.exception()  # seen here: its caller may have gone
 
     async def _exchange(self, route: str, body: bytes) -> RequestFacts:
-        proc = self._proc or await self._start()
+        if self._closed:
+            return parse(route, body)  # shutting down: no child to start or ask
+        try:
+            answer = await self._ask(route, body)
+        except _ChildGone as exc:
+            log.warning(
+                "the body reader process ended while reading a %d-byte body (%s); "
+                "the request gets a 413 and the next body a new process",
+                len(body),
+                exc,
+            )
+            raise ApiError(
+                ErrorCode.REQUEST_TOO_LARGE, "the request body is too costly to read"
+            ) from None
+        except OSError as exc:  # no child could be started (out of processes or files)
+            log.warning("cannot start the body reader process (%s): reading here", exc)
+            return parse(route, body)
+        if answer.facts is not None:
+            return answer.facts
+        if answer.code:
+            raise ApiError(ErrorCode(answer.code), answer.message)
+        raise RuntimeError(answer.message)
+
+    async def _ask(self, route: str, body: bytes) -> _Answer:
+        proc = self._proc
+        if proc is not None and proc.returncode is not None:
+            # Died while idle (an operator, the OOM killer): the body is not to blame.
+            await self._stop(proc)
+            proc = None
+        if proc is None:
+            proc = await self._start()
+            if self._closed:  # closed while it started
+                await self._stop(proc)
+                raise _ChildGone("closed")
         assert proc.stdin is not None and proc.stdout is not None
         try:
             async with asyncio.timeout(READ_TIMEOUT):
@@ -121,22 +214,10 @@ class BodyWorker:
                 answer = _DECODE(await proc.stdout.readexactly(size))
         except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             await self._stop(proc)
-            log.warning(
-                "the body reader process ended while reading a %d-byte body (%s); "
-                "the request gets a 413 and the next body a new process",
-                len(body),
-                type(exc).__name__,
-            )
-            raise ApiError(
-                ErrorCode.REQUEST_TOO_LARGE, "the request body is too costly to read"
-            ) from None
+            raise _ChildGone(type(exc).__name__) from None
         if retiring:
             await self._stop(proc)
-        if answer.facts is not None:
-            return answer.facts
-        if answer.code:
-            raise ApiError(ErrorCode(answer.code), answer.message)
-        raise RuntimeError(answer.message)
+        return answer
 
     async def _start(self) -> asyncio.subprocess.Process:
         self._proc = await asyncio.create_subprocess_exec(
@@ -164,7 +245,9 @@ class BodyWorker:
             await proc.wait()
 
     async def close(self) -> None:
-        """Stop the child (a body still being read is dropped)."""
+        """Stop the child; bodies asked from now on are read at once. A body still being
+        read fails with a 413 (the router is stopping)."""
+        self._closed = True
         if self._proc is not None:
             await self._stop(self._proc)
 

@@ -113,9 +113,9 @@ class Handlers:
         ticket: Ticket = request.ticket
         route = request.path
         body = await read_body(request, self.body_timeout)
-        facts = await self.reader.parse(route, body)
-        ticket.facts = facts  # the model is known from here on (audit records name it)
         principal: Principal = ticket.principal
+        facts = await self.reader.parse(route, body, principal.tenant)
+        ticket.facts = facts  # the model is known from here on (audit records name it)
         if not principal.allows(facts.model):
             raise ApiError(
                 ErrorCode.MODEL_FORBIDDEN,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.router.bodies import parse
-from hivenet_router.router.body_reader import BodyReader, BodyWorker
+from hivenet_router.router.body_reader import BodyReader, BodyWorker, FairTurns
 
 CHAT = "/v1/chat/completions"
 
@@ -102,6 +103,33 @@ async def test_a_killed_child_fails_only_its_body_and_is_replaced(reader: BodyRe
     assert reader.worker.started == 2 and reader.worker.pid not in (None, pid)
 
 
+async def test_a_child_dead_while_idle_is_replaced_without_failing_a_body(
+    reader: BodyReader,
+) -> None:
+    await reader.parse(CHAT, _dense(200))
+    pid = reader.worker.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.sleep(0.3)  # the router's event loop sees it end
+    assert (await reader.parse(CHAT, _dense(300))).messages == 300
+    assert reader.worker.started == 2
+
+
+async def test_once_closed_bodies_are_read_at_once(reader: BodyReader) -> None:
+    await reader.close()
+    assert (await reader.parse(CHAT, _dense(300))).messages == 300
+    assert reader.worker.started == 0 and reader.worker.pid is None
+
+
+async def test_a_close_while_the_child_starts_leaves_no_child(reader: BodyReader) -> None:
+    asking = asyncio.create_task(reader.parse(CHAT, _dense(300)))
+    await asyncio.sleep(0)  # the exchange is starting the child
+    await asyncio.sleep(0)
+    await reader.close()
+    facts_or_error = await asyncio.gather(asking, return_exceptions=True)
+    assert reader.worker.pid is None, facts_or_error
+
+
 async def test_a_child_past_its_memory_bound_retires_after_answering() -> None:
     worker = BodyWorker(retire_rss=1)  # every child is past it
     try:
@@ -111,3 +139,67 @@ async def test_a_child_past_its_memory_bound_retires_after_answering() -> None:
         assert worker.started == 3
     finally:
         await worker.close()
+
+
+async def test_tenants_take_turns_and_leavers_pass_theirs_on() -> None:
+    turns = FairTurns()
+    served: list[str] = []
+
+    async def take(who: str, hold: float = 0.0) -> None:
+        await turns.acquire(who)
+        served.append(who)
+        await asyncio.sleep(hold)
+        turns.release()
+
+    await turns.acquire("first")  # held while the others line up
+    names = ["a1", "a2", "a3", "b1", "c1", "c2"]
+    waiting = {name: asyncio.create_task(take(name[0])) for name in names}
+    await asyncio.sleep(0)
+    assert len(turns) == 6
+    waiting["c2"].cancel()  # gives up its place while waiting
+    await asyncio.sleep(0)
+    assert len(turns) == 5
+    turns.release()
+    await asyncio.gather(*(task for name, task in waiting.items() if name != "c2"))
+    assert served == ["a", "b", "c", "a", "a"]
+    assert len(turns) == 0
+    await turns.acquire("free")  # free again: taken at once
+    turns.release()
+
+
+async def test_a_waiter_handed_the_turn_as_it_leaves_passes_it_on() -> None:
+    turns = FairTurns()
+    await turns.acquire("a")
+    leaving = asyncio.create_task(turns.acquire("b"))
+    staying = asyncio.create_task(turns.acquire("c"))
+    await asyncio.sleep(0)
+    turns.release()  # handed to b...
+    leaving.cancel()  # ...which leaves before it runs
+    await asyncio.wait_for(staying, 1.0)  # c gets it
+    turns.release()
+    assert len(turns) == 0
+
+
+async def test_one_tenant_s_pile_of_bodies_does_not_hold_back_another_s(reader: BodyReader) -> None:
+    done: list[str] = []
+
+    async def read(tenant: str, count: int) -> None:
+        await reader.parse(CHAT, _dense(count), tenant)
+        done.append(tenant)
+
+    await reader.parse(CHAT, _dense(200))  # the child is running
+    pile = [asyncio.create_task(read("flood", 60_000)) for _ in range(4)]
+    await asyncio.sleep(0)
+    other = asyncio.create_task(read("other", 500))
+    await asyncio.gather(*pile, other)
+    # The flood's first body was being read and its second was in line before "other"
+    # came; its last two wait for "other".
+    assert done == ["flood", "flood", "other", "flood", "flood"]
+
+
+async def test_a_child_that_cannot_start_means_the_body_is_read_at_once(
+    reader: BodyReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    assert (await reader.parse(CHAT, _dense(300))).messages == 300
+    assert reader.worker.pid is None

@@ -149,7 +149,10 @@ class ResponseCache:
         return Answer(stored.status, headers, Whole(), body=stored.data, origin=ORIGIN)
 
     async def _follow(self, ticket: Ticket, flight: Flight, settings: CacheSettings) -> Answer:
-        reader = flight.join(deadline=ticket.deadline)
+        # Followers ride free when hits are not billed, unless the first request left the
+        # call unpaid: then the first follower to read it all is billed for it.
+        take_bill = None if settings.bill_hits else functools.partial(setattr, ticket, "bill", True)
+        reader = flight.join(deadline=ticket.deadline, take_bill=take_bill)
         try:
             answer = await reader.answer(ticket.deadline, origin=ORIGIN)
         except ApiError:

@@ -72,6 +72,9 @@ class Flight:
         self.keepers = 0  # readers that are no client (the site publisher): woken when alone
         self.remote = False  # the answer came from a flight on another router of the site
         self.stored: object = None  # what the stage kept of it, for the site publisher
+        # The first request left before reading a stream to its end, so it pays for part
+        # of the call at most: the first follower to read it all takes the bill.
+        self.unpaid = False
         self._on_end = on_end
         self._head = asyncio.Event()
         self._more = asyncio.Event()
@@ -101,15 +104,21 @@ class Flight:
         task.add_done_callback(lambda _: self._end(Outcome.CLIENT_GONE))
 
     def join(
-        self, first: bool = False, keeper: bool = False, deadline: float | None = None
+        self,
+        first: bool = False,
+        keeper: bool = False,
+        deadline: float | None = None,
+        take_bill: Callable[[], None] | None = None,
     ) -> Reader:
         """A reader of the flight; `deadline` (loop time, the joining request's own) lets
-        the pump read that long, within twice the first request's allowance."""
+        the pump read that long, within twice the first request's allowance. `take_bill`
+        is called if this reader reads the answer to its end after the first request left
+        it unpaid (see `unpaid`)."""
         self.readers += 1
         self.keepers += keeper
         if deadline is not None:
             self._extend(deadline)
-        return Reader(self, first, keeper)
+        return Reader(self, first, keeper, take_bill)
 
     def _extend(self, deadline: float) -> None:
         later = min(deadline, self._latest)
@@ -224,12 +233,19 @@ class Flight:
 class Reader:
     """One request's cursor over a flight: the source of its answer."""
 
-    __slots__ = ("_cursor", "_first", "_flight", "_keeper", "_left")
+    __slots__ = ("_cursor", "_first", "_flight", "_keeper", "_left", "_take_bill")
 
-    def __init__(self, flight: Flight, first: bool, keeper: bool = False) -> None:
+    def __init__(
+        self,
+        flight: Flight,
+        first: bool,
+        keeper: bool = False,
+        take_bill: Callable[[], None] | None = None,
+    ) -> None:
         self._flight = flight
         self._first = first  # the request that started the flight
         self._keeper = keeper
+        self._take_bill = take_bill
         self._cursor = 0
         self._left = False
 
@@ -312,7 +328,22 @@ class Reader:
     def close(self, outcome: Outcome) -> None:
         if not self._left:
             self._left = True
-            self._flight._leave(self._keeper)
+            flight = self._flight
+            if self._first:
+                # A whole answer's usage is in its body, which the first request has in
+                # full once it has an answer at all; a stream it leaves early, or a head
+                # it never saw, was paid for in part at most.
+                if outcome is not Outcome.OK and flight.body is None:
+                    flight.unpaid = True
+            elif (
+                flight.unpaid
+                and not flight.remote  # another router's request made (and paid for) it
+                and outcome is Outcome.OK
+                and self._take_bill is not None
+            ):
+                flight.unpaid = False
+                self._take_bill()
+            flight._leave(self._keeper)
 
 
 def _copy(refusal: BaseException) -> ApiError:

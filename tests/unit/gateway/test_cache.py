@@ -395,3 +395,49 @@ async def test_close_stops_every_flight_and_then_passes_requests_through() -> No
     t = ticket(BODY)
     await read(await cache(t, engine))
     assert engine.calls == 3 and t.cache == "" and "X-Hivenet-Cache" not in t.headers_out
+
+
+async def test_a_leader_that_leaves_hands_the_bill_to_a_follower_that_stays() -> None:
+    """With hits unbilled, a first request that leaves before the answer's head (or mid
+    stream) must not make the engine call free: the first follower to read it all pays."""
+    cache, engine = stage(CacheSettings(bill_hits=False)), Engine()
+    engine.gate = asyncio.Event()
+    leader, stays, also = ticket(BODY), ticket(BODY), ticket(BODY)
+    leading = asyncio.ensure_future(cache(leader, engine))
+    following = [asyncio.ensure_future(cache(t, engine)) for t in (stays, also)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    leading.cancel()  # its client hung up while waiting for the head
+    with pytest.raises(asyncio.CancelledError):
+        await leading
+    engine.gate.set()
+    first, second = await asyncio.gather(*following)
+    assert not stays.bill and not also.bill  # hits, so far
+    assert await read(first) == b"".join(CHUNKS)
+    assert stays.bill  # read it all first: the call is its to pay
+    assert await read(second) == b"".join(CHUNKS)
+    assert not also.bill and engine.calls == 1
+
+
+async def test_a_leader_that_reads_it_all_leaves_its_followers_free() -> None:
+    cache, engine = stage(CacheSettings(bill_hits=False)), Engine()
+    engine.hold = asyncio.Event()
+    leader, follower = ticket(BODY), ticket(BODY)
+    first = await cache(leader, engine)
+    second = await cache(follower, engine)
+    engine.hold.set()
+    assert await read(first) == await read(second)
+    assert leader.bill and not follower.bill
+
+
+async def test_a_follower_cut_short_does_not_take_the_bill() -> None:
+    cache, engine = stage(CacheSettings(bill_hits=False)), Engine()
+    engine.hold = asyncio.Event()
+    leader, cut, stays = ticket(BODY), ticket(BODY), ticket(BODY)
+    first = await cache(leader, engine)
+    answers = [await cache(t, engine) for t in (cut, stays)]
+    await first.close(Outcome.CLIENT_GONE)  # the leader's client left mid-stream
+    await answers[0].close(Outcome.CLIENT_GONE)
+    engine.hold.set()
+    await read(answers[1])
+    assert not cut.bill and stays.bill

@@ -320,7 +320,12 @@ def run_aiperf(url: str, tmp: Path, requests: int) -> dict[str, object]:
         "--output-artifact-dir",
         str(out),
     ]
-    subprocess.run(args, capture_output=True, check=True, timeout=600)
+    # aiperf leaves an empty aiperf_mmap_* folder in the temporary directory per run: keep
+    # them in the run's own folder rather than in /tmp.
+    scratch = out / "tmp"
+    scratch.mkdir(parents=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    subprocess.run(args, capture_output=True, check=True, timeout=600, env=env)
     data: dict[str, object] = json.loads((out / "profile_export_aiperf.json").read_text())
     return data
 

@@ -149,23 +149,27 @@ class ResponseCache:
         return Answer(stored.status, headers, Whole(), body=stored.data, origin=ORIGIN)
 
     async def _follow(self, ticket: Ticket, flight: Flight, settings: CacheSettings) -> Answer:
-        # Followers ride free when hits are not billed, unless the first request left the
-        # call unpaid: then the first follower to read it all is billed for it.
-        take_bill = None if settings.bill_hits else functools.partial(setattr, ticket, "bill", True)
-        reader = flight.join(deadline=ticket.deadline, take_bill=take_bill)
+        # Set before the answer: reading a whole one may already decide that this follower
+        # pays for the call (_bill_once).
+        ticket.bill = settings.bill_hits
+        reader = flight.join(deadline=ticket.deadline, on_bill=_bill_once(ticket, settings))
         try:
             answer = await reader.answer(ticket.deadline, origin=ORIGIN)
         except ApiError:
+            ticket.bill = True  # refused, or about to lead a call of its own
             ticket.headers_out.update(flight.refusal_headers)
             raise
-        self._mark(ticket, "dedup", settings)
+        self._mark(ticket, "dedup", settings, set_bill=False)
         return answer
 
-    def _mark(self, ticket: Ticket, result: str, settings: CacheSettings) -> None:
+    def _mark(
+        self, ticket: Ticket, result: str, settings: CacheSettings, set_bill: bool = True
+    ) -> None:
         self.results[result] += 1
         ticket.cache = result
         ticket.origin = ORIGIN
-        ticket.bill = settings.bill_hits
+        if set_bill:
+            ticket.bill = settings.bill_hits
         ticket.headers_out[HEADER] = result
 
     async def _lead(
@@ -181,7 +185,7 @@ class ResponseCache:
         flight = Flight(digest, functools.partial(self._ended, settings))
         listed = settings.dedup and self.flights.add(flight)
         opener = functools.partial(self._open, ticket, next, flight, listed, want)
-        reader = flight.join(first=True)
+        reader = flight.join(first=True, on_bill=_bill_once(ticket, settings))
         flight.start(opener, ticket.deadline, self._pumps)
         try:
             answer = await reader.answer(ticket.deadline + LEADER_GRACE)
@@ -257,3 +261,14 @@ def _content_type(headers: list[tuple[str, str]]) -> str:
         if name.lower() == "content-type":
             return value
     return ""
+
+
+def _bill_once(ticket: Ticket, settings: CacheSettings) -> Callable[[bool], None] | None:
+    """With hits unbilled, one request pays for a shared engine call: the first of its
+    readers to reach the end of the answer, the leader when it keeps up (as it does unless
+    its client is slow or gone). A leader that leaves early pays for what it was sent, as
+    any request does, and the follower that reads it all pays for the call; without that,
+    asking twice and hanging up the first made the call free."""
+    if settings.bill_hits:
+        return None  # every reader pays in full anyway
+    return functools.partial(setattr, ticket, "bill")

@@ -72,9 +72,9 @@ class Flight:
         self.keepers = 0  # readers that are no client (the site publisher): woken when alone
         self.remote = False  # the answer came from a flight on another router of the site
         self.stored: object = None  # what the stage kept of it, for the site publisher
-        # The first request left before reading a stream to its end, so it pays for part
-        # of the call at most: the first follower to read it all takes the bill.
-        self.unpaid = False
+        # A reader with a say in billing (`join(on_bill=...)`) has reached the end of the
+        # answer: it was told it pays for the call, and every later one that it does not.
+        self.billed = False
         self._on_end = on_end
         self._head = asyncio.Event()
         self._more = asyncio.Event()
@@ -108,17 +108,19 @@ class Flight:
         first: bool = False,
         keeper: bool = False,
         deadline: float | None = None,
-        take_bill: Callable[[], None] | None = None,
+        on_bill: Callable[[bool], None] | None = None,
     ) -> Reader:
         """A reader of the flight; `deadline` (loop time, the joining request's own) lets
-        the pump read that long, within twice the first request's allowance. `take_bill`
-        is called if this reader reads the answer to its end after the first request left
-        it unpaid (see `unpaid`)."""
+        the pump read that long, within twice the first request's allowance. `on_bill` is
+        called once, when this reader reaches the end of the answer (a whole body in hand,
+        or a complete stream read to its last chunk): True if it is the first reader with
+        an `on_bill` to get there (it pays for the call), False if another got there
+        first. A reader that never gets there is not called."""
         self.readers += 1
         self.keepers += keeper
         if deadline is not None:
             self._extend(deadline)
-        return Reader(self, first, keeper, take_bill)
+        return Reader(self, first, keeper, on_bill)
 
     def _extend(self, deadline: float) -> None:
         later = min(deadline, self._latest)
@@ -233,19 +235,19 @@ class Flight:
 class Reader:
     """One request's cursor over a flight: the source of its answer."""
 
-    __slots__ = ("_cursor", "_first", "_flight", "_keeper", "_left", "_take_bill")
+    __slots__ = ("_cursor", "_first", "_flight", "_keeper", "_left", "_on_bill")
 
     def __init__(
         self,
         flight: Flight,
         first: bool,
         keeper: bool = False,
-        take_bill: Callable[[], None] | None = None,
+        on_bill: Callable[[bool], None] | None = None,
     ) -> None:
         self._flight = flight
         self._first = first  # the request that started the flight
         self._keeper = keeper
-        self._take_bill = take_bill
+        self._on_bill = on_bill
         self._cursor = 0
         self._left = False
 
@@ -279,6 +281,7 @@ class Reader:
             raise _copy(refusal) from None
         where = flight.origin if origin is None else origin
         if flight.body is not None:
+            self._at_end()
             return Answer(flight.status, flight.headers, self, body=flight.body, origin=where)
         first = flight.chunks[0] if flight.chunks else None
         self._cursor = 1
@@ -294,8 +297,19 @@ class Reader:
             if flight.failure is not None:
                 raise AnswerBroken(flight.failure.code, flight.failure.message)
             if flight.ended:
+                if flight.complete:
+                    self._at_end()
                 return None
             await flight._more.wait()
+
+    def _at_end(self) -> None:
+        """This reader has the whole answer: settle who pays for the call (`on_bill`)."""
+        on_bill, self._on_bill = self._on_bill, None
+        flight = self._flight
+        if on_bill is None or flight.remote:  # a remote flight is its own router's to bill
+            return
+        first, flight.billed = not flight.billed, True
+        on_bill(first)
 
     def available(self) -> list[bytes]:
         """Every chunk buffered past the cursor, at once (the site publisher batches)."""
@@ -328,22 +342,7 @@ class Reader:
     def close(self, outcome: Outcome) -> None:
         if not self._left:
             self._left = True
-            flight = self._flight
-            if self._first:
-                # A whole answer's usage is in its body, which the first request has in
-                # full once it has an answer at all; a stream it leaves early, or a head
-                # it never saw, was paid for in part at most.
-                if outcome is not Outcome.OK and flight.body is None:
-                    flight.unpaid = True
-            elif (
-                flight.unpaid
-                and not flight.remote  # another router's request made (and paid for) it
-                and outcome is Outcome.OK
-                and self._take_bill is not None
-            ):
-                flight.unpaid = False
-                self._take_bill()
-            flight._leave(self._keeper)
+            self._flight._leave(self._keeper)
 
 
 def _copy(refusal: BaseException) -> ApiError:

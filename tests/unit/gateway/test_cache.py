@@ -419,15 +419,30 @@ async def test_a_leader_that_leaves_hands_the_bill_to_a_follower_that_stays() ->
     assert not also.bill and engine.calls == 1
 
 
-async def test_a_leader_that_reads_it_all_leaves_its_followers_free() -> None:
+async def test_the_first_reader_to_the_end_pays_and_only_it() -> None:
+    cache, engine = stage(CacheSettings(bill_hits=False, store=False)), Engine()
+    engine.hold = asyncio.Event()
+    for leader_first in (True, False):
+        leader, follower = ticket(BODY), ticket(BODY)
+        first = await cache(leader, engine)
+        second = await cache(follower, engine)
+        engine.hold.set()
+        order = (first, second) if leader_first else (second, first)
+        assert await read(order[0]) == await read(order[1])
+        assert (leader.bill, follower.bill) == (leader_first, not leader_first)
+        engine.hold.clear()
+
+
+async def test_a_follower_that_finished_pays_when_the_leader_hangs_up_later() -> None:
     cache, engine = stage(CacheSettings(bill_hits=False)), Engine()
     engine.hold = asyncio.Event()
     leader, follower = ticket(BODY), ticket(BODY)
     first = await cache(leader, engine)
     second = await cache(follower, engine)
     engine.hold.set()
-    assert await read(first) == await read(second)
-    assert leader.bill and not follower.bill
+    await read(second)
+    await first.close(Outcome.CLIENT_GONE)  # pays for what it was sent, as any request
+    assert follower.bill and leader.bill
 
 
 async def test_a_follower_cut_short_does_not_take_the_bill() -> None:
@@ -441,3 +456,26 @@ async def test_a_follower_cut_short_does_not_take_the_bill() -> None:
     engine.hold.set()
     await read(answers[1])
     assert not cut.bill and stays.bill
+
+
+async def test_a_whole_answer_is_paid_by_whoever_gets_it_first() -> None:
+    cache, engine = stage(CacheSettings(bill_hits=False)), WholeEngine(b'{"usage": {}}')
+    engine_gate = asyncio.Event()
+    leader, follower = ticket(BODY), ticket(BODY)
+
+    async def gated(t: Ticket) -> Answer:
+        await engine_gate.wait()
+        return await engine(t)
+
+    leading = asyncio.ensure_future(cache(leader, gated))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    following = asyncio.ensure_future(cache(follower, gated))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    leading.cancel()  # gone before the head: it pays nothing
+    with pytest.raises(asyncio.CancelledError):
+        await leading
+    engine_gate.set()
+    await read(await following)
+    assert follower.bill and follower.cache == "dedup"

@@ -347,3 +347,47 @@ def test_registry_endpoints_need_dynamic_mode(
     )
     assert reply.status_code == 501
     assert reply.json() == {"error": "dynamic key registry not active"}
+
+
+def test_per_model_quotas_hold_for_cached_answers_and_hide_unserved_models(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    """A key whose per-model quotas do not list a model gets the same 429 for it whether
+    another key of its owner cached an answer for it or nobody serves it at all."""
+    full, strict = "sk-hivenet-full-key", "sk-hivenet-strict-key"
+    quota = (
+        "      quota:\n        per_model:\n"
+        f"          {OTHER}: {{requests_per_minute_per_replica: 5, tokens_per_day: 1000}}\n"
+    )
+    path = auth_file(tmp_path, entry(full, "acme"), entry(strict, "acme") + quota)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "m.yaml").write_text(
+        f"models: [{MODEL}]\nrouting_policy: {{strategy: least-loaded}}\nresponse_cache: {{}}\n"
+    )
+    router = make_cluster.router(
+        "--auth-config-file", str(path), "--policy-model-dir", str(policies)
+    )
+    sim = make_cluster.sim(MODEL, "--zero-latency")
+    make_cluster.agent(router, sim)
+    wait_until(lambda: _models(router, full) == [MODEL])
+
+    def chat(key: str, model: str = MODEL) -> httpx.Response:
+        body = {"model": model, "temperature": 0, "messages": [{"role": "user", "content": "q"}]}
+        return httpx.post(
+            router.url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=20,
+        )
+
+    stored = chat(full)
+    assert stored.status_code == 200 and stored.headers["X-Hivenet-Cache"] == "miss"
+    assert chat(full).headers["X-Hivenet-Cache"] == "hit"
+    for model in (MODEL, "nobody-serves-this"):
+        refused = chat(strict, model)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["message"] == (
+            f"no quota declared for model {model} on this API key"
+        )
+        assert "X-Hivenet-Cache" not in refused.headers

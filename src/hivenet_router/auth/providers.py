@@ -41,8 +41,12 @@ class Principal:
     def sees(self, model: str) -> bool:
         """Does discovery show `model` to this key? Per-model quotas also hide what they
         do not list."""
+        return self.allows(model) and self.declares(model)
+
+    def declares(self, model: str) -> bool:
+        """False when the key has per-model quotas and none for `model` (a 429)."""
         per_model = self.quota.per_model
-        return self.allows(model) and (per_model is None or model in per_model)
+        return per_model is None or model in per_model
 
 
 ANONYMOUS = Principal("default", "anonymous", "", frozenset())

@@ -11,6 +11,7 @@ from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job
 from hivenet_router.http1.messages import Answer, Request, Response
+from hivenet_router.observability.events import Refused
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.router import catalog
@@ -120,6 +121,16 @@ class Handlers:
             raise ApiError(
                 ErrorCode.MODEL_FORBIDDEN,
                 f"your API key does not have access to model: {facts.model}",
+            )
+        if not principal.declares(facts.model):
+            # Before every stage: a key with per-model quotas may use only the models they
+            # list, and a cached or shared answer (the cache stage runs before admission)
+            # must not get round that. The same 429 admission gave, whether or not the
+            # model is served, so the answer does not tell which models exist.
+            ticket.emit(Refused("b4_rpm", ErrorCode.RATE_LIMIT_EXCEEDED))
+            raise ApiError(
+                ErrorCode.RATE_LIMIT_EXCEEDED,
+                f"no quota declared for model {facts.model} on this API key",
             )
         if not self.registry.for_model(facts.model) and not self.claims(facts.model):
             # Refused before admission and metrics: a made-up model name must not create

@@ -150,6 +150,10 @@ class AuthState:
             text = Path(self.settings.file).read_text()
         except OSError as exc:
             raise AuthConfigError(f"{self.settings.file}: cannot read: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise AuthConfigError(
+                f"{self.settings.file}: not UTF-8 text (byte {exc.start}): {exc.reason}"
+            ) from None
         return parse_auth(text, self.settings.file)
 
     def _build(self) -> tuple[ClientAuth, AdminKeys]:

@@ -212,7 +212,10 @@ class DynamicRegistry:
         return self._by_id.get(key_id)
 
     def entries(self) -> list[DynamicKey]:
-        return [self._by_id[k] for k in sorted(self._by_id)]
+        # One snapshot of the map: a policy reload reads this on a worker thread while
+        # the event loop may add or delete keys.
+        by_id = self._by_id.copy()
+        return [by_id[k] for k in sorted(by_id)]
 
     def find(self, credential: str, now: float) -> DynamicKey | None:
         # Indexed by digest: the lookup's timing depends only on the SHA-256 of what the

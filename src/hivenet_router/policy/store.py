@@ -55,6 +55,8 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8 text (byte {exc.start}): {exc.reason}") from None
 
 
 class PolicyStore:

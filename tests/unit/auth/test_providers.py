@@ -3,12 +3,13 @@ from __future__ import annotations
 import calendar
 import hashlib
 import time
+from pathlib import Path
 
 import pytest
 
 from hivenet_router.auth.config import AuthConfigError, parse_auth
 from hivenet_router.auth.keys import DigestSet, digest, generate
-from hivenet_router.auth.providers import AdminKeys, StaticKeys
+from hivenet_router.auth.providers import AdminKeys, AuthSettings, AuthState, StaticKeys
 
 RAW = "sk-hivenet-test-key"
 HASH = hashlib.sha256(RAW.encode()).hexdigest()
@@ -102,3 +103,20 @@ def test_per_model_quotas_are_the_allowlist() -> None:
     key = config.keys[0]
     assert key.models == frozenset()  # the per-model quotas decide, the list is ignored
     assert key.quota.per_model is not None and key.quota.per_model["m"].tokens_per_day == 9
+
+
+def test_an_auth_file_that_is_not_utf8_is_a_config_error_and_keeps_the_keys(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "auth.yaml"
+    digest = hashlib.sha256(b"sk-hivenet-one").hexdigest()
+    path.write_text(
+        f'api:\n  mode: api-key\n  keys:\n    - key_hash: "{digest}"\n'
+        "      metadata: {name: a, owner: a}\n"
+    )
+    state = AuthState(AuthSettings(str(path), "", (), True))
+    path.write_bytes(path.read_bytes() + b"# caf\xe9\n")  # one Latin-1 byte
+    assert state.reload() is False
+    assert state.client.authenticate("sk-hivenet-one", 0.0) is not None
+    with pytest.raises(AuthConfigError, match="not UTF-8"):
+        AuthState(AuthSettings(str(path), "", (), True))

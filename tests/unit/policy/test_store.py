@@ -95,3 +95,18 @@ def test_invalid_global_policy_is_fatal_at_start(tmp_path: Path) -> None:
         PolicyStore(policy_file=str(bad)).load()
     with pytest.raises(PolicyError, match="cannot read"):
         PolicyStore(policy_file=str(tmp_path / "missing.yaml")).load()
+
+
+def test_a_policy_file_that_is_not_utf8_is_refused_and_the_old_set_kept(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("routing_policy: {strategy: least-loaded}\n")
+    store = PolicyStore(policy_file=str(path))
+    store.load()
+    before = store.current
+    path.write_bytes(b"# caf\xe9\nrouting_policy: {strategy: least-loaded}\n")
+    store.reload()  # logged, and the global policy kept as it was
+    assert store.current.default is before.default
+    with pytest.raises(PolicyError, match="not UTF-8"):
+        PolicyStore(policy_file=str(path)).load()

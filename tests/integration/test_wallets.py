@@ -266,6 +266,16 @@ def test_bad_credits_are_400_with_the_envelope(
         timeout=5,
     )
     assert raw.status_code == 400
+    for huge in (b'{"amount": 1e1000000}', b'{"amount": 1e-1000000}'):  # Decimal overflows
+        raw = httpx.post(
+            router.url + "/admin/wallets/acme/credit",
+            content=huge,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=5,
+        )
+        assert raw.status_code == 400, raw.text
+    for query in ("limit=%C2%B2", "before=%C2%B9"):  # digits to str.isdigit, not to int()
+        assert admin(router, "GET", f"/admin/wallets/acme/ledger?{query}").status_code == 400
     assert admin(router, "GET", "/admin/wallets/acme").json()["balance"] == "1"
     assert ledger_up(router)  # a bad credit is its sender's problem, nobody else's
 

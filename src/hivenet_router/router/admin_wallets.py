@@ -38,6 +38,7 @@ MAX_DECIMALS: Final = 9
 MAX_CREDIT: Final = Decimal(10) ** 15  # one credit, exclusive: a typo, not a top-up
 PAGE_DEFAULT, PAGE_MAX = 50, 500
 _DECIMAL_TEXT = re.compile(r"\d{1,16}(\.\d{1,32})?")
+_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 def _bad(message: str) -> NoReturn:
@@ -76,11 +77,13 @@ def parse_amount(value: object) -> Decimal:
         _bad('amount: must be a positive number or a decimal string such as "12.50"')
     if not amount.is_finite() or amount <= 0:
         _bad("amount: must be above zero")
-    exponent = amount.normalize().as_tuple().exponent
+    if amount >= MAX_CREDIT:  # before normalize(), which overflows on exponents like 1e1000000
+        _bad("amount: must be below 10^15 in one credit")
+    exponent = amount.as_tuple().exponent
+    if isinstance(exponent, int) and exponent < 0:
+        exponent = amount.normalize().as_tuple().exponent  # trailing zeros do not count
     if isinstance(exponent, int) and -exponent > MAX_DECIMALS:
         _bad(f"amount: at most {MAX_DECIMALS} decimals")
-    if amount >= MAX_CREDIT:
-        _bad("amount: must be below 10^15 in one credit")
     return amount
 
 
@@ -140,12 +143,12 @@ def _page(request: Request) -> tuple[int, int | None]:
     limit, before = PAGE_DEFAULT, None
     if "limit" in query:
         text = query["limit"]
-        if not text.isdigit() or not 1 <= int(text) <= PAGE_MAX:
+        if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= PAGE_MAX:
             _bad(f"limit: a whole number from 1 to {PAGE_MAX}")
         limit = int(text)
     if "before" in query:
         text = query["before"]
-        if not text.isdigit() or not 1 <= int(text) < 2**63:
+        if not _DIGITS.fullmatch(text) or not 1 <= int(text) < 2**63:
             _bad("before: the next_before of the previous page")
         before = int(text)
     return limit, before

@@ -38,14 +38,22 @@ def request_id(supplied: str | None) -> str:
 
 
 def credential(request: Request) -> str | None:
-    """The presented key: `Authorization: Bearer KEY`, or `x-api-key` (what the Anthropic
-    SDK sends; the Go router accepted only the former). Both may carry the same key, as
-    Claude Code's key helper sends it; two different keys, in repeated headers or across
-    the two, are refused rather than resolved by picking one."""
+    """The presented key: `Authorization: Bearer KEY`, a bare `Authorization: KEY` (as the
+    reference accepts), or `x-api-key` (what the Anthropic SDK sends; the Go router
+    accepted only the first two). Both headers may carry the same key, as Claude Code's
+    key helper sends it; two different keys, in repeated headers or across the two, are
+    refused rather than resolved by picking one. Another scheme (`Basic ...`) is no key."""
     headers = request.headers
     found: set[str] = set()
     for value in headers.getall("authorization"):
-        key = value[7:].strip() if value[:7].lower() == "bearer " else "\0" + value
+        text = value.strip()
+        scheme, space, rest = text.partition(" ")
+        if scheme.lower() == "bearer":
+            key = rest.strip()
+        elif space:
+            key = "\0" + text  # another scheme: no key of ours, but it conflicts with one
+        else:
+            key = text
         if key:
             found.add(key)
     # An empty header carries no key: it neither conflicts with another nor is one.

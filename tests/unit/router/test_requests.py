@@ -25,6 +25,9 @@ def _request(*headers: tuple[str, str], body: bytes = b"") -> Request:
         ((("Authorization", "Bearer k1"), ("x-api-key", "k1")), "k1"),
         ((("Authorization", "Bearer k1"), ("Authorization", "Bearer k1")), "k1"),
         ((("Authorization", "Basic dXNlcjpwYXNz"),), None),
+        # The reference also takes the bare key, without the scheme.
+        ((("Authorization", "sk-hivenet-k1"),), "sk-hivenet-k1"),
+        ((("Authorization", " k1 "), ("x-api-key", "k1")), "k1"),
         # An empty header is no key, and does not conflict with one.
         ((("Authorization", "Bearer k1"), ("x-api-key", "")), "k1"),
         ((("Authorization", "Bearer "), ("x-api-key", "k1")), "k1"),
@@ -42,6 +45,7 @@ def test_one_credential(headers: tuple[tuple[str, str], ...], key: str | None) -
         (("Authorization", "Bearer k1"), ("x-api-key", "k2")),
         (("x-api-key", "k1"), ("x-api-key", "k2")),
         (("Authorization", "Basic dXNlcjpwYXNz"), ("x-api-key", "k1")),
+        (("Authorization", "k1"), ("x-api-key", "k2")),
     ],
 )
 def test_conflicting_credentials_are_refused(headers: tuple[tuple[str, str], ...]) -> None:

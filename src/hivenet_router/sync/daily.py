@@ -44,7 +44,6 @@ class DailyWrite:
     settled: int
     held: int  # in flight
     delta: int  # own total change since the last publish
-    expire: bool  # the first write of the day: set the hash's lifetime
 
 
 @dataclass(slots=True)
@@ -85,7 +84,6 @@ class SiteDaily(DailyCounter):
         self._inflight: dict[tuple[str, str], int] = {}
         self._dirty: set[str] = set()
         self._published: dict[tuple[str, str], int] = {}  # own total at the last publish
-        self._expiring: set[tuple[str, str]] = set()  # hashes whose lifetime is set
         self._stale: set[str] = set()  # keys to read again next round
         self._reads: dict[str, asyncio.Future[None]] = {}
         self.first_reads_failed = 0
@@ -182,6 +180,14 @@ class SiteDaily(DailyCounter):
             return
         mine = fields.get(self._me)
         slot = (key, entry.day)
+        if entry.unread and mine is not None and mine.isdigit():
+            # The first read of the key that worked, after one that failed. This router's
+            # field is what a process before it (same --router-id) settled today: this
+            # process has written nothing there yet (writes() waits for this read), so it
+            # counts on top of what this one spent meanwhile, and is in the store already
+            # (not a change to publish).
+            self._used[slot] = self._used.get(slot, 0) + int(mine)
+            self._published[slot] = self._published.get(slot, 0) + int(mine)
         if (
             slot in self._used
             and mine != str(self._used[slot] - self._inflight.get(slot, 0)).encode()
@@ -202,19 +208,26 @@ class SiteDaily(DailyCounter):
     # -- the sync round ----------------------------------------------------------------------
 
     def writes(self) -> list[DailyWrite]:
-        """Every key changed since the last call: its fields and the change to publish."""
-        day, out = self.day(), []
+        """Every key changed since the last call: its fields and the change to publish.
+
+        A key not read yet today (its first read failed) waits: what this router's field
+        in the store holds (a previous process's total) must be read before it is written
+        over. Every write renews the day hash's expiry, so a hash lost and recreated (a
+        failover to a replica that missed it) still expires."""
+        day, out, unread = self.day(), [], set()
         for key in self._dirty:
             slot = (key, day)
             if slot not in self._used:
                 continue
+            entry = self._keys.get(key)
+            if entry is not None and entry.unread:
+                unread.add(key)
+                continue
             total, held = self._used[slot], self._inflight.get(slot, 0)
             delta = total - self._published.get(slot, 0)
             self._published[slot] = total
-            expire = slot not in self._expiring
-            self._expiring.add(slot)
-            out.append(DailyWrite(day, key, total - held, held, delta, expire))
-        self._dirty.clear()
+            out.append(DailyWrite(day, key, total - held, held, delta))
+        self._dirty = unread
         return out
 
     def reread(self, keys: list[str] | None = None) -> None:
@@ -228,8 +241,6 @@ class SiteDaily(DailyCounter):
             slot = (write.key, write.day)
             self._dirty.add(write.key)
             self._published[slot] = self._published.get(slot, 0) - write.delta
-            if write.expire:
-                self._expiring.discard(slot)
 
     def add_foreign(self, day: str, key: str, delta: int) -> None:
         """Another router's total for `key` changed by `delta` (its usage entry)."""
@@ -263,7 +274,6 @@ class SiteDaily(DailyCounter):
         router knows of the others stays: memory is what the store is rebuilt from)."""
         day = self.day()
         self._dirty.update(key for key, d in self._used if d == day)
-        self._expiring.clear()
 
     def sweep(self) -> None:
         super().sweep()
@@ -271,7 +281,6 @@ class SiteDaily(DailyCounter):
         compact(self._keys, lambda entry: entry.day == day)
         self._inflight = {slot: held for slot, held in self._inflight.items() if slot[1] == day}
         self._published = {slot: n for slot, n in self._published.items() if slot[1] == day}
-        self._expiring = {slot for slot in self._expiring if slot[1] == day}
 
 
 def _turn(key: str) -> int:

@@ -246,10 +246,8 @@ class Site:
         for write in writes:
             name = keys.day(write.day, write.key)
             pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
-            commands += 1
-            if write.expire:
-                pipe.execute_command("EXPIRE", name, DAY_TTL)
-                commands += 1
+            pipe.execute_command("EXPIRE", name, DAY_TTL)  # also for a hash the store lost
+            commands += 2
         if usage is not None:
             trim = ("MINID", "~", trim_before_ms) if trim_before_ms else ()
             entry = ("r", self.me, "p", self.incarnation, "u", usage)

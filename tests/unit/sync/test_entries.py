@@ -26,7 +26,7 @@ def test_heartbeats_with_a_bad_stamp_are_skipped_and_counted() -> None:
 
 
 def test_an_entry_round_trips_rates_and_daily_changes() -> None:
-    writes = [DailyWrite("2026-12-01", "team", 10, 5, 15, True)]
+    writes = [DailyWrite("2026-12-01", "team", 10, 5, 15)]
     raw = usage_entry({"q": {"team": 2.0}, "i": {}}, writes)
     assert raw is not None and orjson.loads(raw) == {
         "q": {"team": 2.0},

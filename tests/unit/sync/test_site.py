@@ -12,6 +12,7 @@ import valkey
 from hivenet_router.clock import SystemClock
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
+from hivenet_router.sync import daily
 from hivenet_router.sync.daily import REFRESH_ROUNDS
 from hivenet_router.sync.site import Site
 
@@ -350,3 +351,39 @@ async def test_a_request_cancelled_while_waiting_for_credits_leaves_nothing_behi
     assert a.credits.held("m") == 0
     assert [level for level in a.credits.levels() if level[0] == "m"] == [("m", 0, 0)]
     first.release()
+
+
+async def test_a_restart_whose_first_read_fails_does_not_write_over_the_day(
+    make: Maker, flushed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = make("a")
+    await rounds(a)
+    assert (await a.daily.charge("team", 90, 100)).ok
+    await a.daily.settle("team", 90, 90)
+    await rounds(a)
+    again = make("a")  # same --router-id, new process
+    await rounds(again)
+    monkeypatch.setattr(daily, "FIRST_READ_TIMEOUT", 0)  # the store too slow to answer it
+    assert (await again.daily.charge("team", 5, 100)).ok  # alone, within its share
+    monkeypatch.undo()
+    await again.daily.settle("team", 5, 5)
+    await rounds(again, again)
+    field = store(flushed).hget(again.keys.day(again.daily.day(), "team"), "a")
+    assert field == b"95"  # what the first process settled, and this one's 5
+    assert not (await again.daily.charge("team", 10, 100)).ok
+
+
+async def test_a_day_hash_the_store_lost_expires_when_written_again(
+    make: Maker, flushed: str
+) -> None:
+    a = make("a")
+    await rounds(a)
+    name = a.keys.day(a.daily.day(), "team")
+    assert (await a.daily.charge("team", 10, 100)).ok
+    await rounds(a)
+    valkey_client = store(flushed)
+    assert valkey_client.ttl(name) > 0
+    valkey_client.delete(name)  # a failover to a replica that never had it
+    assert (await a.daily.charge("team", 10, 100)).ok
+    await rounds(a)
+    assert valkey_client.exists(name) and valkey_client.ttl(name) > 0

@@ -96,14 +96,20 @@ async def test_daily_totals_are_read_once_then_followed_each_round(make: Maker) 
     assert await a.daily.left("team", 150) == 110
 
 
-async def test_a_restarted_router_counts_what_it_settled_today(make: Maker, flushed: str) -> None:
+async def restarted(make: Maker, charged: int, spent: int) -> Site:
+    """Router "a" settles `spent` of "team"'s daily 100, then starts again under its ID."""
     a = make("a")
     await rounds(a)
-    assert (await a.daily.charge("team", 50, 100)).ok
-    await a.daily.settle("team", 50, 30)
+    assert (await a.daily.charge("team", charged, 100)).ok
+    await a.daily.settle("team", charged, spent)
     await rounds(a)
     again = make("a")  # same --router-id, new process
     await rounds(again)
+    return again
+
+
+async def test_a_restarted_router_counts_what_it_settled_today(make: Maker, flushed: str) -> None:
+    again = await restarted(make, 50, 30)
     assert not (await again.daily.charge("team", 80, 100)).ok
     assert (await again.daily.charge("team", 70, 100)).ok
 
@@ -356,13 +362,7 @@ async def test_a_request_cancelled_while_waiting_for_credits_leaves_nothing_behi
 async def test_a_restart_whose_first_read_fails_does_not_write_over_the_day(
     make: Maker, flushed: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a = make("a")
-    await rounds(a)
-    assert (await a.daily.charge("team", 90, 100)).ok
-    await a.daily.settle("team", 90, 90)
-    await rounds(a)
-    again = make("a")  # same --router-id, new process
-    await rounds(again)
+    again = await restarted(make, 90, 90)
     monkeypatch.setattr(daily, "FIRST_READ_TIMEOUT", 0)  # the store too slow to answer it
     assert (await again.daily.charge("team", 5, 100)).ok  # alone, within its share
     monkeypatch.undo()

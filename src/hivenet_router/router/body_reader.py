@@ -150,11 +150,6 @@ class BodyWorker:
         """The child's process ID while one runs."""
         return self._proc.pid if self._proc is not None else None
 
-    @property
-    def waiting(self) -> int:
-        """Bodies waiting for their turn."""
-        return len(self._turns)
-
     async def parse(self, route: str, body: bytes, tenant: str = "") -> RequestFacts:
         """`bodies.parse` in the child, tenants' bodies taking turns. A caller that leaves
         while its body is being read leaves the exchange to finish, so the next body meets

@@ -391,3 +391,11 @@ def test_per_model_quotas_hold_for_cached_answers_and_hide_unserved_models(
             f"no quota declared for model {model} on this API key"
         )
         assert "X-Hivenet-Cache" not in refused.headers
+    # The served model's refusal is counted by name; the made-up name creates no series,
+    # however many a client sends.
+    for n in range(20):
+        assert chat(strict, f"made-up-{n}").status_code == 429
+    text = router.metrics()
+    assert metric(text, "hivenet_admission_rejections_total", reason="b4_rpm", model=MODEL) == 1
+    assert metric(text, "hivenet_tenant_requests_failed_total", model=MODEL) == 1
+    assert "made-up" not in text and "nobody-serves-this" not in text

@@ -44,6 +44,10 @@ class LineWriter:
         self._failed = 0  # dropped because a write failed (counted by the writer thread)
         self.fallback = False  # the path could not be opened: lines go to standard output
         self._lines: deque[bytes] = deque()
+        # The unwritten end of a line a failed write cut short: written first next time, so
+        # the file never holds half a line with the next record glued to it.
+        self._rest = b""
+        self._closed = False
         self._wake = threading.Event()
         self._reopen = False
         self._stopping = False
@@ -57,7 +61,7 @@ class LineWriter:
     def put(self, line: bytes) -> bool:
         """Queue one line (with its newline). False when the buffer was full and it was dropped."""
         lines = self._lines
-        if len(lines) >= self.limit:
+        if len(lines) >= self.limit or self._closed:
             self._full += 1
             return False
         lines.append(line)
@@ -75,6 +79,7 @@ class LineWriter:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        self._closed = True  # a line put from now on is counted as dropped, not lost
         if self._fd > 2 and not self._thread.is_alive():  # a thread stuck in write keeps it
             os.close(self._fd)
             self._fd = -1
@@ -123,6 +128,7 @@ class LineWriter:
                 self._swap()
             self._drain()
             if self._stopping:
+                self._drain()  # lines put while the last batch was being written
                 return
 
     def _swap(self) -> None:
@@ -142,16 +148,18 @@ class LineWriter:
             if len(batch) >= 4096:
                 self._write(batch)
                 batch = []
-        if batch:
+        if batch or self._rest:
             self._write(batch)
 
     def _write(self, batch: list[bytes]) -> None:
-        data = memoryview(b"".join(batch))
+        rest = self._rest
+        data = memoryview(b"".join([rest, *batch]) if rest else b"".join(batch))
+        size = len(data)
         try:
             while data:
                 data = data[os.write(self._fd, data) :]
         except OSError as exc:
-            self._failed += len(batch)
+            self._settle(rest, batch, size - len(data))
             if not self._failing:
                 self._failing = True
                 log.warning(
@@ -164,7 +172,29 @@ class LineWriter:
         if self._failing:
             self._failing = False
             log.warning("%s: writing to %s works again", self.what, self.path)
-        self.written += len(batch)
+        self._rest = b""
+        self.written += len(batch) + (1 if rest else 0)
+
+    def _settle(self, rest: bytes, batch: list[bytes], sent: int) -> None:
+        """Count a write that failed after `sent` bytes: whole lines are written, a line cut
+        short keeps its end for the next write, and the lines after it are dropped."""
+        if rest:
+            if sent < len(rest):
+                self._rest = rest[sent:]
+                self._failed += len(batch)
+                return
+            sent -= len(rest)
+            self.written += 1
+            self._rest = b""
+        for at, line in enumerate(batch):
+            if sent >= len(line):
+                sent -= len(line)
+                self.written += 1
+                continue
+            if sent:
+                self._rest = line[sent:]  # counted when its end is written
+            self._failed += len(batch) - at - (1 if sent else 0)
+            return
 
 
 class WriterCollector(Collector):

@@ -354,10 +354,16 @@ class TenantGauges(Collector):
         quota = principal.quota
         tenant = principal.tenant
         if quota.per_model is None:
+            # No limit (0) removes the series: a limit taken away by a reload must not
+            # keep showing (and alerting on) the old one.
             if quota.requests_per_minute:
                 self.rpm[tenant] = quota.requests_per_minute
+            else:
+                self.rpm.pop(tenant, None)
             if quota.tokens_per_day:
                 self.tpd[tenant] = quota.tokens_per_day
+            else:
+                self.tpd.pop(tenant, None)
             return
         entry = quota.per_model.get(model)
         if entry is not None:

@@ -117,33 +117,42 @@ class Handlers:
         principal: Principal = ticket.principal
         facts = await self.reader.parse(route, body, principal.tenant)
         ticket.facts = facts  # the model is known from here on (audit records name it)
-        if not principal.allows(facts.model):
+        model = facts.model
+        allowed = principal.allows(model)
+        declared = principal.declares(model)
+        known = bool(self.registry.for_model(model)) or self.claims(model)
+        if known:
+            # A refusal below still counts in the tenant's failed requests when the model
+            # is one the router knows; a made-up name creates no metric series.
+            ticket.job = Job(
+                route,
+                model,
+                facts.capability,
+                facts.stream,
+                body,
+                forward_headers(request, ticket.request_id),
+            )
+        if not allowed:
             raise ApiError(
                 ErrorCode.MODEL_FORBIDDEN,
-                f"your API key does not have access to model: {facts.model}",
+                f"your API key does not have access to model: {model}",
             )
-        if not principal.declares(facts.model):
+        if not declared:
             # Before every stage: a key with per-model quotas may use only the models they
             # list, and a cached or shared answer (the cache stage runs before admission)
             # must not get round that. The same 429 admission gave, whether or not the
-            # model is served, so the answer does not tell which models exist.
-            ticket.emit(Refused("b4_rpm", ErrorCode.RATE_LIMIT_EXCEEDED))
+            # model is served, so the answer does not tell which models exist; only a
+            # known model is counted (by name) as a refusal.
+            if known:
+                ticket.emit(Refused("b4_rpm", ErrorCode.RATE_LIMIT_EXCEEDED))
             raise ApiError(
                 ErrorCode.RATE_LIMIT_EXCEEDED,
-                f"no quota declared for model {facts.model} on this API key",
+                f"no quota declared for model {model} on this API key",
             )
-        if not self.registry.for_model(facts.model) and not self.claims(facts.model):
+        if not known:
             # Refused before admission and metrics: a made-up model name must not create
             # occupancy pools or metric series.
-            raise self._unknown(ticket, facts.model)
-        ticket.job = Job(
-            route,
-            facts.model,
-            facts.capability,
-            facts.stream,
-            body,
-            forward_headers(request, ticket.request_id),
-        )
+            raise self._unknown(ticket, model)
         ticket.deadline = ticket.started + self.request_timeout
         answer = await self.pipeline(ticket)
         return await self.relay(request, ticket, answer)

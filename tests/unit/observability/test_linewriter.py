@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -92,3 +96,66 @@ def test_a_reader_that_never_reads_never_blocks_the_caller(tmp_path: Path) -> No
         writer.close(timeout=0.2)  # the thread is stuck in write(): close gives up on it
     finally:
         os.close(reader)
+
+
+_CUT_SHORT = """
+import resource, signal, sys, time
+from hivenet_router.observability.linewriter import LineWriter
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+writer = LineWriter(sys.argv[1], what="audit", gather=0.05)  # the lines go as one batch
+line = lambda n: b'{"n":%d,"pad":"%s"}\\n' % (n, b"x" * 40)
+resource.setrlimit(resource.RLIMIT_FSIZE, (150, hard))  # the disk fills mid-batch
+for n in range(4):
+    writer.put(line(n))
+while writer.dropped < 1:
+    time.sleep(0.01)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space is freed
+writer.put(line(99))
+writer.close()
+print(writer.written, writer.dropped)
+"""
+
+
+def test_a_write_cut_short_by_a_full_disk_finishes_its_line_later(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _CUT_SHORT, str(path)],
+        capture_output=True,
+        timeout=30,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    written, dropped = map(int, done.stdout.split())
+    lines = path.read_bytes().splitlines()
+    # 150 bytes hold two lines of 56 bytes and part of the third; the third's end is
+    # written once the disk has room, the fourth was dropped, and the next record starts
+    # a line of its own.
+    assert [orjson.loads(line)["n"] for line in lines] == [0, 1, 2, 99]
+    assert (written, dropped) == (4, 1)
+
+
+def test_a_line_put_while_the_last_batch_is_written_is_not_lost(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read_slowly() -> None:
+        with open(fifo, "rb") as pipe:
+            time.sleep(0.3)  # the writer thread is stuck in write() meanwhile
+            got.append(pipe.read())
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    writer = LineWriter(str(fifo), what="audit", gather=0.001)
+    big = b"a" * 200_000 + b"\n"  # more than the pipe holds
+    writer.put(big)
+    wait_until(lambda: writer.buffered == 0, timeout=5)  # taken by the thread
+    writer.put(b"last\n")
+    writer.close()
+    reader.join(5)
+    assert got == [big + b"last\n"]
+    assert (writer.written, writer.dropped) == (2, 0)
+    assert not writer.put(b"after close\n")
+    assert writer.dropped == 1

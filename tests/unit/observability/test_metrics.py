@@ -136,6 +136,23 @@ def test_quota_ceilings_appear_with_a_tenants_requests() -> None:
     assert metric(page, "hivenet_tenant_per_model_quota_tpd_limit", model="m") == 500
 
 
+def test_a_quota_taken_away_leaves_no_ceiling_behind() -> None:
+    observer = MetricsObserver()
+    limited = ticket(Observers([observer]))
+    limited.principal = Principal(
+        "acme", "k1", "n", frozenset(), Quota(requests_per_minute=60, tokens_per_day=1000)
+    )
+    limited.emit(Ended(200, None, Outcome.OK, None, 0.0))
+    assert metric(text(observer), "hivenet_tenant_quota_rpm_limit", tenant_id="acme") == 60
+    unlimited = ticket(Observers([observer]))  # the same key after a reload: no limits
+    unlimited.principal = Principal("acme", "k1", "n", frozenset(), Quota())
+    unlimited.emit(Ended(200, None, Outcome.OK, None, 0.0))
+    page = text(observer)
+    assert metric(page, "hivenet_tenant_requests_success_total", tenant_id="acme") == 2
+    assert metric(page, "hivenet_tenant_quota_rpm_limit", tenant_id="acme") is None
+    assert metric(page, "hivenet_tenant_quota_tpd_limit", tenant_id="acme") is None
+
+
 def test_provider_calls_are_timed_by_status() -> None:
     observer = MetricsObserver()
     observer.provider_call("openai", 200, 0.2)

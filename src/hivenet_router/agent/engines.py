@@ -89,7 +89,9 @@ _MAX_INFO_LINES = 64
 @dataclass(frozen=True, slots=True)
 class _Samples:
     """The samples of the wanted metric families, summed over label sets; histogram
-    buckets summed per bound.
+    buckets summed per bound. A ratio (one named in `_RATIOS`) is averaged over its label
+    sets instead: a data-parallel engine writes one line per core or rank, and two cores at
+    60% are 60% used, not 120%.
 
     Read with a line scanner rather than a full exposition parser: an engine's page has
     hundreds of series and the router uses a dozen, so every other line is skipped after
@@ -109,6 +111,7 @@ class _Samples:
         scalars: dict[str, float] = defaultdict(float)
         buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
         labels: dict[str, list[str]] = defaultdict(list)
+        shares: dict[str, int] = defaultdict(int)  # lines per ratio, to average them
         for line in text.splitlines():
             if not line or line[0] == "#":
                 continue
@@ -117,6 +120,10 @@ class _Samples:
                 at = line.find(mark)
                 if 0 <= at < cut:
                     cut = at
+            # The text format allows a tab as a blank; looked for only within the name.
+            tab = line.find("\t", 0, cut)
+            if tab >= 0:
+                cut = tab
             name = line[:cut]
             family = name[:-7] if name.endswith("_bucket") else name
             if family not in wanted and name not in wanted:
@@ -138,6 +145,10 @@ class _Samples:
                     buckets[family][bound] += value
                 continue
             scalars[name] += value
+            if name in _RATIOS:
+                shares[name] += 1
+        for name, lines in shares.items():
+            scalars[name] /= lines
         return cls(
             dict(scalars),
             {name: sorted(bounds.items()) for name, bounds in buckets.items()},
@@ -203,21 +214,31 @@ def _text_label(labels: str, key: str) -> str | None:
 
 
 def _histogram(s: _Samples, name: str) -> Histogram | None:
-    points = [(b, c) for b, c in s.buckets.get(name, []) if not math.isinf(b)]
+    """The histogram as the heartbeat carries it; None if any of its figures is not finite
+    and non-negative. JSON has no NaN or infinity (msgspec writes null, which the router
+    refuses along with the whole heartbeat), so an engine that writes garbage loses this
+    histogram, not its link."""
+    points = [(b, c) for b, c in s.buckets.get(name, []) if not math.isinf(b)][:64]
     count = s.scalars.get(name + "_count")
+    total = s.scalars.get(name + "_sum", 0.0)
     if count is None or not points:
         return None
+    figures = [count, total, *(b for b, _ in points), *(c for _, c in points)]
+    if not all(0 <= figure < math.inf for figure in figures):  # NaN fails it too
+        return None
     return Histogram(
-        bounds=[b for b, _ in points][:64],
-        counts=[c for _, c in points][:64],
+        bounds=[b for b, _ in points],
+        counts=[c for _, c in points],
         count=count,
-        sum=s.scalars.get(name + "_sum", 0.0),
+        sum=total,
     )
 
 
 def _finish_reasons(text: str, family: str) -> dict[str, float]:
     """A counter's values by `finished_reason`, summed over its other labels; at most 16
-    reasons of at most 32 characters (what the engine says is not trusted to be small)."""
+    reasons of at most 32 characters (what the engine says is not trusted to be small).
+    A reason with a line that is not finite and non-negative is left out: the heartbeat
+    cannot carry NaN or infinity, and a sum of the other lines would undercount it."""
     found: dict[str, float] = {}
     prefix = family + "{"
     for line in text.splitlines():
@@ -229,9 +250,11 @@ def _finish_reasons(text: str, family: str) -> dict[str, float]:
         value = _number(fields[0]) if fields else None
         if reason is None or value is None or len(reason) > 32:
             continue
+        if not 0 <= value < math.inf:
+            value = math.nan  # poisons the sum, dropped below
         if reason in found or len(found) < 16:
             found[reason] = found.get(reason, 0.0) + value
-    return found
+    return {reason: count for reason, count in found.items() if 0 <= count < math.inf}
 
 
 def _vllm_cache_tokens(s: _Samples) -> float | None:
@@ -316,6 +339,18 @@ _LLAMACPP = frozenset(
         "prompt_tokens_seconds",
         "predicted_tokens_seconds",
     )
+)
+
+# The 0..1 figures read above, averaged over their label sets rather than summed (see
+# `_Samples`); a ratio read from a new metric belongs here too.
+_RATIOS = frozenset(
+    {
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "sglang:cache_hit_rate",
+        "llamacpp:kv_cache_usage_ratio",
+    }
 )
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.monitor import signal_key
+from hivenet_router.domain.agent import Heartbeat
 from hivenet_router.sim.engine import Engine, Timing
 from hivenet_router.sim.metrics import render_metrics
 
@@ -190,3 +191,90 @@ def test_a_new_cache_size_is_a_routing_change() -> None:
     unknown = msgspec.structs.replace(known, kv_cache_tokens=None)
     assert signal_key(known, None) != signal_key(unknown, None)
     assert signal_key(known, None) == signal_key(adapter_for("vllm").parse_metrics(VLLM), None)
+
+
+# One histogram with a placeholder for its sum, count or a bucket, and a finish reason.
+HISTOGRAM = """
+vllm:time_to_first_token_seconds_bucket{{le="0.1",model_name="m"}} {bucket}
+vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} 2
+vllm:time_to_first_token_seconds_sum{{model_name="m"}} {total}
+vllm:time_to_first_token_seconds_count{{model_name="m"}} {count}
+vllm:request_success_total{{finished_reason="stop",model_name="m"}} 2
+"""
+
+
+@pytest.mark.parametrize("garbage", ["NaN", "+Inf", "-Inf", "1e400", "-1"])
+@pytest.mark.parametrize("field", ["bucket", "total", "count"])
+def test_a_histogram_with_a_figure_json_cannot_carry_is_left_out(field: str, garbage: str) -> None:
+    figures = {"bucket": "1", "total": "0.3", "count": "2"} | {field: garbage}
+    found = adapter_for("vllm").parse_histograms(HISTOGRAM.format(**figures))
+    assert found is not None and found.ttft_seconds is None
+    assert found.finished == {"stop": 2}  # the rest still goes
+    heartbeat = Heartbeat(backend_healthy=True, histograms=found)
+    msgspec.json.Decoder(Heartbeat).decode(msgspec.json.encode(heartbeat))
+
+
+def test_a_sound_histogram_passes() -> None:
+    page = HISTOGRAM.format(bucket="1", total="0.3", count="2")
+    found = adapter_for("vllm").parse_histograms(page)
+    assert found is not None and found.ttft_seconds is not None
+    assert (found.ttft_seconds.count, found.ttft_seconds.sum) == (2, 0.3)
+
+
+def test_a_histogram_that_overflows_when_summed_is_left_out() -> None:
+    page = HISTOGRAM.format(bucket="1", total="1e308", count="2")
+    page += 'vllm:time_to_first_token_seconds_sum{model_name="n"} 1e308\n'
+    found = adapter_for("vllm").parse_histograms(page)
+    assert found is not None and found.ttft_seconds is None
+
+
+@pytest.mark.parametrize("garbage", ["NaN", "+Inf", "-Inf", "1e400", "-1"])
+def test_a_finish_reason_with_a_figure_json_cannot_carry_is_left_out(garbage: str) -> None:
+    page = "\n".join(
+        [
+            'vllm:request_success_total{finished_reason="stop",engine="0"} 3',
+            f'vllm:request_success_total{{finished_reason="stop",engine="1"}} {garbage}',
+            'vllm:request_success_total{finished_reason="length",engine="0"} 1',
+        ]
+    )
+    found = adapter_for("vllm").parse_histograms(page)
+    assert found is not None and found.finished == {"length": 1}
+    heartbeat = Heartbeat(backend_healthy=True, histograms=found)
+    msgspec.json.Decoder(Heartbeat).decode(msgspec.json.encode(heartbeat))
+
+
+def test_ratios_are_averaged_over_engine_cores_and_counts_summed() -> None:
+    vllm = """
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.6
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.8
+vllm:num_requests_running{engine="0",model_name="m"} 4
+vllm:num_requests_running{engine="1",model_name="m"} 3
+"""
+    snap = adapter_for("vllm").parse_metrics(vllm)
+    assert snap.kv_cache_utilization == pytest.approx(0.7)
+    assert snap.running_requests == 7
+    old = vllm.replace("kv_cache_usage_perc", "gpu_cache_usage_perc")
+    assert adapter_for("vllm").parse_metrics(old).kv_cache_utilization == pytest.approx(0.7)
+
+
+def test_sglang_ratios_are_averaged_over_ranks() -> None:
+    page = """
+sglang:token_usage{model_name="m",dp_rank="0"} 0.6
+sglang:token_usage{model_name="m",dp_rank="1"} 0.6
+sglang:cache_hit_rate{model_name="m",dp_rank="0"} 0.5
+sglang:cache_hit_rate{model_name="m",dp_rank="1"} 0.7
+sglang:num_running_reqs{model_name="m",dp_rank="0"} 2
+sglang:num_running_reqs{model_name="m",dp_rank="1"} 5
+"""
+    snap = adapter_for("sglang").parse_metrics(page)
+    assert snap.kv_cache_utilization == pytest.approx(0.6)
+    assert snap.prefix_cache_hit_rate == pytest.approx(0.6)
+    assert snap.running_requests == 7
+
+
+def test_a_tab_may_separate_name_and_value() -> None:
+    snap = adapter_for("vllm").parse_metrics("vllm:num_requests_running\t7\n")
+    assert snap.running_requests == 7
+    page = "llamacpp:kv_cache_usage_ratio\t0.5\nllamacpp:requests_processing \t2\t1700000000\n"
+    snap = adapter_for("llamacpp").parse_metrics(page)
+    assert (snap.kv_cache_utilization, snap.running_requests) == (0.5, 2)

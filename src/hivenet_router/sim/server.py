@@ -47,6 +47,29 @@ def _anthropic_error(status: int, message: str, kind: str) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON)
 
 
+# The error type each API names for a status: OpenAI's as vLLM spells it, Anthropic's as the
+# Messages API does.
+_OPENAI_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def _fail(status: int, message: str, *, anthropic: bool) -> web.Response:
+    """An error answer in the shape of the route's API: every error on an Anthropic route
+    is Anthropic-shaped, with the type its status calls for."""
+    if anthropic:
+        return _anthropic_error(status, message, _ANTHROPIC_TYPES.get(status, "api_error"))
+    return _error(status, message, _OPENAI_TYPES.get(status, "InternalServerError"))
+
+
 class Simulator:
     """One simulated engine and the handlers that expose it."""
 
@@ -174,7 +197,9 @@ class Simulator:
 
     # -- request intake ----------------------------------------------------------------------
 
-    async def _body(self, request: web.Request) -> dict[str, Any] | web.Response:
+    async def _body(
+        self, request: web.Request, *, anthropic: bool = False
+    ) -> dict[str, Any] | web.Response:
         self.requests += 1
         crash_after = self.faults.crash_after
         if crash_after and self.requests >= crash_after:
@@ -183,12 +208,12 @@ class Simulator:
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
-            return _error(400, f"invalid JSON: {exc}", "BadRequestError")
+            return _fail(400, f"invalid JSON: {exc}", anthropic=anthropic)
         if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object", "BadRequestError")
+            return _fail(400, "request body must be a JSON object", anthropic=anthropic)
         model = body.get("model")
         if model != self.config.model:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return _fail(404, f"The model `{model}` does not exist.", anthropic=anthropic)
         if self.faults.latency:
             await asyncio.sleep(self.faults.latency)
         return body
@@ -212,9 +237,9 @@ class Simulator:
         return await self._generate(request, body, completion_prompt(body), fmt, anthropic=False)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        body = await self._body(request, anthropic=True)
         if isinstance(body, web.Response):
-            return _anthropic_error(body.status, body.text or "", "invalid_request_error")
+            return body
         if not isinstance(body.get("max_tokens"), int):
             return _anthropic_error(400, "max_tokens: Field required", "invalid_request_error")
         if not isinstance(body.get("messages"), list) or not body["messages"]:
@@ -223,7 +248,7 @@ class Simulator:
         return await self._generate(request, body, chat_prompt(body), fmt, anthropic=True)
 
     async def count_tokens(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        body = await self._body(request, anthropic=True)
         if isinstance(body, web.Response):
             return body
         tokens = count_tokens(chat_prompt(body))
@@ -244,12 +269,16 @@ class Simulator:
         if draw.hang:
             await asyncio.Event().wait()
         if draw.error:
-            return _error(500, "simulated engine failure", "InternalServerError")
-        requested = body.get("max_completion_tokens", body.get("max_tokens"))
+            return _fail(500, "simulated engine failure", anthropic=anthropic)
+        # The OpenAI API allows null for either field: null counts as absent, so
+        # {"max_tokens": 3, "max_completion_tokens": null} asks for 3 tokens.
+        requested = body.get("max_completion_tokens")
+        if requested is None:
+            requested = body.get("max_tokens")
         if requested is not None and (
             isinstance(requested, bool) or not isinstance(requested, int) or requested < 1
         ):
-            return _error(400, "max_tokens must be a positive integer", "BadRequestError")
+            return _fail(400, "max_tokens must be a positive integer", anthropic=anthropic)
         max_new = requested if requested is not None else self.config.output_tokens
         prompt_tokens = count_tokens(prompt)
         if prompt_tokens + max_new > self.config.max_model_len:
@@ -258,9 +287,7 @@ class Simulator:
                 f"However, you requested {prompt_tokens + max_new} tokens "
                 f"({prompt_tokens} in the messages, {max_new} in the completion)."
             )
-            if anthropic:
-                return _anthropic_error(400, message, "invalid_request_error")
-            return _error(400, message, "BadRequestError")
+            return _fail(400, message, anthropic=anthropic)
         finish = "length" if requested is not None else "stop"
         cap = self.config.answer_cap
         if cap and max_new > cap:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
 
 from hivenet_router.agent.engines import EngineAdapter
 from hivenet_router.agent.hardware import HardwareSampler
@@ -52,10 +53,11 @@ class Pulse:
 
 
 def _split(url: str) -> tuple[str, str]:
-    """A URL's origin and its path (with the query)."""
-    scheme, _, rest = url.partition("://")
-    host, slash, path = rest.partition("/")
-    return f"{scheme}://{host}", slash + path
+    """A URL's origin and its path (with the query); the root when it names no path, as
+    `http://engine:8000/` does once its slash is trimmed."""
+    parts = urlsplit(url)
+    path = parts.path or "/"
+    return f"{parts.scheme}://{parts.netloc}", f"{path}?{parts.query}" if parts.query else path
 
 
 class BackendMonitor:

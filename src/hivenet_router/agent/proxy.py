@@ -33,6 +33,9 @@ _HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        # The answer must reach the router as the engine's plain bytes: it reads usage from
+        # them (and caches and checks them), and it never decodes a compressed body.
+        "accept-encoding",
     }
 )
 _JSON = [("content-type", "application/json")]

@@ -15,10 +15,11 @@ from hivenet_router.domain.errors import STATUS, ErrorCode, code_from_str, error
 
 _TYPE_MAP = {
     "context_length_exceeded": ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+    "exceed_context_size_error": ErrorCode.CONTEXT_LENGTH_EXCEEDED,  # llama.cpp's server
     "invalid_request_error": ErrorCode.INVALID_PARAMETER,
     "invalid_parameter": ErrorCode.INVALID_PARAMETER,
 }
-_CONTEXT_WORDS = ("length", "window", "token")
+_CONTEXT_WORDS = ("length", "window", "token", "size")
 MESSAGE_LIMIT = 512
 
 
@@ -63,6 +64,11 @@ def classify(status: int, raw: bytes) -> tuple[ErrorCode, int, bytes]:
     message, kind = _message_and_type(raw)
     message = message[:MESSAGE_LIMIT]
     code = _TYPE_MAP.get(kind)
+    if code is ErrorCode.INVALID_PARAMETER and status not in (400, 413, 422):
+        # OpenAI's servers say invalid_request_error for an unknown model (404) and a wrong
+        # key (401) too: the type names a family, the status says which. Read as the
+        # client's mistake, those would be refused rather than tried on another agent.
+        code = None
     lowered = message.lower()
     context_words = "context" in lowered and any(word in lowered for word in _CONTEXT_WORDS)
     if code in (None, ErrorCode.INVALID_PARAMETER) and status in (400, 413, 422):

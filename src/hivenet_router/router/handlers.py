@@ -42,6 +42,9 @@ _DROP = frozenset(
         # a 100-continue expectation (answered here) describe nothing the agent receives.
         "content-encoding",
         "expect",
+        # The router reads the answer's usage and never decodes a compressed body, so an
+        # engine must not be invited to compress it.
+        "accept-encoding",
         # Replaced by the request's own ID (the client's when it is a UUID).
         "x-request-id",
     }

@@ -13,6 +13,7 @@ from aiohttp import web
 from hivenet_router.agent import monitor as monitor_module
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.monitor import BackendMonitor, signal_key
+from hivenet_router.config.values import optional_http_url
 from hivenet_router.domain.agent import EngineSnapshot, GpuSnapshot, HardwareSnapshot
 from hivenet_router.http1.client import EngineClient
 
@@ -121,3 +122,33 @@ async def test_an_idle_agent_samples_hardware_slowly_and_one_interval_after_work
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@pytest.mark.parametrize("suffix", ["/", "", "/?full=1"])
+async def test_a_health_url_at_the_root_probes_the_root(suffix: str) -> None:
+    """`--health-url http://engine:8000/` is kept without its slash: still the root."""
+    paths: list[str] = []
+
+    async def root(request: web.Request) -> web.Response:
+        paths.append(request.path_qs)
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/", root)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    origin = f"http://127.0.0.1:{port}"
+    client = EngineClient(origin)
+    monitor = BackendMonitor(
+        client, adapter_for("custom"), health_url=optional_http_url(origin + suffix)
+    )
+    try:
+        assert await monitor.probe()
+        assert paths == ["/?full=1" if "?" in suffix else "/"]
+    finally:
+        await monitor.close()
+        await client.close()
+        await runner.cleanup()

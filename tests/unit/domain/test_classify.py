@@ -29,6 +29,32 @@ from hivenet_router.domain.errors import ErrorCode, error_body
             400,
         ),
         (422, b"plain text", ErrorCode.INVALID_PARAMETER, 400),
+        # OpenAI-compatible servers name these invalid_request_error too; the status wins.
+        (
+            404,
+            b'{"error": {"message": "no such model", "type": "invalid_request_error"}}',
+            ErrorCode.MODEL_NOT_FOUND,
+            404,
+        ),
+        (
+            401,
+            b'{"error": {"message": "Incorrect API key", "type": "invalid_request_error"}}',
+            ErrorCode.BACKEND_ERROR,
+            502,
+        ),
+        (
+            500,
+            b'{"error": {"message": "boom", "type": "invalid_request_error"}}',
+            ErrorCode.BACKEND_ERROR,
+            502,
+        ),
+        (  # older llama.cpp servers
+            400,
+            b'{"error": {"message": "the request exceeds the available context size, try'
+            b' increasing it", "type": "exceed_context_size_error"}}',
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            400,
+        ),
         (429, b"slow down", ErrorCode.BACKEND_UNAVAILABLE, 503),
         (503, b"{}", ErrorCode.BACKEND_UNAVAILABLE, 503),
         (500, b"boom", ErrorCode.BACKEND_ERROR, 502),

@@ -8,6 +8,7 @@ sucess_rate: unknown signal ...`). The accepted shape is also published as a JSO
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +155,13 @@ class _Reader:
     def scalar(self, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, path, "must be a single value")
-        return yaml.safe_load(yaml.serialize(node))
+        try:
+            return yaml.safe_load(yaml.serialize(node))
+        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+            # A tag the safe loader refuses (`!!python/name:...`) or one it cannot apply
+            # (`!!int two`): a policy error with its line, never a traceback.
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise self.fail(node, path, f"is not a plain value ({problem})") from None
 
     def string(self, node: yaml.Node, path: str, allow_empty: bool = True) -> str:
         value = self.scalar(node, path)
@@ -176,7 +183,14 @@ class _Reader:
         value = self.scalar(node, path)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(node, path, "must be a number")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            # A .nan threshold compares false with everything: a gate that never fires.
+            raise self.fail(node, path, "must be a finite number")
+        return number
 
     def strings(self, node: yaml.Node, path: str) -> tuple[str, ...]:
         if not isinstance(node, yaml.SequenceNode):

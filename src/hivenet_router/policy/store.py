@@ -194,22 +194,39 @@ class PolicyStore:
                 continue
             named[name] = policy
         by_model: dict[str, Policy] = {}
-        # Policies already active claim first, so an edited file cannot steal a model from
-        # one that did not change; among the rest, older files win (start-up order).
-        order = sorted(named, key=lambda n: n not in previous.named)
-        for name in order:
+
+        # Active files whose models did not change claim first, then edited ones, then new
+        # ones, so an edit cannot steal a model from a file that still claims it; within
+        # each group older files win (start-up order).
+        def rank(name: str) -> tuple[bool, bool]:
+            kept = previous.named.get(name)
+            return kept is None, kept is None or kept.models != named[name].models
+
+        for name in sorted(named, key=rank):
             policy = named[name]
             clash = [m for m in policy.models if m in by_model]
             if clash:
                 owner = by_model[clash[0]].name
-                log.error(
-                    "%s claims %s, already claimed by %s; the whole file is skipped",
-                    policy.source,
-                    ", ".join(clash),
-                    owner,
-                )
-                del named[name]
-                continue
+                kept = previous.named.get(name)
+                if kept is not None and not any(m in by_model for m in kept.models):
+                    # Like a file that became invalid: its previous version stays, and its
+                    # models do not fall to the global policy unannounced.
+                    log.error(
+                        "%s claims %s, already claimed by %s; keeping its previous version",
+                        policy.source,
+                        ", ".join(clash),
+                        owner,
+                    )
+                    named[name] = policy = kept
+                else:
+                    log.error(
+                        "%s claims %s, already claimed by %s; the whole file is skipped",
+                        policy.source,
+                        ", ".join(clash),
+                        owner,
+                    )
+                    del named[name]
+                    continue
             for model in policy.models:
                 by_model[model] = policy
         return PolicySet(default=default, named=named, by_model=by_model)

@@ -30,7 +30,7 @@ from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.providers import ProviderRefused, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
-from hivenet_router.router.routing_state import RoutingState, queue_cost
+from hivenet_router.router.routing_state import RoutingState, header_value, queue_cost
 from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue, Place
 from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream, StreamReset
 
@@ -185,8 +185,18 @@ class Dispatcher:
         redialed = False
         full = False
         routing = self.routing
-        inp = routing.input(ticket, policy, _session_header(policy))
+        header = _session_header(policy)
+        inp = routing.input(ticket, policy, header)
         for index, step in enumerate(policy.steps):
+            options = step.options
+            if (
+                step.strategy == "consistent-hash"
+                and options.hash_key == "session"
+                and options.hash_header != header
+            ):
+                # A later step may key its sessions on a header of its own.
+                header = options.hash_header
+                inp.session = header_value(job.headers, header)
             failed: set[str] = set(ticket.avoid)
             tries = 0
             budget = step.max_tries or self.limits.max_tries
@@ -294,6 +304,7 @@ class Dispatcher:
         facts = inp.facts
         place: Place | None = None
         waited_from: float | None = None
+        passed = -1  # the queue's freed-slot count when this request last passed a wake-up
         routing = self.routing
         while True:
             agents = self.registry.for_model(facts.model)
@@ -323,10 +334,13 @@ class Dispatcher:
             queue = self._queue(facts.model)
             if self.limits.queue_depth == 0 or (place is None and queue.full):
                 return None, True
-            elif any(a.eligible and a.active < a.limit for a in agents):
+            elif passed != queue.freed and any(a.eligible and a.active < a.limit for a in agents):
                 # Woken for a slot this request cannot use (an agent it already failed on,
-                # or one its step or breakers exclude): pass the wake-up on, or a request
-                # that could use it would sleep until the next release.
+                # or one its step, gates or breakers exclude): pass the wake-up on, or a
+                # request that could use it would sleep until the next release. Once per
+                # freed slot: waiters that all cannot use it must not wake each other in
+                # a circle.
+                passed = queue.freed
                 queue.wake_one()
             if place is None:
                 waited_from = self.clock.monotonic()
@@ -342,7 +356,7 @@ class Dispatcher:
         self.registry.release(agent)
         queue = self._queues.get(agent.model)
         if queue is not None:
-            queue.wake_one()
+            queue.slot_freed()
 
     async def _attempt(
         self, ticket: Ticket, job: Job, agent: AgentRecord, policy: Policy, breaker: int

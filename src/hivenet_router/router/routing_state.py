@@ -12,7 +12,7 @@ Everything here is in-process and per router.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hivenet_router.clock import Clock
@@ -30,6 +30,14 @@ from hivenet_router.routing.vegas import VegasLimiter
 CHARS_PER_TOKEN = 4
 # A request's cost in the fair queue when it declares no output limit.
 DEFAULT_OUTPUT_TOKENS = 256
+
+
+def header_value(headers: Sequence[tuple[str, str]], header: str) -> str | None:
+    """The first value of `header` (lower case) among a forwarded request's headers."""
+    for name, value in headers:
+        if name.lower() == header:
+            return value
+    return None
 
 
 @dataclass(slots=True)
@@ -59,12 +67,7 @@ class RoutingState:
         facts = ticket.facts
         job = ticket.job
         assert facts is not None and job is not None
-        session = None
-        if header is not None:
-            for name, value in job.headers:
-                if name.lower() == header:
-                    session = value
-                    break
+        session = header_value(job.headers, header) if header is not None else None
         now = self.clock.monotonic()
         settings = policy.breaker
         return RouteInput(

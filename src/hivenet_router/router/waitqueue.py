@@ -93,6 +93,15 @@ class CapacityQueue:
         self._last: dict[str, float] = {}
         self._arrivals = itertools.count()
         self._pushes = itertools.count()
+        # Slots freed so far: a woken request that cannot use the slot passes the wake-up
+        # on at most once per freed slot, so waiters that all cannot use it stop waking
+        # each other (they would otherwise spin the event loop until a usable slot frees).
+        self.freed = 0
+
+    def slot_freed(self) -> None:
+        """A slot on this model freed: wake the next waiter."""
+        self.freed += 1
+        self._wake_next()
 
     def __len__(self) -> int:
         return self._live

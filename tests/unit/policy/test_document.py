@@ -102,6 +102,29 @@ def test_a_full_document() -> None:
             "fallback_provider.model: is required",
         ),
         ("routing_policy: [1, 2\n", "not valid YAML"),
+        # Tags the safe loader refuses or cannot apply, and numbers no gate can compare.
+        (
+            "routing_policy:\n  strategy: least-loaded\n  max_tries: !!int two\n",
+            "p.yaml:3: routing_policy.max_tries: is not a plain value",
+        ),
+        (
+            "routing_policy:\n  strategy: !!python/name:os.system x\n",
+            "p.yaml:2: routing_policy.strategy: is not a plain value",
+        ),
+        (
+            "routing_policy:\n  strategy: least-loaded\n  exclude_if:\n"
+            "    kv_cache_utilization: {gt: .nan}\n",
+            "kv_cache_utilization.gt: must be a finite number",
+        ),
+        (
+            "routing_policy:\n  strategy: least-loaded\n  exclude_if:\n"
+            f"    srtt: {{gt: {'9' * 400}}}\n",
+            "srtt.gt: must be a finite number",
+        ),
+        (
+            "routing_policy: {strategy: least-loaded}\nshed_if:\n  waiting_requests: {gt: .inf}\n",
+            "waiting_requests.gt: must be a finite number",
+        ),
         ("", "empty policy document"),
         (
             "routing_policy: {strategy: least-loaded}\nrouting_policy: {strategy: least-loaded}\n",

@@ -33,8 +33,9 @@ def test_filters_in_the_documented_order() -> None:
     full = agent(peer="full", active=4)
     choice = run_step(STEP, FACTS, [sick, full], set())
     assert choice.agent is None and choice.full
-    # Capacity comes before the gates: a step whose free agents are all gated out is
-    # exhausted, not full.
+    # A free agent the gates keep out does not end the step while a busy one would pass
+    # them: the request waits for the busy one. Once the busy one is gated out too, the
+    # step is exhausted.
     gated = parse_policy(
         "routing_policy:\n  strategy: least-loaded\n"
         "  exclude_if: {kv_cache_utilization: {gt: 0.5}}\n",
@@ -44,6 +45,13 @@ def test_filters_in_the_documented_order() -> None:
     ).steps[0]
     hot = Agent(agent(peer="hot").reg, engine=EngineSnapshot(kv_cache_utilization=0.9))
     choice = run_step(gated, FACTS, [hot, full], set())
+    assert choice.agent is None and choice.full
+    hot_and_full = Agent(
+        agent(peer="hot-full", active=4).reg,
+        active=4,
+        engine=EngineSnapshot(kv_cache_utilization=0.9),
+    )
+    choice = run_step(gated, FACTS, [hot, hot_and_full], set())
     assert choice.agent is None and not choice.full
     cool = Agent(agent(peer="cool").reg, engine=EngineSnapshot(kv_cache_utilization=0.1))
     assert run_step(gated, FACTS, [hot, cool], set()).agent is cool

@@ -47,6 +47,26 @@ def test_directory_loading_and_conservative_reload(tmp_path: Path) -> None:
     assert store.current.default.name == "_default"  # invalid default: previous one kept
 
 
+def test_an_edit_that_claims_another_files_model_keeps_the_previous_version(
+    tmp_path: Path,
+) -> None:
+    base = "routing_policy: {strategy: least-loaded}\n"
+    _write(tmp_path / "a.yaml", "models: [m]\n" + base, 100)
+    _write(tmp_path / "b.yaml", "models: [n]\n" + base, 200)
+    store = PolicyStore(model_dir=str(tmp_path))
+    store.load()
+    before = store.current.named["a"]
+    _write(tmp_path / "a.yaml", "models: [m, n]\n" + base, 300)  # a now claims b's model
+    assert store.reload()
+    assert store.current.named["a"] is before  # m stays under a, not the global policy
+    assert store.current.for_model("m").name == "a"
+    assert store.current.for_model("n").name == "b"
+    # A tag the YAML loader cannot apply is an invalid file like any other, not a crash.
+    _write(tmp_path / "b.yaml", "models: [n]\nrouting_policy: {strategy: !!int x}\n", 400)
+    assert store.reload()
+    assert store.current.for_model("n").name == "b"
+
+
 @pytest.mark.parametrize(
     ("name", "text", "message"),
     [

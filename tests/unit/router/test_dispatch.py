@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
 from hivenet_router.clock import ManualClock
-from hivenet_router.domain.agent import Registration
+from hivenet_router.domain.agent import EngineSnapshot, Registration
 from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.domain.request import Job, RequestFacts
@@ -331,6 +332,53 @@ async def test_capacity_is_checked_before_the_gates() -> None:
             await f.send()
         assert info.value.code is ErrorCode.NO_CAPACITY
         await held.close(Outcome.OK)
+
+
+async def test_a_busy_agent_is_waited_for_while_the_gates_keep_a_free_one_out() -> None:
+    text = (
+        "routing_policy: {strategy: least-loaded, exclude_if: {kv_cache_utilization: {gt: 0.9}}}\n"
+    )
+    async with fleet(text, queue_depth=4) as f:
+        await f.agent("busy", capacity=1)
+        hot = await f.agent("hot", capacity=1)
+        hot.engine = EngineSnapshot(kv_cache_utilization=0.95)  # gated out, slot free
+        held = await f.send()
+        assert held.origin == "busy"
+        waiters = [asyncio.create_task(f.send()) for _ in range(3)]
+        cpu = time.process_time()
+        await asyncio.sleep(0.3)
+        # They wait for the busy agent rather than fail, and do not wake each other in a
+        # circle meanwhile (each would pass the wake-up of the free slot on to the next).
+        assert time.process_time() - cpu < 0.15
+        assert not any(w.done() for w in waiters) and f.dispatcher.queued("m") == 3
+        await held.close(Outcome.OK)
+        for waiter in waiters:
+            answer = await asyncio.wait_for(waiter, 2)
+            assert answer.origin == "busy"
+            await answer.close(Outcome.OK)
+        assert f.held() == (0, 0) and f.dispatcher.queued("m") == 0
+
+
+async def test_each_consistent_hash_step_keys_on_its_own_header() -> None:
+    text = (
+        "routing_policy:\n  strategy: consistent-hash\n  match: {region: us}\n"
+        "  hash: {key: session, header: x-shard}\n"
+        "fallback_chain:\n  - strategy: consistent-hash\n"
+        "    hash: {key: session, header: x-conversation}\n"
+    )
+    async with fleet(text) as f:
+        for n in range(4):
+            await f.agent(f"eu{n}", capacity=10)  # nobody in us: the fallback step serves
+        chosen = set()
+        for n in range(8):
+            ticket = f.ticket()
+            ticket.job = Job(
+                ROUTE, "m", "llm", False, b"{}", [("x-shard", str(n)), ("x-conversation", "c1")]
+            )
+            answer = await f.dispatcher(ticket)
+            chosen.add(answer.origin)
+            await answer.close(Outcome.OK)
+        assert len(chosen) == 1  # one conversation, one agent, whatever the shard header
 
 
 async def test_provider_fallback_gives_back_local_reservations_first() -> None:

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hivenet_router.config.options import ConfigError, load
+from hivenet_router.config.options import ConfigError, load, parse_args
 from hivenet_router.runtime import run, setup_logging
 
 log = logging.getLogger("hivenet.cli")
@@ -49,7 +49,7 @@ def _gen_secret(args: Sequence[str]) -> int:
         description="Create a new random shared secret file (mode 0600) for router and agents.",
     )
     parser.add_argument("path", help="file to create; an existing file is never overwritten")
-    path = Path(parser.parse_args(list(args)).path)
+    path = Path(parse_args(parser, args).path)
     try:
         write_secret(path)
     except FileExistsError:
@@ -74,8 +74,9 @@ def _keygen(args: Sequence[str]) -> int:
     )
     parser.add_argument("--tenant", default="my-tenant", help="owner of the key (tenant ID)")
     parser.add_argument("--name", default="", help="label of the key (default: the tenant)")
-    tenant = parser.parse_args(list(args)).tenant
-    name = parser.parse_args(list(args)).name or tenant
+    options = parse_args(parser, args)
+    tenant = options.tenant
+    name = options.name or tenant
     if not tenant.strip() or len(tenant) > 200:
         return _fail("hivenet-router keygen", "--tenant must be 1 to 200 characters")
     key = generate()
@@ -87,10 +88,20 @@ def _keygen(args: Sequence[str]) -> int:
     print(f'  - key_hash: "{key.sha256}"')
     print(f'    key_preview: "{key.preview}"')
     print("    metadata:")
-    print(f'      name: "{name}"')
-    print(f'      owner: "{tenant}"')
+    print(f"      name: {_yaml_string(name)}")
+    print(f"      owner: {_yaml_string(tenant)}")
     print(f'      created_at: "{today}"')
     return 0
+
+
+def _yaml_string(value: str) -> str:
+    """`value` as a double-quoted YAML scalar on one line, escaped by the YAML library that
+    reads auth.yaml back (quotes, backslashes, line breaks, characters YAML cannot carry raw;
+    JSON's escapes would split characters beyond U+FFFF into surrogates YAML keeps apart)."""
+    import yaml
+
+    dumped: str = yaml.safe_dump(value, default_style='"', width=float("inf"), allow_unicode=True)
+    return dumped.strip()
 
 
 def _peer_id(args: Sequence[str]) -> int:
@@ -104,7 +115,7 @@ def _peer_id(args: Sequence[str]) -> int:
         prog="hivenet-agent peer-id", description="Print the peer ID of an identity file."
     )
     parser.add_argument("--identity-path", default="./agent_identity.key")
-    path = Path(parser.parse_args(list(args)).identity_path)
+    path = Path(parse_args(parser, args).identity_path)
     try:
         identity = Identity.decode(path.read_bytes())
     except OSError as exc:

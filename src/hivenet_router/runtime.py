@@ -27,17 +27,22 @@ class _JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
+# Every name config.values.LOG_LEVELS accepts (go-log's, with Python's "warning").
 _LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
     "warn": logging.WARNING,
     "warning": logging.WARNING,
     "error": logging.ERROR,
+    "dpanic": logging.CRITICAL,
+    "panic": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
 }
 
 
 def setup_logging(level: str, fmt: str) -> None:
-    """Configure the root logger. `level` takes `debug` or `router=debug,api=info` forms."""
+    """Configure the root logger. `level` takes `debug` or `router=debug,api=info` forms;
+    an unknown level raises ValueError (it once meant info, silently)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
@@ -47,9 +52,16 @@ def setup_logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     for part in level.split(","):
+        if not part.strip():
+            continue
         name, sep, value = part.strip().rpartition("=")
-        target = logging.getLogger(f"hivenet.{name}") if sep else root
-        target.setLevel(_LEVELS.get(value.strip().lower(), logging.INFO))
+        number = _LEVELS.get(value.strip().lower())
+        if number is None:
+            raise ValueError(
+                f"unknown log level {value.strip()!r} (use debug, info, warn or error)"
+            )
+        target = logging.getLogger(f"hivenet.{name.strip()}") if sep else root
+        target.setLevel(number)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 

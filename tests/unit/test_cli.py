@@ -65,3 +65,93 @@ def test_help_never_crashes(
         main(["--help"])
     assert exited.value.code == 0
     assert "default:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("tenant", "name"),
+    [
+        ('acme "eu"', "C:\\new"),
+        ("line\nbreak", "tab\tand \x7f"),
+        ("emoji \U0001f600 and é", "# not a comment: [x], {y}"),
+    ],
+)
+def test_keygen_escapes_what_it_writes(
+    tenant: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hivenet_router.auth.config import parse_auth
+
+    # Pasted between double quotes unescaped, these once made auth.yaml unreadable.
+    assert router_main(["keygen", "--tenant", tenant, "--name", name]) == 0
+    entry = capsys.readouterr().out.split("(under api.keys):\n\n")[1]
+    key = parse_auth("api:\n  mode: api-key\n  keys:\n" + entry, "generated").keys[0]
+    assert (key.owner, key.name) == (tenant, name)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--ledger-dns", "postgresql://billing:S3cretPw@db/ledger"],
+        ["keygen", "--tenant", "acme", "--api-key", "S3cretPw"],
+        ["gen-secret", "/nonexistent/x", "S3cretPw"],
+    ],
+)
+def test_a_mistyped_flag_never_echoes_its_value(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        router_main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "S3cretPw" not in err and "unexpected argument" in err
+
+
+def test_a_missing_sync_password_file_is_a_startup_refusal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HIVENET_ROUTER_JWT_SECRET", "s" * 40)
+    monkeypatch.setenv("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+    store = ["--sync-store", "valkey", "--sync-addr", "valkey:6379"]
+    missing = str(tmp_path / "missing")
+    assert router_main([*store, "--sync-password-file", missing]) == 2
+    assert f"cannot read --sync-password-file {missing}" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert router_main([*store, "--sync-password-file", str(empty)]) == 2
+    assert "is empty" in capsys.readouterr().err
+
+
+def test_a_reset_of_a_store_path_that_is_a_file_ends_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+    import logging
+
+    monkeypatch.setenv("HIVENET_ROUTER_JWT_SECRET", "s" * 40)
+    monkeypatch.setenv("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+    path = tmp_path / "file"
+    path.write_text("")
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # setup_logging replaces them
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # run() would freeze pytest's objects
+    args = ["--disk-db-path", str(path), "--reset-disk-db", "--audit-log-path", ""]
+    assert router_main([*args, "--http-port", "127.0.0.1:0"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot open the persistent store" in err and "Traceback" not in err
+
+
+def test_an_unknown_log_level_fails_setup_instead_of_meaning_info(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+
+    from hivenet_router.config.values import LOG_LEVELS
+    from hivenet_router.runtime import setup_logging
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    for level in LOG_LEVELS:  # every name the option takes has a logging level
+        setup_logging(f"test={level}", "text")
+    with pytest.raises(ValueError, match="verbose"):
+        setup_logging("verbose", "text")

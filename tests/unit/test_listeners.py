@@ -1,15 +1,24 @@
 from __future__ import annotations
 
+import asyncio
+import errno
 import logging
+import socket
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+import uvloop
+from aiohttp import web
 from aiohttp.http_exceptions import BadStatusLine
 
+from hivenet_router.config.values import listen_address
 from hivenet_router.listeners import (
     FD_RESERVE,
     QuietServerLog,
     connection_budget,
     raise_open_files_limit,
+    start_site,
 )
 
 
@@ -39,3 +48,86 @@ def test_the_connection_budget_fits_the_open_files_limit() -> None:
     assert connection_budget(8192, 1024) == 1024 - FD_RESERVE
     assert connection_budget(100, 1 << 20) == 100
     assert raise_open_files_limit() >= 1024
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    """A port free on both families (bound on the dual-stack wildcard, then released)."""
+    family = socket.AF_INET6 if _ipv6_loopback() else socket.AF_INET
+    with socket.socket(family) as probe:
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _answers(host: str, port: int) -> bool:
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head = await reader.readline()
+    writer.close()
+    await writer.wait_closed()
+    return head.startswith(b"HTTP/1.1 200")
+
+
+def _app() -> web.Application:
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hi")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    return app
+
+
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop])
+def test_an_empty_host_listens_on_both_families(new_loop: Callable[[], Any]) -> None:
+    """`:PORT` (values.listen_address gives host "") once bound 0.0.0.0 only."""
+    address = listen_address(f":{_free_port()}")
+
+    async def main() -> None:
+        # Two, as two --reuse-port routers of one host: each socket of each family shares.
+        runners = [
+            await start_site(_app(), address.host, address.port, reuse_port=True) for _ in range(2)
+        ]
+        try:
+            assert await _answers("127.0.0.1", address.port)
+            if _ipv6_loopback():
+                assert await _answers("::1", address.port)
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(main())
+
+
+async def test_an_empty_host_still_listens_where_ipv6_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A kernel without IPv6 refuses the socket itself; the event loop then skips that
+    # family (uvloop does the same, in C: its socket factory cannot be patched here).
+    real = socket.socket
+
+    def no_ipv6(family: int = -1, *args: Any, **kwargs: Any) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    port = _free_port()
+    runner = await start_site(_app(), "", port)  # no OSError: the IPv4 socket alone
+    try:
+        assert await _answers("127.0.0.1", port)
+    finally:
+        await runner.cleanup()

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from hivenet_router.auth.config import AuthConfig, AuthConfigError, ClientKey, Quota, parse_auth
+from hivenet_router.auth.config import (
+    API_MODES,
+    AuthConfig,
+    AuthConfigError,
+    ClientKey,
+    Quota,
+    parse_auth,
+)
 from hivenet_router.auth.keys import DigestSet, digest
 from hivenet_router.auth.registry import DynamicRegistry
 from hivenet_router.auth.serverless import KeyCheck, no_check
@@ -172,7 +179,7 @@ class AuthState:
                 if problem is not None:
                     raise AuthConfigError(problem)
             client = StaticKeys(config.keys)
-        else:
+        elif config.api_mode == "dynamic":
             # The registry survives reloads: only a restart empties it.
             current = getattr(self, "client", None)
             registry = (
@@ -181,6 +188,12 @@ class AuthState:
                 else DynamicRegistry(lambda key: self.check(key.id, key.models, key.quota))
             )
             client = DynamicKeys(registry)
+        else:
+            # Never a default: a mistyped mode must not quietly pick one (a typo once meant
+            # dynamic, whose admin-key guard below then did not apply).
+            raise AuthConfigError(
+                f"api mode {config.api_mode!r} is not one of {', '.join(API_MODES)}"
+            )
         admin = AdminKeys(self.settings.admin_keys)
         wanted = config.admin_mode or admin.mode
         if config.api_mode == "dynamic":

@@ -36,8 +36,6 @@ def _router_list(value: str) -> tuple[v.ListenAddress, ...]:
         except ValueError as error:
             why = str(error) if ":" in item else "give HOST:PORT (example: router-0.svc:50051)"
             raise ValueError(f"router {item!r}: {why}") from None
-        if address.port == 0:
-            raise ValueError(f"router {item!r}: port 0 cannot be dialled")
         if address not in found:
             found.append(address)
     return tuple(found)
@@ -247,10 +245,11 @@ class AgentConfig:
     llm_info: str = option("", parse=v.text, flag="--llm-info", help="Short model description")
     log_level: str = option(
         "info",
-        parse=v.text,
+        parse=v.log_level,
         flag="--log-level",
         env="GOLOG_LOG_LEVEL",
-        help="Log level: debug, info, warn or error",
+        help="Log level: debug, info, warn or error, or per subsystem "
+        "(agent=debug,p2p=info); any other value stops the agent",
     )
     log_format: str = option(
         "text",

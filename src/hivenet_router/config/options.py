@@ -4,13 +4,18 @@ A config class is a frozen dataclass whose fields are made with `option(...)`. T
 builds the argument parser from the fields, applies the precedence flag > environment >
 default, and parses every value with the field's parser. A bad value stops the process with a
 message that names the flag (and the variable, when it came from there). Unlike the Go router,
-which silently ignores an invalid typed environment value, this refuses to start.
+which silently ignores an invalid typed environment value, this refuses to start. An empty
+value is a value, not "unset": every typed option refuses it, and so do the lists that pick
+which parts of the router run (stages, observers: values.name_list), where it would turn
+them all off. Text, and lists where none is a plain setting (keys, origins, tags), take it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -83,6 +88,44 @@ def specs(config_type: type[Any]) -> list[tuple[str, OptionSpec]]:
     ]
 
 
+# What an unknown option may be echoed as: a flag name made of short words, or one letter.
+# Anything else (the value of a mistyped --ledger-dsn, a key passed where a flag was meant,
+# a long random-looking word) is counted, never shown: argparse's own message would print
+# every unrecognised token, passwords included.
+_SHOWABLE_FLAG = re.compile(r"--[A-Za-z][A-Za-z0-9]{0,23}(?:[-_][A-Za-z0-9]{1,24})*|-[A-Za-z]")
+
+
+def unrecognised(extra: Sequence[str], known: Sequence[str]) -> str:
+    """The error for arguments no option took: unknown flag names (with the closest known
+    flag), and how many other tokens there were, without their text."""
+    flags: list[str] = []
+    hidden = 0
+    for token in extra:
+        name = token.split("=", 1)[0]
+        if len(name) <= 40 and _SHOWABLE_FLAG.fullmatch(name):
+            close = difflib.get_close_matches(name, known, n=1)
+            flags.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        else:
+            hidden += 1
+    parts = []
+    if flags:
+        parts.append(f"unrecognized option{'s' if len(flags) > 1 else ''}: {', '.join(flags)}")
+    if hidden:
+        parts.append(
+            f"{hidden} unexpected argument{'s' if hidden > 1 else ''} (not shown: "
+            "an argument may hold a secret)"
+        )
+    return "; ".join(parts)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args`, but an unknown argument is reported by `unrecognised`."""
+    namespace, extra = parser.parse_known_args(list(argv))
+    if extra:
+        parser.error(unrecognised(extra, sorted(parser._option_string_actions)))
+    return namespace
+
+
 def build_parser(config_type: type[Any], prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -119,7 +162,7 @@ def load(
 ) -> C:
     """Build a config from flags, then environment, then defaults. Raises ConfigError."""
     parser = build_parser(config_type, prog, description)
-    namespace = parser.parse_args(list(argv))
+    namespace = parse_args(parser, argv)
     values: dict[str, Any] = {}
     for name, spec in specs(config_type):
         raw = getattr(namespace, name, None)

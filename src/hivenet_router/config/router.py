@@ -12,6 +12,20 @@ MIN_SECRET_BYTES = 32
 _SITE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 _ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
+# The client API modes HIVENET_ROUTER_AUTH_MODE takes: auth.yaml's api.mode values
+# (auth/config.py API_MODES; not imported, so that configuration does not load the auth
+# package; a test keeps the two equal).
+AUTH_MODES = ("none", "api-key", "dynamic")
+MAX_TTL_DAYS = 36_500
+
+
+def _ttl_days(text: str) -> int:
+    # Days become seconds as a float: a bound keeps a 400-digit value from overflowing
+    # there, after the router has started.
+    days = v.non_negative_int(text)
+    if days > MAX_TTL_DAYS:
+        raise ValueError(f"at most {MAX_TTL_DAYS} days (100 years)")
+    return days
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +53,10 @@ class RouterConfig:
     )
     p2p_port: int = option(
         9000,
-        parse=v.port,
+        parse=v.dial_port,
         flag="--p2p-port",
         env="HIVENET_ROUTER_P2P_PORT",
-        help="TCP port of the agent data connection (TLS WebSocket)",
+        help="TCP port of the agent data connection (TLS WebSocket); agents are told it, so not 0",
     )
     p2p_listen_addr: str = option(
         "127.0.0.1",
@@ -216,13 +230,15 @@ class RouterConfig:
         parse=v.text,
         flag="--disk-db-path",
         env="HIVENET_ROUTER_DISK_DB_PATH",
-        help="Directory of the persistent store (SQLite file hivenet.sqlite3 inside)",
+        help="Directory of the persistent store (SQLite file hivenet.sqlite3 inside), used "
+        "by one router process at a time (a lock file beside it says which)",
     )
     disk_db_ttl: int = option(
         30,
-        parse=v.non_negative_int,
+        parse=_ttl_days,
         flag="--disk-db-ttl",
-        help="Days a persisted record lives without updates; 0 keeps records forever",
+        help="Days a persisted record lives without updates (at most 36500); 0 keeps records "
+        "forever",
     )
     universal_flush_interval: float = duration_option(
         30.0,
@@ -233,7 +249,8 @@ class RouterConfig:
         False,
         parse=v.boolean,
         flag="--reset-disk-db",
-        help="Delete this router's database files in --disk-db-path before opening it",
+        help="Delete this router's database files in --disk-db-path before opening it (not "
+        "while another process holds them)",
     )
     jwt_secret_file: str = option(
         "",
@@ -257,9 +274,10 @@ class RouterConfig:
     )
     auth_mode: str = option(
         "none",
-        parse=v.text,
+        parse=v.choice(*AUTH_MODES),
         env="HIVENET_ROUTER_AUTH_MODE",
-        help="Client API mode when no auth.yaml is given: none (api-key needs the file)",
+        help="Client API mode when no auth.yaml is given: none or dynamic (api-key needs the "
+        "file); any other value stops the router",
     )
     admin_api_keys: tuple[str, ...] = option(
         (),
@@ -361,14 +379,15 @@ class RouterConfig:
         parse=v.text,
         flag="--advertise-grpc-addr",
         env="HIVENET_ROUTER_ADVERTISE_GRPC_ADDR",
-        help="HOST:PORT agents reach this router's --grpc-port at; turns on discovery",
+        help="HOST:PORT agents reach this router's --grpc-port at (not port 0); turns on discovery",
     )
     reuse_port: bool = option(
         False,
         parse=v.boolean,
         flag="--reuse-port",
         env="HIVENET_ROUTER_REUSE_PORT",
-        help="Share --http-port with other router processes of this host (SO_REUSEPORT)",
+        help="Share --http-port with other router processes of this host (SO_REUSEPORT); "
+        "give each its own --disk-db-path",
     )
     rpm_burst_seconds: int = option(
         0,
@@ -416,11 +435,12 @@ class RouterConfig:
     )
     stages: tuple[str, ...] = option(
         ("wallet", "cache", "admission", "validator"),
-        parse=v.comma_list,
+        parse=v.name_list,
         env="HIVENET_ROUTER_STAGES",
         help="Request stages between the edge and dispatch, in order, by name "
         "(wallet, cache, admission, validator); each gateway stage acts only where turned on. "
-        "A name may appear once, and wallet must come before cache and validator",
+        "A name may appear once, and wallet must come before cache and validator. An empty "
+        "value is refused (it would drop rate limits, budgets and wallets)",
     )
     ledger_dsn: str = option(
         "",
@@ -428,7 +448,8 @@ class RouterConfig:
         flag="--ledger-dsn",
         env="HIVENET_ROUTER_LEDGER_DSN",
         secret=True,
-        help="PostgreSQL DSN of the wallet ledger; set, it turns wallets on for every tenant",
+        help="PostgreSQL DSN of the wallet ledger; set, it turns wallets on for every tenant "
+        "(HIVENET_ROUTER_STAGES must then list wallet)",
     )
     ledger_timeout: float = duration_option(
         2.0,
@@ -439,9 +460,10 @@ class RouterConfig:
     )
     observers: tuple[str, ...] = option(
         ("metrics", "audit", "access"),
-        parse=v.comma_list,
+        parse=v.name_list,
         env="HIVENET_ROUTER_OBSERVERS",
-        help="What watches requests and agents, by name (metrics, audit, access)",
+        help="What watches requests and agents, by name (metrics, audit, access); an empty "
+        "value is refused",
     )
     audit_log_path: str = option(
         "/var/log/hivenet-router/audit.jsonl",
@@ -461,10 +483,11 @@ class RouterConfig:
     )
     log_level: str = option(
         "info",
-        parse=v.text,
+        parse=v.log_level,
         flag="--log-level",
         env="GOLOG_LOG_LEVEL",
-        help="Log level: debug, info, warn or error",
+        help="Log level: debug, info, warn or error, or per subsystem "
+        "(router=debug,policy=info); any other value stops the router",
     )
     log_format: str = option(
         "text",
@@ -493,6 +516,14 @@ class RouterConfig:
                 f"HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, not {self.quota_backend!r}"
             )
         self._validate_sync()
+        if self.ledger_dsn and "wallet" not in self.stages:
+            # The DSN promises wallets for every tenant: serving unbilled instead, because
+            # the stage list left the wallet out, must not go unnoticed.
+            raise ConfigError(
+                "--ledger-dsn turns wallets on, but HIVENET_ROUTER_STAGES "
+                f"({','.join(self.stages)}) does not list wallet: add it before cache and "
+                "validator, or unset --ledger-dsn"
+            )
         if self.admit_fraction <= 0:
             raise ConfigError("HIVENET_ROUTER_ADMIT_FRACTION must be above 0 (and at most 1)")
         for origin in self.cors_allowed_origins:

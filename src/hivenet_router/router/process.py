@@ -41,8 +41,7 @@ from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord
 from hivenet_router.router.requests import MAX_HEADER_BYTES
 from hivenet_router.router.wiring import Router, Shared, assemble, check_names
-from hivenet_router.storage.history import SqliteHistory
-from hivenet_router.storage.history import reset as reset_store
+from hivenet_router.storage.history import SqliteHistory, StoreInUse
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import peer_id_of
 from hivenet_router.transport.tls import RouterTlsIdentity, derive_key
@@ -138,13 +137,20 @@ class RouterProcess:
         check_names(config)
         if config.ledger_dsn and (problem := dsn_problem(config.ledger_dsn)) is not None:
             raise ConfigError(problem)
+        if config.sync_store == "valkey":
+            # Only with a store: it loads the Valkey client (tests/unit/test_imports.py).
+            from hivenet_router.sync.store import password_of  # noqa: PLC0415
+
+            password_of(config.sync_password_file)  # unreadable or empty: refused now
         return cls(config, secret, SystemClock(), policies, providers, auth)
 
     def _announce(self) -> str:
         cfg = self.config
         if cfg.p2p_announce_addr:
             return cfg.p2p_announce_addr
-        host = cfg.p2p_listen_addr
+        # An empty bind address is every interface: announced as 0.0.0.0, which agents
+        # replace with the address they reached the router at.
+        host = cfg.p2p_listen_addr or "0.0.0.0"
         proto = "ip6" if ":" in host else "ip4"
         return f"/{proto}/{host}/tcp/{cfg.p2p_port}/tls/ws"
 
@@ -197,15 +203,21 @@ class RouterProcess:
     async def _open_store(self) -> SqliteHistory | None:
         cfg = self.config
         store_dir = Path(cfg.disk_db_path)
-        if cfg.reset_disk_db:
-            log.warning("--reset-disk-db: deleting the history database in %s", store_dir)
-            await asyncio.to_thread(reset_store, store_dir)
         store = SqliteHistory(store_dir, cfg.disk_db_ttl, self.clock.wall)
         try:
-            await store.open()
+            # Locked before anything is deleted: a reset never removes the database another
+            # router has open.
+            await store.open(reset=cfg.reset_disk_db)
+        except StoreInUse as exc:
+            log.error("%s: give each router process its own --disk-db-path", exc)
+            await store.close()
+            return None
         except (OSError, sqlite3.Error) as exc:
             log.error("cannot open the persistent store in %s: %s", store_dir, exc)
+            await store.close()
             return None
+        if cfg.reset_disk_db:
+            log.warning("--reset-disk-db: deleted the history database in %s", store_dir)
         return store
 
     @staticmethod

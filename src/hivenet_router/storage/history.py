@@ -3,12 +3,19 @@ kept in SQLite so a known peer ID starts warm and budgets survive a restart.
 
 One connection, owned by one worker thread: every call runs there, so the event loop never
 waits on the disk and SQLite never sees two threads. Records older than the TTL expire.
+
+One process at a time: rows are keyed by peer ID alone, so two routers on one directory
+(--reuse-port processes started from the same place) would overwrite each other's counts,
+and one's reset would delete the other's open database. An exclusive lock on a file beside
+the database, held while the store is open, refuses the second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -21,6 +28,11 @@ import orjson
 
 T = TypeVar("T")
 DB_FILE = "hivenet.sqlite3"
+LOCK_FILE = DB_FILE + ".lock"  # never deleted: a reset must not free another's lock
+
+
+class StoreInUse(OSError):
+    """Another process (or another store of this one) holds the directory's lock."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +102,33 @@ class MemoryHistory:
 
 
 def reset(directory: Path) -> None:
-    """Delete this router's database files in `directory` (and nothing else there)."""
+    """Delete this router's database files in `directory` (and nothing else there). Only
+    while holding the directory's lock (SqliteHistory.open(reset=True) does)."""
     for name in (DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm"):
         (directory / name).unlink(missing_ok=True)
+
+
+def _lock(directory: Path) -> int:
+    """Take the directory's lock without waiting; return its descriptor (closing it, or the
+    process ending in any way, releases it). Raises StoreInUse when another holds it."""
+    path = directory / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        by = f" (pid {holder})" if holder.isdigit() else ""
+        raise StoreInUse(
+            f"the store in {directory} is open in another process{by}; {path} is its lock"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    # Who holds it, for the message the next one gets; the lock, not this text, decides.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class SqliteHistory:
@@ -102,17 +138,48 @@ class SqliteHistory:
         self._wall = wall
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hivenet-store")
         self._db: sqlite3.Connection | None = None
+        self._lock: int | None = None
         self._expired_at: float | None = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    async def open(self) -> None:
-        await self._run(self._open)
+    async def open(self, *, reset: bool = False) -> None:
+        """Lock the directory, then (with `reset`) delete the database files, then open
+        them. Raises StoreInUse, OSError or sqlite3.Error; the lock is released then."""
+        await self._run(lambda: self._open(reset))
 
-    def _open(self) -> None:
+    def _open(self, reset_first: bool) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock(self._path.parent)
+        try:
+            if reset_first:
+                reset(self._path.parent)
+            self._connect()
+        except BaseException:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def _connect(self) -> None:
         db = sqlite3.connect(self._path)
+        try:
+            self._schema(db)
+        except BaseException:
+            db.close()
+            raise
+        self._db = db  # set first: a failed expiry pass still closes it (see _open)
+        self._expire()
+
+    @staticmethod
+    def _schema(db: sqlite3.Connection) -> None:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute(
@@ -125,8 +192,6 @@ class SqliteHistory:
             " PRIMARY KEY (bucket, day))"
         )
         db.commit()
-        self._db = db
-        self._expire()
 
     def _expire(self) -> None:
         if self._ttl and self._db is not None:
@@ -227,6 +292,7 @@ class SqliteHistory:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            self._unlock()  # after the database is closed: the next owner finds it whole
 
         await self._run(shut)
         # The worker is idle now (its last job was awaited): let it end without joining it

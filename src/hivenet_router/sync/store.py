@@ -17,6 +17,7 @@ from urllib.parse import quote
 import valkey.asyncio as valkey_asyncio
 from valkey.asyncio.sentinel import Sentinel
 
+from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.config.values import host_port
 
@@ -151,11 +152,22 @@ ROUND, GRANT, GIVE_UP = (
 
 
 def password_of(path: str) -> str | None:
+    """The password in --sync-password-file (None when no file is named). Raises
+    ConfigError naming the file, never its content; the router reads it once at build, so
+    that a missing file stops it with a message rather than a traceback from a task."""
     if not path:
         return None
-    with open(path, encoding="utf-8") as handle:
-        secret = handle.read().strip()
-    return secret or None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --sync-password-file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--sync-password-file {path} is not UTF-8 text") from None
+    if not secret:
+        # An empty file is a secret that was not mounted, not a wish for no password.
+        raise ConfigError(f"--sync-password-file {path} is empty")
+    return secret
 
 
 def connect(config: RouterConfig) -> tuple[Any, bool]:

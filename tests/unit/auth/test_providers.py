@@ -120,3 +120,16 @@ def test_an_auth_file_that_is_not_utf8_is_a_config_error_and_keeps_the_keys(
     assert state.client.authenticate("sk-hivenet-one", 0.0) is not None
     with pytest.raises(AuthConfigError, match="not UTF-8"):
         AuthState(AuthSettings(str(path), "", (), True))
+
+
+@pytest.mark.parametrize("mode", ["api_key", "None", " none", "static"])
+def test_an_unknown_env_mode_is_refused_not_taken_for_dynamic(mode: str) -> None:
+    # Every value but none and api-key once meant dynamic mode.
+    with pytest.raises(AuthConfigError, match="none, api-key, dynamic"):
+        AuthState(AuthSettings("", mode, ("admin-key",), False))
+
+
+def test_dynamic_mode_from_the_environment_needs_admin_keys() -> None:
+    with pytest.raises(AuthConfigError, match="HIVENET_ROUTER_ADMIN_API_KEYS"):
+        AuthState(AuthSettings("", "dynamic", (), True))
+    assert AuthState(AuthSettings("", "dynamic", ("admin-key",), False)).client.mode == "dynamic"

@@ -4,7 +4,13 @@ import pytest
 
 from hivenet_router.config import values
 from hivenet_router.config.agent import AgentConfig
-from hivenet_router.config.options import ConfigError, describe, load, markdown_table
+from hivenet_router.config.options import (
+    ConfigError,
+    describe,
+    load,
+    markdown_table,
+    unrecognised,
+)
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.config.sim import SimConfig
 
@@ -34,7 +40,7 @@ def test_bad_durations(text: str) -> None:
 
 def test_defaults_match_the_documented_interface() -> None:
     config = load(RouterConfig, [], {"HIVENET_ROUTER_JWT_SECRET": "x" * 32}, "r")
-    assert str(config.http_port) == "0.0.0.0:8080"
+    assert str(config.http_port) == ":8080"  # every interface, IPv6 included
     assert config.grpc_port.port == 50051
     assert config.metrics_port.port == 2112
     assert config.p2p_port == 9000
@@ -131,3 +137,36 @@ def test_no_secret_reaches_a_config_repr() -> None:
     for config in (router, agent, sim):
         shown = repr(config)
         assert "value" not in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("config", "argv", "flag"),
+    [
+        (RouterConfig, ["--ledger-dns", "postgresql://billing:S3cretPw@db/ledger"], "--ledger-dns"),
+        (RouterConfig, ["--ledger-dns=postgresql://billing:S3cretPw@db/ledger"], "--ledger-dns"),
+        (SimConfig, ["--api_key", "sk-live-S3cretPw"], "--api_key"),
+        (RouterConfig, ["--queue-size", "5", "S3cretPw"], None),
+    ],
+)
+def test_an_unknown_argument_is_named_without_its_value(
+    config: type[object],
+    argv: list[str],
+    flag: str | None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        load(config, argv, {}, "p")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "S3cretPw" not in err  # argparse's own message printed every unknown token
+    if flag is not None:
+        assert f"unrecognized option: {flag} (did you mean" in err
+
+
+def test_unrecognised_names_only_word_like_flags() -> None:
+    extra = ["--ledger-dns", "hunter2", "-sk@live!", "--tls", "-Xk29sdfJ", "--" + "k3J9" * 8]
+    said = unrecognised(extra, ["--ledger-dsn"])
+    assert said.startswith("unrecognized options: --ledger-dns (did you mean --ledger-dsn?)")
+    assert "--tls" in said and "4 unexpected arguments" in said
+    for hidden in ("hunter2", "sk@live", "Xk29", "k3J9"):
+        assert hidden not in said

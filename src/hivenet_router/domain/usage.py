@@ -91,6 +91,44 @@ class StreamMeter:
         return Usage(prompt, completion) if seen else None
 
 
+class DataLines:
+    """Output metered from a stream, for an answer that reports no usage (wallets, daily
+    budgets): one token per SSE
+    `data:` line (at a line start, so text that says "data:" is not counted), but the
+    closing `data: [DONE]`. A line split across chunks is carried over, as much of it as
+    the decision needs."""
+
+    __slots__ = ("_events", "_line")
+    _HEAD = 16  # bytes of a line kept: enough to tell `data: [DONE]` from other data
+
+    def __init__(self) -> None:
+        self._events = 0
+        self._line = b""
+
+    def feed(self, chunk: bytes) -> None:
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if len(self._line) < self._HEAD:
+                self._line += piece[: self._HEAD - len(self._line)]
+            if end < 0:
+                return
+            self._events += self._is_data(self._line)
+            self._line = b""
+            start = end + 1
+
+    @staticmethod
+    def _is_data(line: bytes) -> bool:
+        line = line.rstrip(b"\r")
+        return line.startswith(b"data:") and line[5:].strip() != b"[DONE]"
+
+    @property
+    def events(self) -> int:
+        """Data lines so far, the unfinished last one included (a stream cut short)."""
+        return self._events + self._is_data(self._line)
+
+
 def stream_input_tokens(first: bytes) -> int | None:
     """Input tokens announced at the start of a stream (Anthropic `message_start`)."""
     if b'"input_tokens"' not in first:

@@ -26,6 +26,7 @@ from typing import Final
 from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
+from hivenet_router.domain.usage import DataLines
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.pending import Charge
 from hivenet_router.gateway.settings import Price
@@ -60,43 +61,6 @@ def estimated_input(facts: RequestFacts) -> int:
     return (
         math.ceil(facts.text_bytes * ESTIMATE_TOKENS_PER_BYTE) + MESSAGE_OVERHEAD * facts.messages
     )
-
-
-class _Meter:
-    """Output metered from a stream, for an answer that reports no usage: one token per SSE
-    `data:` line (at a line start, so text that says "data:" is not counted), but the
-    closing `data: [DONE]`. A line split across chunks is carried over, as much of it as
-    the decision needs."""
-
-    __slots__ = ("_events", "_line")
-    _HEAD = 16  # bytes of a line kept: enough to tell `data: [DONE]` from other data
-
-    def __init__(self) -> None:
-        self._events = 0
-        self._line = b""
-
-    def feed(self, chunk: bytes) -> None:
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end]
-            if len(self._line) < self._HEAD:
-                self._line += piece[: self._HEAD - len(self._line)]
-            if end < 0:
-                return
-            self._events += self._is_data(self._line)
-            self._line = b""
-            start = end + 1
-
-    @staticmethod
-    def _is_data(line: bytes) -> bool:
-        line = line.rstrip(b"\r")
-        return line.startswith(b"data:") and line[5:].strip() != b"[DONE]"
-
-    @property
-    def events(self) -> int:
-        """Data lines so far, the unfinished last one included (a stream cut short)."""
-        return self._events + self._is_data(self._line)
 
 
 class WalletStage:
@@ -145,7 +109,7 @@ class WalletStage:
             if held.status != "skipped":  # a hold was (or may have been) taken: give it back
                 self.ledger.settle_soon(replace(base, record=False))
             raise
-        meter = _Meter()
+        meter = DataLines()
         if answer.streamed:
             if answer.first is not None:
                 meter.feed(answer.first)
@@ -182,7 +146,7 @@ class WalletStage:
         answer: Answer,
         outcome: Outcome,
         usage: Usage | None,
-        meter: _Meter,
+        meter: DataLines,
     ) -> None:
         """The close hook: work out the cost now (the audit record shows it), write it in the
         background. Runs once, whatever the outcome."""

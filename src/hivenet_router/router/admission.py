@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from hivenet_router.auth.config import Quota
 from hivenet_router.auth.providers import Principal
 from hivenet_router.clock import Clock
-from hivenet_router.domain.answer import Answer
+from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
-from hivenet_router.domain.usage import stream_input_tokens
+from hivenet_router.domain.usage import DataLines, stream_input_tokens
 from hivenet_router.observability.events import Admitted, Refused
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
@@ -94,6 +94,9 @@ class Hold:
     charged: int = 0  # daily tokens charged on admission (the worst case)
     key_ref: str = ""  # serverless: the key and model the token rates are kept under
     output_rate: int = 0  # serverless: output tokens per minute, charged afterwards
+    # A stream's data lines, counted for a daily budget when the request declared no output
+    # limit: an answer that reports no usage is charged them instead of nothing.
+    lines: DataLines | None = None
     _owner: Answer | None = None
     _settled: bool = False
 
@@ -124,17 +127,25 @@ class Hold:
             exact = stream_input_tokens(first)
             if exact is not None:
                 self.exact_input(exact)
-        if self.grows and self.leases and answer.streamed:
-            # about one token per SSE event: enough to keep occupancy honest
-            answer.on_chunk(lambda chunk: self.grow(chunk.count(b"data:")))
+        if self.grows and answer.streamed:
+            if self.leases:
+                # about one token per SSE event: enough to keep occupancy honest
+                answer.on_chunk(lambda chunk: self.grow(chunk.count(b"data:")))
+            if self.charged:
+                lines = self.lines = DataLines()
+                if first is not None:
+                    lines.feed(first)
+                answer.on_chunk(lines.feed)
         answered = answer.status < 400  # an error answer generated nothing
-        answer.on_close(lambda outcome, usage: self.settle(usage, answered))
+        answer.on_close(
+            lambda outcome, usage: self.settle(usage, answered, outcome is not Outcome.OK)
+        )
 
-    async def settle(self, usage: Usage | None, answered: bool) -> None:
+    async def settle(self, usage: Usage | None, answered: bool, cut: bool = False) -> None:
         if self._settled:
             return
         self._settled = True
-        await self.admission.settle(self, usage, answered)
+        await self.admission.settle(self, usage, answered, cut)
 
     async def __aenter__(self) -> Hold:
         return self
@@ -371,19 +382,33 @@ class Admission:
 
     # -- settlement ---------------------------------------------------------------------------
 
-    async def settle(self, hold: Hold, usage: Usage | None, answered: bool) -> None:
+    async def settle(
+        self, hold: Hold, usage: Usage | None, answered: bool, cut: bool = False
+    ) -> None:
         """Release the leases, true up the daily budget with exact usage, refund a request
-        nobody answered, charge the output rate and teach the estimator."""
+        nobody answered, charge the output rate and teach the estimator. `cut`: the answer
+        ended early (client gone, broken, timed out)."""
         hold.leave_pool()
         if usage is not None and hold.output_rate:
             await self.ports.output_rates.adjust(
                 hold.key_ref, usage.output_tokens, hold.output_rate
             )
         if hold.charged:
-            if usage is not None:
-                spent = usage.input_tokens + usage.output_tokens
+            lines = hold.lines.events if hold.lines is not None else 0
+            if not answered:
+                spent = 0
+            elif usage is not None:
+                output = usage.output_tokens
+                if cut:
+                    # Cut before its last usage report (Anthropic streams give output
+                    # tokens at their end): what the client was sent counts at least.
+                    output = max(output, lines)
+                spent = usage.input_tokens + output
             else:
-                spent = hold.charged if answered else 0  # unknown usage keeps the worst case
+                # Unknown usage keeps the worst case; without a declared limit that is only
+                # the input estimate, so the stream's data lines (a token each) are added:
+                # a stream without include_usage must not run free of the budget.
+                spent = hold.charged + lines
             await self.ports.daily.settle(hold.budget_key, hold.charged, spent)
         if usage is not None:
             facts = hold.facts

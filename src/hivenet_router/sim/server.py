@@ -70,6 +70,13 @@ def _fail(status: int, message: str, *, anthropic: bool) -> web.Response:
     return _error(status, message, _OPENAI_TYPES.get(status, "InternalServerError"))
 
 
+def _output_limit(body: dict[str, Any]) -> Any:
+    """The requested output limit, as given. The OpenAI API allows null for either field:
+    null counts as absent, so {"max_tokens": 3, "max_completion_tokens": null} asks for 3."""
+    requested = body.get("max_completion_tokens")
+    return body.get("max_tokens") if requested is None else requested
+
+
 class Simulator:
     """One simulated engine and the handlers that expose it."""
 
@@ -270,11 +277,7 @@ class Simulator:
             await asyncio.Event().wait()
         if draw.error:
             return _fail(500, "simulated engine failure", anthropic=anthropic)
-        # The OpenAI API allows null for either field: null counts as absent, so
-        # {"max_tokens": 3, "max_completion_tokens": null} asks for 3 tokens.
-        requested = body.get("max_completion_tokens")
-        if requested is None:
-            requested = body.get("max_tokens")
+        requested = _output_limit(body)
         if requested is not None and (
             isinstance(requested, bool) or not isinstance(requested, int) or requested < 1
         ):

@@ -345,6 +345,34 @@ async def test_undeclared_output_grows_with_the_stream_and_is_all_released() -> 
     await declared.close(Outcome.OK)
 
 
+async def test_a_stream_without_usage_or_max_tokens_is_charged_its_data_lines() -> None:
+    fleet = Fleet()
+    budget = who(Quota(tokens_per_day=10_000))
+    # No max_tokens, no include_usage: 104 tokens charged at admission, and the 50 data
+    # lines the client was sent (the closing [DONE] is not one) when it ends.
+    answer = await fleet.send(fleet.ticket(budget, CHAT + b"}"), stream=b"data: {}\n\n")
+    assert fleet.ports.daily.used("t") == 104  # type: ignore[attr-defined]
+    answer.source = _Chunks([b"data: {}\n\n" * 29, b"data: {}\n\n" * 20 + b"data: [DONE]\n\n"])
+    while await answer.next_chunk() is not None:
+        pass
+    await answer.close(Outcome.OK)
+    assert fleet.ports.daily.used("t") == 104 + 50  # type: ignore[attr-defined]
+    # Reported usage wins; a declared max_tokens is the ceiling the engine keeps to.
+    reported = await fleet.send(
+        fleet.ticket(budget, CHAT + b"}"),
+        stream=b'data: {"usage": {"prompt_tokens": 90, "completion_tokens": 7}}\n\n',
+    )
+    await reported.close(Outcome.OK)
+    assert fleet.ports.daily.used("t") == 154 + 97  # type: ignore[attr-defined]
+    declared = await fleet.send(
+        fleet.ticket(budget, CHAT + b', "max_tokens": 5}'), stream=b"data: {}\n\n" * 40
+    )
+    charged = fleet.ports.daily.used("t")  # type: ignore[attr-defined]
+    assert charged > 251
+    await declared.close(Outcome.OK)
+    assert fleet.ports.daily.used("t") == charged  # type: ignore[attr-defined]
+
+
 async def test_the_exact_input_a_stream_announces_replaces_the_estimate() -> None:
     fleet = Fleet("admit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n")
     start = (

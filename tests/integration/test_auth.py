@@ -212,6 +212,7 @@ def test_quotas(make_cluster: Cluster, tmp_path: Path) -> None:
     assert limited.status_code == 429
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
     assert limited.headers["X-RateLimit-Remaining-Requests"] == "0"
+    assert limited.headers["Retry-After"] == "30"  # 2 a minute: one refills in 30 s
     text = router.metrics()
     assert metric(text, "hivenet_tenant_rate_limited_total", tenant_id="rpm-tenant") == 1.0
     assert metric(text, "hivenet_tenant_requests_success_total", tenant_id="rpm-tenant") == 2.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,6 +97,12 @@ def test_messages(claude: anthropic.Anthropic) -> None:
     assert reply.content[0].type == "text" and reply.content[0].text
     assert reply.usage.output_tokens == 6
     assert reply.stop_reason == "max_tokens"
+    assert reply._request_id is not None and uuid.UUID(reply._request_id)  # the SDK's place
+    with pytest.raises(anthropic.NotFoundError) as info:
+        claude.messages.create(
+            model="nobody-serves-this", max_tokens=6, messages=[{"role": "user", "content": "x"}]
+        )
+    assert info.value.request_id is not None and uuid.UUID(info.value.request_id)
 
 
 def test_messages_stream(claude: anthropic.Anthropic) -> None:

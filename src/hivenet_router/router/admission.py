@@ -259,6 +259,9 @@ class Admission:
         if verdict.remaining is not None:
             ticket.headers_out["X-RateLimit-Remaining-Requests"] = str(verdict.remaining)
         if not verdict.ok:
+            # The bucket refills continuously: one request's worth within 60/rpm seconds.
+            # Without the header SDKs back off blindly (OpenAI's from half a second).
+            ticket.headers_out["Retry-After"] = str(max(1, math.ceil(60 / rpm)))
             raise self._refuse(
                 ticket, "b4_rpm", ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, "rate limit exceeded")
             )

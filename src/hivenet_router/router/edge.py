@@ -117,6 +117,9 @@ class Edge:
         request.ticket = ticket
         if self.cors is not None:
             ticket.headers_out.update(self.cors.headers(request))
+        if endpoint.startswith("/v1/messages"):
+            # Where the Anthropic SDKs look for it (`_request_id` of a message or error).
+            ticket.headers_out["request-id"] = rid
         if self.tracing is not None:
             self.tracing.begin(ticket, method, request.headers.get("traceparent"))
         try:

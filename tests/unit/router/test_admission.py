@@ -126,9 +126,11 @@ async def test_request_rates_flat_and_per_model() -> None:
     flat = who(Quota(requests_per_minute=2))
     for _ in range(2):
         await (await fleet.request(flat, CHAT + b"}")).close(Outcome.OK)
+    refused = fleet.ticket(flat, CHAT + b"}")
     with pytest.raises(ApiError) as info:
-        await fleet.request(flat, CHAT + b"}")
+        await fleet.send(refused)
     assert info.value.code is ErrorCode.RATE_LIMIT_EXCEEDED
+    assert refused.headers_out["Retry-After"] == "30"  # 2 a minute: one refills in 30 s
     per_model = who(Quota(per_model={"m": ModelQuota(rpm_per_replica=1, tokens_per_day=0)}))
     await fleet.request(per_model, CHAT + b"}")  # no healthy replica: left to routing
     fleet.healthy = [SimpleNamespace(engine=None)] * 2

@@ -80,6 +80,9 @@ class LineWriter:
         self._wake.set()
         self._thread.join(timeout)
         self._closed = True  # a line put from now on is counted as dropped, not lost
+        if self._rest and not self._thread.is_alive():
+            self._rest = b""  # a line cut short whose end could not be written before the end
+            self._failed += 1
         if self._fd > 2 and not self._thread.is_alive():  # a thread stuck in write keeps it
             os.close(self._fd)
             self._fd = -1
@@ -132,6 +135,11 @@ class LineWriter:
                 return
 
     def _swap(self) -> None:
+        if self._rest:
+            # The end of a line cut short belongs to the old file: a rotated file must not
+            # begin with half a record. The line is lost.
+            self._rest = b""
+            self._failed += 1
         old = self._fd
         self._fd = self._open()
         if old > 2:

@@ -26,6 +26,7 @@ from hivenet_router.routing.breaker import check_settings as check_breaker
 from hivenet_router.routing.vegas import VegasSettings
 from hivenet_router.routing.vegas import check_settings as check_vegas
 
+MAX_COUNT = 10**15
 MATCH_FIELDS = ("region", "engine", "organization", "machine", "gpu_model", "deployment_id")
 STEP_FIELDS = (
     "name",
@@ -177,6 +178,10 @@ class _Reader:
             raise self.fail(node, path, "must be an integer")
         if value < 0:
             raise self.fail(node, path, "must not be negative")
+        if value > MAX_COUNT:
+            # Counts meet floats in the gates (a 400-digit budget overflowed on every
+            # request); no token budget or limit comes near this.
+            raise self.fail(node, path, f"is out of range (at most {MAX_COUNT:.0e})")
         return value
 
     def number(self, node: yaml.Node, path: str) -> float:

@@ -5,8 +5,8 @@ Candidates are filtered in the documented order (the agents given are those regi
 for the model): health, capability, the step's static match, agents that already failed
 this request in this step, the circuit breaker, usable slots (the declared capacity, or
 the adaptive limit below it), then the step's dynamic filters (its gates); the survivors
-are scored and one is picked. When none survives and a busy candidate would pass the
-gates, the step is "full": the request waits for a slot rather than moving on. Taking
+are scored and one is picked. When none survives and some candidate is busy, the step is
+"full": the request waits for a slot rather than moving on. Taking
 the chosen agent's slot is the caller's job, in the same synchronous step.
 """
 
@@ -60,17 +60,9 @@ def run_step(
     if step.gates and free:
         free = GateFilter(step.gates).filter(inp, free)
     if not free:
-        return Choice(None, full=_worth_waiting(step, inp, pool))
+        # Worth waiting whenever a candidate is busy (the spec's capacity gate comes before
+        # the thresholds: busy agents are waited for whatever they would show then, and
+        # the gates are asked again when a slot frees). A free agent the gates keep out
+        # must not turn "wait for the busy ones" into "nobody here".
+        return Choice(None, full=any(a.active >= a.limit for a in pool))
     return Choice(step.plan.choose(inp, free))
-
-
-def _worth_waiting(step: Step, inp: RouteInput, pool: Sequence[A]) -> bool:
-    """Is some busy candidate one the gates would let through once a slot frees? Then the
-    request waits for it, even while an agent the gates keep out has room. A gate on
-    capacity_utilization is left out of the question: it only restates that the agent is
-    busy, and a busy agent is what a wait is for."""
-    busy = [a for a in pool if a.active >= a.limit]
-    if not busy or not step.gates:
-        return bool(busy)
-    gates = tuple(g for g in step.gates if g.signal != "capacity_utilization")
-    return bool(GateFilter(gates).filter(inp, busy)) if gates else True

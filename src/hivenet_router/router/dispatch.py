@@ -304,7 +304,6 @@ class Dispatcher:
         facts = inp.facts
         place: Place | None = None
         waited_from: float | None = None
-        passed = -1  # the queue's freed-slot count when this request last passed a wake-up
         routing = self.routing
         while True:
             agents = self.registry.for_model(facts.model)
@@ -334,14 +333,10 @@ class Dispatcher:
             queue = self._queue(facts.model)
             if self.limits.queue_depth == 0 or (place is None and queue.full):
                 return None, True
-            elif passed != queue.freed and any(a.eligible and a.active < a.limit for a in agents):
-                # Woken for a slot this request cannot use (an agent it already failed on,
-                # or one its step, gates or breakers exclude): pass the wake-up on, or a
-                # request that could use it would sleep until the next release. Once per
-                # freed slot: waiters that all cannot use it must not wake each other in
-                # a circle.
-                passed = queue.freed
-                queue.wake_one()
+            elif any(a.eligible and a.active < a.limit for a in agents):
+                # A free slot this request cannot use: the others look again, or one that
+                # could use it would sleep until the next release.
+                queue.pass_on()
             if place is None:
                 waited_from = self.clock.monotonic()
                 principal = ticket.principal

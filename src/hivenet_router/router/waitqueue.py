@@ -93,15 +93,24 @@ class CapacityQueue:
         self._last: dict[str, float] = {}
         self._arrivals = itertools.count()
         self._pushes = itertools.count()
-        # Slots freed so far: a woken request that cannot use the slot passes the wake-up
-        # on at most once per freed slot, so waiters that all cannot use it stop waking
-        # each other (they would otherwise spin the event loop until a usable slot frees).
-        self.freed = 0
+        self._freed = 0  # slots freed so far
+        self._passed = -1  # the freed count at the last pass_on
 
     def slot_freed(self) -> None:
         """A slot on this model freed: wake the next waiter."""
-        self.freed += 1
+        self._freed += 1
         self._wake_next()
+
+    def pass_on(self) -> None:
+        """A request found a free slot it cannot use (an agent it failed on, or one its
+        step, gates or breakers exclude): every waiter looks again, in turn, once per
+        freed slot. Handing the wake-up to the next in line only could bring it back to
+        this request (a re-wait keeps its early tag) while one further back that could use
+        the slot slept; doing it at every look would have waiters that cannot use it wake
+        each other for ever."""
+        if self._passed != self._freed:
+            self._passed = self._freed
+            self.wake_all()
 
     def __len__(self) -> int:
         return self._live

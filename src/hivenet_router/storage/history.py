@@ -13,6 +13,7 @@ the database, held while the store is open, refuses the second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -125,9 +126,11 @@ def _lock(directory: Path) -> int:
     except BaseException:
         os.close(fd)
         raise
-    # Who holds it, for the message the next one gets; the lock, not this text, decides.
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    # Who holds it, for the message the next one gets; the lock, not this text, decides, so
+    # a full disk that refuses the note does not refuse the store.
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
 
 

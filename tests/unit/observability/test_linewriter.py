@@ -99,7 +99,7 @@ def test_a_reader_that_never_reads_never_blocks_the_caller(tmp_path: Path) -> No
 
 
 _CUT_SHORT = """
-import resource, signal, sys, time
+import os, resource, signal, sys, time
 from hivenet_router.observability.linewriter import LineWriter
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
@@ -112,6 +112,9 @@ for n in range(4):
 while writer.dropped < 1:
     time.sleep(0.01)
 resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space is freed
+if sys.argv[2:] == ["rotate"]:
+    os.rename(sys.argv[1], sys.argv[1] + ".1")
+    writer.reopen()
 writer.put(line(99))
 writer.close()
 print(writer.written, writer.dropped)
@@ -134,6 +137,20 @@ def test_a_write_cut_short_by_a_full_disk_finishes_its_line_later(tmp_path: Path
     # a line of its own.
     assert [orjson.loads(line)["n"] for line in lines] == [0, 1, 2, 99]
     assert (written, dropped) == (4, 1)
+
+
+def test_a_line_cut_short_before_a_rotation_stays_out_of_the_new_file(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _CUT_SHORT, str(path), "rotate"],
+        capture_output=True,
+        timeout=30,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    written, dropped = map(int, done.stdout.split())
+    assert [orjson.loads(line)["n"] for line in path.read_bytes().splitlines()] == [99]
+    assert (written, dropped) == (3, 2)  # the cut line is lost, and counted
 
 
 def test_a_line_put_while_the_last_batch_is_written_is_not_lost(tmp_path: Path) -> None:

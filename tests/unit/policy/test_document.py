@@ -122,6 +122,10 @@ def test_a_full_document() -> None:
             "srtt.gt: must be a finite number",
         ),
         (
+            f"routing_policy: {{strategy: least-loaded}}\nmax_inflight: {'9' * 400}\n",
+            "max_inflight: is out of range",
+        ),
+        (
             "routing_policy: {strategy: least-loaded}\nshed_if:\n  waiting_requests: {gt: .inf}\n",
             "waiting_requests.gt: must be a finite number",
         ),

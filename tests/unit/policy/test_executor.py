@@ -33,9 +33,8 @@ def test_filters_in_the_documented_order() -> None:
     full = agent(peer="full", active=4)
     choice = run_step(STEP, FACTS, [sick, full], set())
     assert choice.agent is None and choice.full
-    # A free agent the gates keep out does not end the step while a busy one would pass
-    # them: the request waits for the busy one. Once the busy one is gated out too, the
-    # step is exhausted.
+    # A free agent the gates keep out does not end the step while another is busy: the
+    # request waits for the busy one (whatever it shows now: capacity comes first).
     gated = parse_policy(
         "routing_policy:\n  strategy: least-loaded\n"
         "  exclude_if: {kv_cache_utilization: {gt: 0.5}}\n",
@@ -52,7 +51,9 @@ def test_filters_in_the_documented_order() -> None:
         engine=EngineSnapshot(kv_cache_utilization=0.9),
     )
     choice = run_step(gated, FACTS, [hot, hot_and_full], set())
-    assert choice.agent is None and not choice.full
+    assert choice.agent is None and choice.full
+    assert run_step(gated, FACTS, [hot_and_full], set()).full  # busy and hot: still waited for
+    assert not run_step(gated, FACTS, [hot], set()).full  # nobody busy: exhausted
     cool = Agent(agent(peer="cool").reg, engine=EngineSnapshot(kv_cache_utilization=0.1))
     assert run_step(gated, FACTS, [hot, cool], set()).agent is cool
 

@@ -452,6 +452,39 @@ async def test_a_woken_request_that_cannot_use_the_freed_slot_passes_the_wake_up
         assert f.held() == (0, 0)
 
 
+async def test_a_freed_slot_reaches_a_waiter_behind_two_that_cannot_use_it() -> None:
+    async with fleet(queue_depth=8) as f:
+        x = await f.agent("x", capacity=1)
+        await f.agent("y", capacity=1)
+        held = [await f.send(), await f.send()]  # x and y busy
+        on_x = next(answer for answer in held if answer.origin == "x")
+
+        def send(avoid: frozenset[str]) -> asyncio.Task[Answer]:
+            ticket = f.ticket()
+            ticket.avoid = avoid
+            return asyncio.create_task(f.dispatcher(ticket))
+
+        blocked = []
+        for _ in range(2):  # first in line, but they cannot use x
+            blocked.append(send(frozenset({"x"})))
+            await asyncio.sleep(0.02)
+        last = send(frozenset())
+        await asyncio.sleep(0.02)
+        assert f.dispatcher.queued("m") == 3
+        await on_x.close(Outcome.OK)
+        answer = await asyncio.wait_for(last, 2)  # not left asleep beside an idle x
+        assert answer.origin == "x" and x.active == 1
+        assert f.dispatcher.queued("m") == 2
+        for task in blocked:
+            task.cancel()
+        await asyncio.gather(*blocked, return_exceptions=True)
+        await answer.close(Outcome.OK)
+        for other in held:
+            if other is not on_x:
+                await other.close(Outcome.OK)
+        assert f.held() == (0, 0) and f.dispatcher.queued("m") == 0
+
+
 async def test_a_deadline_while_the_provider_answers_says_so() -> None:
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(10)

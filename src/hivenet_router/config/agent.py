@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from hivenet_router.config import values as v
-from hivenet_router.config.options import ConfigError, duration_option, option
+from hivenet_router.config.options import (
+    ConfigError,
+    duration_option,
+    option,
+    read_secret_file,
+)
 
 ENGINES = ("vllm", "sglang", "llamacpp", "llama-cpp", "ollama", "infinity", "custom", "openai")
 CAPABILITIES = ("llm", "embedding", "reranker")
@@ -282,14 +286,7 @@ def load_backend_api_key(config: AgentConfig) -> str:
     path = config.backend_api_key_file
     if path:
         origin = f"--backend-api-key-file {path}"
-        try:
-            key = Path(path).read_text(encoding="utf-8").rstrip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {origin}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{origin} is not UTF-8 text") from None
-        if not key:
-            raise ConfigError(f"{origin} is empty")
+        key = read_secret_file(path, origin)
     else:
         origin = "HIVENET_AGENT_BACKEND_API_KEY"
         key = config.backend_api_key.strip()

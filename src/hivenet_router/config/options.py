@@ -80,6 +80,22 @@ class ConfigError(Exception):
     """An option value that cannot be used. The message names the option."""
 
 
+def read_secret_file(path: str, origin: str) -> str:
+    """A secret file's text without surrounding blanks. Raises ConfigError naming `origin`
+    (the flag and the path), never the content, when it cannot be read, is not UTF-8, or is
+    empty: an empty file is a secret that was not mounted, not a wish for none."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {origin}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{origin} is not UTF-8 text") from None
+    if not secret:
+        raise ConfigError(f"{origin} is empty")
+    return secret
+
+
 def specs(config_type: type[Any]) -> list[tuple[str, OptionSpec]]:
     return [
         (field.name, field.metadata["option"])

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import valkey.asyncio as valkey_asyncio
 from valkey.asyncio.sentinel import Sentinel
 
-from hivenet_router.config.options import ConfigError
+from hivenet_router.config.options import read_secret_file
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.config.values import host_port
 
@@ -157,17 +157,7 @@ def password_of(path: str) -> str | None:
     that a missing file stops it with a message rather than a traceback from a task."""
     if not path:
         return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            secret = handle.read().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read --sync-password-file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--sync-password-file {path} is not UTF-8 text") from None
-    if not secret:
-        # An empty file is a secret that was not mounted, not a wish for no password.
-        raise ConfigError(f"--sync-password-file {path} is empty")
-    return secret
+    return read_secret_file(path, f"--sync-password-file {path}")
 
 
 def connect(config: RouterConfig) -> tuple[Any, bool]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import orjson
 import pytest
 from aiohttp import web
 
@@ -15,8 +14,7 @@ from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.config.agent import AgentConfig, load_backend_api_key
 from hivenet_router.config.options import ConfigError, describe, load
 from hivenet_router.http1.client import EngineClient
-from hivenet_router.transport.link import INFERENCE_PROTOCOL
-from tests.linkpair import link_pair
+from tests.unit.agent import standin
 
 KEY = "sk-backend-3f9a1c7e"
 
@@ -94,15 +92,8 @@ async def engine() -> AsyncIterator[str]:
     async def show(request: web.Request) -> web.Response:
         return web.json_response({"authorization": request.headers.getall("Authorization", [])})
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", show)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with standin.engine("POST", "/v1/chat/completions", show) as url:
+        yield url
 
 
 @pytest.mark.parametrize(
@@ -119,15 +110,7 @@ async def test_forwarded_requests_carry_the_key_instead_of_any_other(
     proxy = BackendProxy(client, 5.0, 5.0, auth=auth)
     headers = [("content-type", "application/json"), ("authorization", "Bearer from-the-router")]
     try:
-        async with (
-            link_pair(INFERENCE_PROTOCOL, proxy.handle) as pair,
-            pair.client.request(
-                INFERENCE_PROTOCOL, "POST", "/v1/chat/completions", headers, b"{}"
-            ) as stream,
-        ):
-            head = await stream.response_head()
-            assert head.status == 200
-            body = orjson.loads(await stream.read_all(4096))
+        body = await standin.forward(proxy, headers)
     finally:
         await client.close()
     assert body == {"authorization": expected}

@@ -16,6 +16,7 @@ from hivenet_router.agent.monitor import BackendMonitor, signal_key
 from hivenet_router.config.values import optional_http_url
 from hivenet_router.domain.agent import EngineSnapshot, GpuSnapshot, HardwareSnapshot
 from hivenet_router.http1.client import EngineClient
+from tests.unit.agent.standin import engine
 
 
 def hardware(cpu: float, util: float, used: int) -> HardwareSnapshot:
@@ -44,15 +45,8 @@ async def metrics_engine() -> AsyncIterator[tuple[str, list[float]]]:
         reads.append(asyncio.get_running_loop().time())
         return web.Response(text=page)
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", reads
-    await runner.cleanup()
+    async with engine("GET", "/metrics", metrics) as url:
+        yield url, reads
 
 
 async def _until(check: Callable[[], bool], seconds: float = 5.0) -> None:
@@ -133,22 +127,14 @@ async def test_a_health_url_at_the_root_probes_the_root(suffix: str) -> None:
         paths.append(request.path_qs)
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_get("/", root)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    origin = f"http://127.0.0.1:{port}"
-    client = EngineClient(origin)
-    monitor = BackendMonitor(
-        client, adapter_for("custom"), health_url=optional_http_url(origin + suffix)
-    )
-    try:
-        assert await monitor.probe()
-        assert paths == ["/?full=1" if "?" in suffix else "/"]
-    finally:
-        await monitor.close()
-        await client.close()
-        await runner.cleanup()
+    async with engine("GET", "/", root) as origin:
+        client = EngineClient(origin)
+        monitor = BackendMonitor(
+            client, adapter_for("custom"), health_url=optional_http_url(origin + suffix)
+        )
+        try:
+            assert await monitor.probe()
+            assert paths == ["/?full=1" if "?" in suffix else "/"]
+        finally:
+            await monitor.close()
+            await client.close()

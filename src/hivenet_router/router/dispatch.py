@@ -313,7 +313,8 @@ class Dispatcher:
                 )
             routing.adapt(policy, agents)
             inp.now = self.clock.monotonic()
-            choice = run_step(step, inp, agents, failed, routing.admits(policy))
+            admits = routing.admits(policy)
+            choice = run_step(step, inp, agents, failed, admits)
             # Choice and take happen in one synchronous step: no other request can take
             # the slot in between.
             if choice.agent is not None and choice.agent.try_acquire():
@@ -333,9 +334,18 @@ class Dispatcher:
             queue = self._queue(facts.model)
             if self.limits.queue_depth == 0 or (place is None and queue.full):
                 return None, True
-            elif any(a.eligible and a.active < a.limit for a in agents):
-                # A free slot this request cannot use: the others look again, or one that
-                # could use it would sleep until the next release.
+            elif any(
+                a.eligible
+                and a.active < a.limit
+                and a.reg.capability == facts.capability
+                and admits(a)
+                for a in agents
+            ):
+                # A free slot this request cannot use (an agent it failed on or avoids, or
+                # one its step's match or gates leave out): the others look again, or one
+                # that could use it would sleep until the next release. Not for an agent
+                # nobody here can use (another capability, its breaker open): that would
+                # wake the whole queue at every release while it idles.
                 queue.pass_on()
             if place is None:
                 waited_from = self.clock.monotonic()
@@ -351,7 +361,11 @@ class Dispatcher:
         self.registry.release(agent)
         queue = self._queues.get(agent.model)
         if queue is not None:
-            queue.slot_freed()
+            # One wake-up per slot now free: settling may have raised the agent's limit
+            # (adaptive concurrency, a reload without it) so that more than this one freed.
+            free = agent.limit - agent.active if agent.eligible else 1
+            for _ in range(max(1, min(free, len(queue)))):
+                queue.slot_freed()
 
     async def _attempt(
         self, ticket: Ticket, job: Job, agent: AgentRecord, policy: Policy, breaker: int

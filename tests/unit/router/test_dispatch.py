@@ -485,6 +485,24 @@ async def test_a_freed_slot_reaches_a_waiter_behind_two_that_cannot_use_it() -> 
         assert f.held() == (0, 0) and f.dispatcher.queued("m") == 0
 
 
+async def test_a_release_that_frees_two_slots_wakes_two_waiters() -> None:
+    async with fleet(queue_depth=8) as f:
+        x = await f.agent("x", capacity=2)
+        x.slot_limit = 1  # an adaptive limit the policy no longer has: lifted at settle
+        first = await f.send()
+        waiters = []
+        for _ in range(2):
+            waiters.append(asyncio.create_task(f.send()))
+            await asyncio.sleep(0.02)
+        assert f.dispatcher.queued("m") == 2 and x.limit == 1
+        await first.close(Outcome.OK)  # the limit goes back to 2 and both slots are free
+        answers = [await asyncio.wait_for(w, 1) for w in waiters]  # not one at the next beat
+        assert x.active == 2 and f.dispatcher.queued("m") == 0
+        for answer in answers:
+            await answer.close(Outcome.OK)
+        assert f.held() == (0, 0)
+
+
 async def test_a_deadline_while_the_provider_answers_says_so() -> None:
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(10)

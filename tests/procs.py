@@ -18,6 +18,7 @@ from typing import Any
 import anthropic
 import httpx2 as httpx
 import openai
+import orjson
 import pytest
 
 from tests.ports import free_port
@@ -133,6 +134,14 @@ class Router:
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def audit_records(self) -> list[dict[str, Any]]:
+        """The audit records written so far. A line still being written (the writer thread
+        appends while a test reads) is left for the next read."""
+        if self.audit is None or not self.audit.exists():
+            return []
+        *whole, _unfinished = self.audit.read_bytes().split(b"\n")
+        return [orjson.loads(line) for line in whole if line]
 
     def models(self) -> list[str]:
         data = httpx.get(self.url + "/v1/models", timeout=5).json()["data"]

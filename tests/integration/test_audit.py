@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx2 as httpx
 import openai
-import orjson
 import pytest
 
 from tests.integration.test_auth import auth_file, entry
@@ -59,11 +58,9 @@ def records(router: Router, request_id: str, count: int = 1) -> list[dict[str, A
 
     def written() -> bool:
         found.clear()
-        if router.audit is not None and router.audit.exists():
-            for line in router.audit.read_bytes().splitlines():
-                entry = orjson.loads(line)
-                if entry["request_id"] == request_id:
-                    found.append(entry)
+        for record in router.audit_records():
+            if record["request_id"] == request_id:
+                found.append(record)
         return len(found) >= count
 
     wait_until(written, timeout=5)

@@ -97,9 +97,7 @@ def stream_raw(router: Router, start: threading.Barrier, how: str = "read") -> b
 
 def audit(router: Router) -> list[dict[str, Any]]:
     assert router.audit is not None
-    if not router.audit.exists():
-        return []
-    return [orjson.loads(line) for line in router.audit.read_text().splitlines() if line]
+    return router.audit_records()
 
 
 def test_a_burst_of_identical_streams_reaches_the_engine_once(
@@ -118,7 +116,10 @@ def test_a_burst_of_identical_streams_reaches_the_engine_once(
     assert whole.startswith(streams[1]) and len(streams[1]) < len(whole)
     wait_until(lambda: len(audit(router)) == 50)
     marks = sorted(record.get("cache", "") for record in audit(router))
-    assert marks == ["", *["dedup"] * 49]
+    # One leader; the rest joined its call, or (a thread the loaded machine started late)
+    # found the answer already stored: either way the engine was called once (above).
+    assert marks[0] == "" and set(marks[1:]) <= {"dedup", "hit"}
+    assert marks.count("dedup") >= 25
     assert metric(router.metrics(), "hivenet_router_active_forwards") == 0.0
     # Finished and stored: the next identical request is answered without the engine.
     assert stream_raw(router, threading.Barrier(1)) == whole

@@ -77,9 +77,9 @@ def stream(router: Router, body: dict[str, Any], go: threading.Event | None = No
 
 def audit_marks(router: Router) -> list[str]:
     assert router.audit is not None
-    lines = router.audit.read_text().splitlines() if router.audit.exists() else []
-    records = [orjson.loads(line) for line in lines if line]
-    return [record.get("cache", "") for record in records if record["model"] == MODEL]
+    return [
+        record.get("cache", "") for record in router.audit_records() if record["model"] == MODEL
+    ]
 
 
 def test_a_follower_on_another_router_gets_the_same_stream(

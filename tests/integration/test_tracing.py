@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx2 as httpx
 import openai
-import orjson
 import pytest
 
 from tests.otlp import BlackHole, Receiver, Span
@@ -61,8 +60,7 @@ def audit_trace_id(router: Router, request_id: str) -> str:
     found: list[str] = []
 
     def written() -> bool:
-        for line in router.audit.read_bytes().splitlines() if router.audit else []:
-            entry = orjson.loads(line)
+        for entry in router.audit_records():
             if entry["request_id"] == request_id:
                 found.append(entry["trace_id"])
                 return True

@@ -117,7 +117,7 @@ async def test_a_restarted_router_counts_what_it_settled_today(make: Maker, flus
 async def test_credits_never_exceed_the_budget_across_routers(make: Maker, flushed: str) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
-    first = await a.credits.reserve("m", 60, 100, 0.5)
+    first = await a.credits.reserve("m", 60, 100, 5.0)
     assert first is not None
     second = await b.credits.reserve("m", 60, 100, 0.3)
     assert second is None  # only 40 were free
@@ -125,7 +125,7 @@ async def test_credits_never_exceed_the_budget_across_routers(make: Maker, flush
     assert held and sum(held.values()) <= 100
     first.release()
     await rounds(a, b)  # a keeps its headroom only
-    third = await b.credits.reserve("m", 60, 100, 0.5)
+    third = await b.credits.reserve("m", 60, 100, 5.0)
     assert third is not None
     held = {k.decode(): int(v) for k, v in store(flushed).hgetall(a.keys.pool("m")).items()}
     assert sum(held.values()) <= 100
@@ -137,7 +137,7 @@ async def test_an_empty_wallet_makes_the_others_keep_no_more_than_their_share(
 ) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
-    lease = await a.credits.reserve("m", 70, 100, 0.5)
+    lease = await a.credits.reserve("m", 70, 100, 5.0)
     assert lease is not None
     assert await b.credits.reserve("m", 45, 100, 0.2) is None  # short: flags it
     await rounds(b, a)
@@ -145,7 +145,7 @@ async def test_an_empty_wallet_makes_the_others_keep_no_more_than_their_share(
     lease.release()
     await rounds(a)
     assert a.credits.wallets["m"].held == 50  # its share; the rest went back to the pool
-    again = await b.credits.reserve("m", 45, 100, 0.5)
+    again = await b.credits.reserve("m", 45, 100, 5.0)
     assert again is not None  # b gets its share now
     again.release()
 
@@ -155,7 +155,7 @@ async def test_while_another_router_starves_a_router_admits_its_share_only(
 ) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
-    first = await a.credits.reserve("m", 80, 100, 0.5)
+    first = await a.credits.reserve("m", 80, 100, 5.0)
     assert first is not None
     assert await b.credits.reserve("m", 30, 100, 0.2) is None  # b's wallet comes back empty
     await rounds(b, a)
@@ -163,7 +163,7 @@ async def test_while_another_router_starves_a_router_admits_its_share_only(
     # a still holds the 80 it was granted, but while b starves it admits its half only
     assert a.credits.wallets["m"].held >= 80
     assert await a.credits.reserve("m", 60, 100, 0.1) is None
-    second = await a.credits.reserve("m", 50, 100, 0.1)
+    second = await a.credits.reserve("m", 50, 100, 5.0)
     assert second is not None
     second.release()
 
@@ -171,7 +171,7 @@ async def test_while_another_router_starves_a_router_admits_its_share_only(
 async def test_a_given_up_router_drops_its_credits(make: Maker, flushed: str) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
-    lease = await a.credits.reserve("m", 30, 100, 0.5)
+    lease = await a.credits.reserve("m", 30, 100, 5.0)
     assert lease is not None
     assert await b._give_up("a", oldest_ms=1 << 62)
     await rounds(a)
@@ -186,7 +186,7 @@ async def test_streamed_growth_counts_in_the_store_but_is_not_credit(
 ) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
-    lease = await a.credits.reserve("m", 50, 100, 0.5)
+    lease = await a.credits.reserve("m", 50, 100, 5.0)
     assert lease is not None
     granted = a.credits.wallets["m"].held
     lease.grow(40)  # streamed output past what was granted
@@ -247,7 +247,7 @@ async def test_a_router_no_agent_reaches_is_given_up_after_its_heartbeat_stops(
 ) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
-    lease = await a.credits.reserve("m", 40, 100, 0.5)
+    lease = await a.credits.reserve("m", 40, 100, 5.0)
     assert lease is not None
     store(flushed).hset(a.keys.routers, "a", "1 {}")  # a's heartbeat stopped long ago
     b.reports = lambda: [("a", "b")]  # an agent still reaches a: keep its credits
@@ -295,7 +295,7 @@ async def test_while_the_store_settles_a_wallet_keeps_what_it_holds(
 ) -> None:
     a = make("a", request_timeout=5.0)
     await rounds(a, a)
-    lease = await a.credits.reserve("m", 60, 100, 0.5)
+    lease = await a.credits.reserve("m", 60, 100, 5.0)
     assert lease is not None
     held = a.credits.wallets["m"].held
     lease.release()
@@ -303,7 +303,7 @@ async def test_while_the_store_settles_a_wallet_keeps_what_it_holds(
     await rounds(a, a)
     assert a.settling()
     assert a.credits.wallets["m"].held == held  # nothing handed back: none could come back
-    again = await a.credits.reserve("m", 60, 100, 0.3)
+    again = await a.credits.reserve("m", 60, 100, 5.0)
     assert again is not None  # served before the loss: keeps serving on its wallet
     again.release()
 

@@ -36,25 +36,37 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.mark.parametrize(
-    ("route", "body", "needle"),
+    ("route", "body", "needle", "param"),
     [
-        (CHAT, b"{not json", "malformed JSON"),
-        (CHAT, b"", "empty"),
-        (CHAT, b"[1, 2]", "JSON object"),
-        (CHAT, b'{"messages": [{"role": "user", "content": "x"}]}', "model field is required"),
-        (CHAT, b'{"model": 7, "messages": []}', "`$.model`"),
-        (CHAT, b'{"model": "m", "messages": "hello"}', "`$.messages`"),
-        (CHAT, b'{"model": "m", "messages": []}', "`$.messages`"),
-        (CHAT, b'{"model": "m", "messages": [{}], "stream": "yes"}', "`$.stream`"),
-        (CHAT, b'{"model": "m", "messages": [{}], "max_tokens": "ten"}', "`$.max_tokens`"),
-        (CHAT, b'{"model": "' + b"x" * 300 + b'", "messages": [{}]}', "`$.model`"),
-        ("/v1/embeddings", b'{"model": "m"}', "`input`"),
-        ("/v1/rerank", b'{"model": "m", "query": "q"}', "`documents`"),
-        ("/v1/completions", b'{"model": "m"}', "`prompt`"),
-        ("/v1/messages", b'{"model": "m", "max_tokens": 5}', "`messages`"),
+        (CHAT, b"{not json", "malformed JSON", None),
+        (CHAT, b"", "empty", None),
+        (CHAT, b"[1, 2]", "JSON object", None),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "x"}]}',
+            "model field is required",
+            "model",
+        ),
+        (CHAT, b'{"model": 7, "messages": []}', "`$.model`", "model"),
+        (CHAT, b'{"model": "m", "messages": "hello"}', "`$.messages`", "messages"),
+        (CHAT, b'{"model": "m", "messages": []}', "`$.messages`", "messages"),
+        (CHAT, b'{"model": "m", "messages": [{}], "stream": "yes"}', "`$.stream`", "stream"),
+        (
+            CHAT,
+            b'{"model": "m", "messages": [{}], "max_tokens": "ten"}',
+            "`$.max_tokens`",
+            "max_tokens",
+        ),
+        (CHAT, b'{"model": "' + b"x" * 300 + b'", "messages": [{}]}', "`$.model`", "model"),
+        ("/v1/embeddings", b'{"model": "m"}', "`input`", "input"),
+        ("/v1/rerank", b'{"model": "m", "query": "q"}', "`documents`", "documents"),
+        ("/v1/completions", b'{"model": "m"}', "`prompt`", "prompt"),
+        ("/v1/messages", b'{"model": "m", "max_tokens": 5}', "`messages`", "messages"),
     ],
 )
-def test_invalid_bodies(client: httpx.Client, route: str, body: bytes, needle: str) -> None:
+def test_invalid_bodies(
+    client: httpx.Client, route: str, body: bytes, needle: str, param: str | None
+) -> None:
     reply = client.post(route, content=body, headers={"Content-Type": "application/json"})
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
@@ -62,6 +74,7 @@ def test_invalid_bodies(client: httpx.Client, route: str, body: bytes, needle: s
     assert error["type"] == "invalid_request_error"
     assert error["source"] == "router"
     assert needle in error["message"]
+    assert error["param"] == param  # the field at fault, where OpenAI's SDKs look for it
 
 
 def test_values_only_the_engine_can_judge_reach_it(client: httpx.Client) -> None:

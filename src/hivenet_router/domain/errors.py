@@ -113,13 +113,16 @@ class ApiError(Exception):
     message: str
     source: str = "router"
     status: int | None = None
+    param: str | None = None  # the request field at fault, when there is one
 
     @property
     def http_status(self) -> int:
         return self.status if self.status is not None else STATUS[self.code]
 
     def body(self, request_id: str | None = None) -> bytes:
-        return error_body(self.code, self.message, self.source, self.http_status, request_id)
+        return error_body(
+            self.code, self.message, self.source, self.http_status, request_id, self.param
+        )
 
     def __str__(self) -> str:
         return f"{self.code.value}: {self.message}"
@@ -131,6 +134,7 @@ def error_body(
     source: str = "router",
     status: int = 0,
     request_id: str | None = None,
+    param: str | None = None,
 ) -> bytes:
     http_status = status or STATUS[code]
     return orjson.dumps(
@@ -140,7 +144,7 @@ def error_body(
                 "code": code.value,
                 "message": message,
                 "type": _TYPE.get(http_status, "api_error"),
-                "param": None,
+                "param": param,
                 "source": source,
             },
             "request_id": request_id,

@@ -11,6 +11,7 @@ whose message names the field.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import msgspec
@@ -221,7 +222,9 @@ def _declared(value: float | None, field: str) -> int | None:
     if value is None or value < 0 or (isinstance(value, float) and not value.is_integer()):
         return None
     if value > MAX_OUTPUT:
-        raise ApiError(ErrorCode.REQUEST_INVALID, f"{field} must be at most {MAX_OUTPUT}")
+        raise ApiError(
+            ErrorCode.REQUEST_INVALID, f"{field} must be at most {MAX_OUTPUT}", param=field
+        )
     return int(value)
 
 
@@ -231,7 +234,10 @@ def parse(route: str, body: bytes) -> RequestFacts:
     try:
         decoded = _DECODERS[route].decode(body)
     except msgspec.ValidationError as exc:
-        raise ApiError(ErrorCode.REQUEST_INVALID, _explain(str(exc), body)) from None
+        message = str(exc)
+        raise ApiError(
+            ErrorCode.REQUEST_INVALID, _explain(message, body), param=_param(message)
+        ) from None
     except msgspec.DecodeError as exc:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"malformed JSON: {exc}") from None
     except RecursionError:
@@ -254,6 +260,21 @@ def parse(route: str, body: bytes) -> RequestFacts:
         tally.images,
         tuple(tally.pieces),
     )
+
+
+_AT = re.compile(r"- at `\$\.([^`]+)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def _param(message: str) -> str | None:
+    """The field a validation message names (`messages[0].content`), as OpenAI's `param`
+    names it, so SDKs can point at it; None when the body as a whole is at fault."""
+    at = _AT.search(message)
+    missing = _MISSING.search(message)
+    if missing is not None:
+        inside = at.group(1) + "." if at is not None else ""
+        return inside + missing.group(1)
+    return at.group(1) if at is not None else None
 
 
 def _explain(message: str, body: bytes) -> str:

@@ -141,6 +141,7 @@ def test_an_absurd_output_limit_is_refused(value: bytes) -> None:
     with pytest.raises(ApiError) as info:
         parse(CHAT, body + value + b"}")
     assert info.value.code is ErrorCode.REQUEST_INVALID and "max_tokens" in info.value.message
+    assert info.value.param == "max_tokens"
 
 
 def _repeat(head: bytes, item: bytes, count: int, tail: bytes) -> bytes:

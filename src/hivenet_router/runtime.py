@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 import uvloop
 
+from hivenet_router.config.values import LOG_LEVELS
+
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -25,19 +27,6 @@ class _JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()
-
-
-# Every name config.values.LOG_LEVELS accepts (go-log's, with Python's "warning").
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warn": logging.WARNING,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "dpanic": logging.CRITICAL,
-    "panic": logging.CRITICAL,
-    "fatal": logging.CRITICAL,
-}
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -55,7 +44,7 @@ def setup_logging(level: str, fmt: str) -> None:
         if not part.strip():
             continue
         name, sep, value = part.strip().rpartition("=")
-        number = _LEVELS.get(value.strip().lower())
+        number = LOG_LEVELS.get(value.strip().lower())
         if number is None:
             raise ValueError(
                 f"unknown log level {value.strip()!r} (use debug, info, warn or error)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -162,9 +163,18 @@ def name_list(value: str) -> tuple[str, ...]:
     return names
 
 
-# go-log's level names (GOLOG_LOG_LEVEL), with Python's "warning"; runtime.setup_logging
-# maps each to a logging level.
-LOG_LEVELS = ("debug", "info", "warn", "warning", "error", "dpanic", "panic", "fatal")
+# go-log's level names (GOLOG_LOG_LEVEL), with Python's "warning", and the logging level
+# each means (runtime.setup_logging applies them).
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "dpanic": logging.CRITICAL,
+    "panic": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
 
 
 def log_level(value: str) -> str:

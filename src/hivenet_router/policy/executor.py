@@ -6,8 +6,8 @@ for the model): health, capability, the step's static match, agents that already
 this request in this step, the circuit breaker, usable slots (the declared capacity, or
 the adaptive limit below it), then the step's dynamic filters (its gates); the survivors
 are scored and one is picked. When none survives and some candidate is busy, the step is
-"full": the request waits for a slot rather than moving on. Taking
-the chosen agent's slot is the caller's job, in the same synchronous step.
+"full": the request waits for a slot rather than moving on. Taking the chosen agent's
+slot is the caller's job, in the same synchronous step.
 """
 
 from __future__ import annotations

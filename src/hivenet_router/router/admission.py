@@ -128,18 +128,27 @@ class Hold:
             if exact is not None:
                 self.exact_input(exact)
         if self.grows and answer.streamed:
-            if self.leases:
-                # about one token per SSE event: enough to keep occupancy honest
-                answer.on_chunk(lambda chunk: self.grow(chunk.count(b"data:")))
             if self.charged:
+                # The data lines a daily budget is charged when no usage comes; occupancy,
+                # if held, grows by the same count rather than by a second scan.
                 lines = self.lines = DataLines()
                 if first is not None:
                     lines.feed(first)
-                answer.on_chunk(lines.feed)
+                answer.on_chunk(self._metered if self.leases else lines.feed)
+            elif self.leases:
+                # about one token per SSE event: enough to keep occupancy honest
+                answer.on_chunk(lambda chunk: self.grow(chunk.count(b"data:")))
         answered = answer.status < 400  # an error answer generated nothing
         answer.on_close(
             lambda outcome, usage: self.settle(usage, answered, outcome is not Outcome.OK)
         )
+
+    def _metered(self, chunk: bytes) -> None:
+        lines = self.lines
+        assert lines is not None
+        before = lines.events
+        lines.feed(chunk)
+        self.grow(lines.events - before)
 
     async def settle(self, usage: Usage | None, answered: bool, cut: bool = False) -> None:
         if self._settled:

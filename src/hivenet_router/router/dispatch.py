@@ -188,14 +188,10 @@ class Dispatcher:
         header = _session_header(policy)
         inp = routing.input(ticket, policy, header)
         for index, step in enumerate(policy.steps):
-            options = step.options
-            if (
-                step.strategy == "consistent-hash"
-                and options.hash_key == "session"
-                and options.hash_header != header
-            ):
+            keyed = _step_header(step)
+            if keyed is not None and keyed != header:
                 # A later step may key its sessions on a header of its own.
-                header = options.hash_header
+                header = keyed
                 inp.session = header_value(job.headers, header)
             failed: set[str] = set(ticket.avoid)
             tries = 0
@@ -537,12 +533,16 @@ class Dispatcher:
         return answer
 
 
-def _session_header(policy: Policy) -> str | None:
-    """The header a consistent-hash step keys on, when the policy has such a step."""
-    for step in policy.steps:
-        if step.strategy == "consistent-hash" and step.options.hash_key == "session":
-            return step.options.hash_header
+def _step_header(step: Step) -> str | None:
+    """The header a consistent-hash step keys its sessions on, if it is such a step."""
+    if step.strategy == "consistent-hash" and step.options.hash_key == "session":
+        return step.options.hash_header
     return None
+
+
+def _session_header(policy: Policy) -> str | None:
+    """The header the policy's first session-keyed step keys on, if it has one."""
+    return next(filter(None, map(_step_header, policy.steps)), None)
 
 
 def _message(raw: bytes) -> str:

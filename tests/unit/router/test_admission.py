@@ -375,6 +375,21 @@ async def test_a_stream_without_usage_or_max_tokens_is_charged_its_data_lines() 
     assert fleet.ports.daily.used("t") == charged  # type: ignore[attr-defined]
 
 
+async def test_occupancy_and_the_daily_budget_count_one_stream_alike() -> None:
+    fleet = Fleet(
+        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
+    )
+    principal = who(Quota(tokens_per_day=10_000), share=1.0)
+    answer = await fleet.send(fleet.ticket(principal, CHAT + b"}"), stream=b"data: {}\n\n")
+    answer.source = _Chunks([b"data: {}\n\n" * 30, b"data: {}\n\n" * 20 + b"data: [DONE]\n\n"])
+    while await answer.next_chunk() is not None:
+        pass
+    assert fleet.occupancy() == (154, 1)  # 104 at first, then a token per data line
+    await answer.close(Outcome.OK)
+    assert fleet.occupancy() == (0, 0)
+    assert fleet.ports.daily.used("t") == 104 + 51  # type: ignore[attr-defined]  # first too
+
+
 async def test_the_exact_input_a_stream_announces_replaces_the_estimate() -> None:
     fleet = Fleet("admit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n")
     start = (

@@ -47,8 +47,12 @@ def dsn_problem(dsn: str) -> str | None:
     usage = "(postgresql://user:password@host:5432/database)"
     try:
         parts = urlsplit(dsn)
-    except ValueError:
-        return f"--ledger-dsn is not a URL {usage}"
+    except ValueError as exc:
+        # The PostgreSQL driver parses the DSN with this same function, so what it refuses
+        # here could not connect either. Its message quotes nothing of the DSN. Patched
+        # Pythons (Debian 12's 3.11.2 among them) refuse an IPv6 host after a comma in a
+        # host list: such a host has to come first.
+        return f"--ledger-dsn is not a URL ({exc}) {usage}"
     if parts.scheme not in ("postgres", "postgresql"):
         return f"--ledger-dsn must start with postgresql:// {usage}"
     for host in parts.netloc.rpartition("@")[2].split(","):

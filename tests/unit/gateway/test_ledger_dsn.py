@@ -3,6 +3,8 @@ every form of the password redacted."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import pytest
 
 from hivenet_router.gateway.ledger_dsn import dsn_problem, dsn_secrets, redact
@@ -29,10 +31,23 @@ def test_well_formed_dsns_pass() -> None:
     for dsn in (
         "postgresql://billing:p%40ss@db:5432/wallets",
         "postgres://db/wallets?sslmode=verify-full&target_session_attrs=read-write",
-        "postgresql://u@h1:5432,h2:5433,[::1]:5434/w",
+        "postgresql://u@[::1]:5434,h1:5432,h2:5433/w",
         "postgresql://postgres@/wallets?host=/run/postgresql",
     ):
         assert dsn_problem(dsn) is None, dsn
+
+
+def test_a_host_list_is_judged_as_the_driver_will_read_it() -> None:
+    # An IPv6 host after a comma: Pythons with the bracketed-host fix refuse the whole URL,
+    # and asyncpg reads the DSN with the same urlsplit, so the router must agree with it.
+    dsn = "postgresql://u:s3cret@h1:5432,h2:5433,[::1]:5434/w"
+    try:
+        urlsplit(dsn)
+    except ValueError:
+        problem = dsn_problem(dsn)
+        assert problem is not None and "Invalid IPv6 URL" in problem and "s3cret" not in problem
+    else:
+        assert dsn_problem(dsn) is None
 
 
 def test_every_form_of_the_password_is_redacted() -> None:

@@ -1,6 +1,6 @@
 # One entry point for every task; CI runs `make test`.
 # The interpreter .venv is built with: the distribution's optimized CPython 3.11 when there
-# is one, for about 30% less CPU per request (scripts/python.sh says why). PYTHON=... overrides.
+# is one, for 12 to 20% less CPU per request (scripts/python.sh says why). PYTHON=... overrides.
 ifndef PYTHON
 PYTHON := $(shell scripts/python.sh)
 endif

@@ -3,7 +3,7 @@
 #
 # The interpreter's build decides much of the router's speed. The distribution's CPython
 # (Debian's /usr/bin/python3.11: profile-guided and link-time optimized, libpython linked
-# into the executable) ran the router and its agents with about 30% less CPU per request
+# into the executable) ran the router and its agents with 12 to 20% less CPU per request
 # than a default pyenv build of 3.11.7 (no PGO or LTO, libpython as a shared library) on
 # the same machine; see "Which Python" in docs/benchmarks.md. So the distribution's build
 # comes first, when it can make a virtual environment and has pip; otherwise the first

@@ -31,17 +31,9 @@ from bench.common import (
     tree_cpu_seconds,
     wait_http,
 )
-from bench.peers import MODEL, start_engines, wait_chat
+from bench.peers import start_engines, wait_chat
+from bench.request_profile import BODIES
 
-BODIES: dict[str, dict[str, object]] = {
-    "json": {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 20}]},
-    "sse": {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "hello " * 20}],
-        "max_tokens": 50,
-        "stream": True,
-    },
-}
 CELLS = (("json", 32), ("json", 1), ("sse", 32))
 
 

@@ -1,6 +1,6 @@
 # One entry point for every task; CI runs `make test`.
 # The interpreter .venv is built with: the distribution's optimized CPython 3.11 when there
-# is one, for 12 to 20% less CPU per request (scripts/python.sh says why). PYTHON=... overrides.
+# is one, for 3 to 20% less CPU per request (scripts/python.sh says why). PYTHON=... overrides.
 ifndef PYTHON
 PYTHON := $(shell scripts/python.sh)
 endif
@@ -14,6 +14,8 @@ BASE := $(VENV)/.base$(subst /,-,$(realpath $(shell command -v $(PYTHON) 2>/dev/
 
 $(BASE):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { echo "$(PYTHON) cannot make a venv" \
+		"(Debian: apt-get install python3.11-venv); .venv is left as it is"; exit 1; }
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	@touch $@

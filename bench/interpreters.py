@@ -55,7 +55,9 @@ def describe(venv: Path) -> str:
 
 
 def start_side(fleet: Fleet, venv: Path, n: int, engines: list[str], tmp: Path) -> Side:
-    secret = secret_file(tmp)
+    own = tmp / f"side-{n}"  # a secret of its own: the other side's would overwrite it
+    own.mkdir()
+    secret = secret_file(own)
     http, grpc = free_port(), free_port()
     args = router_args(secret, tmp / f"store-{n}", http, grpc, "--max-concurrent", "2048")
     fleet.start(f"router-{n}", [str(venv / "bin" / "hivenet-router"), *args[1:]])

@@ -6,6 +6,7 @@ importing asyncpg: a router without --ledger-dsn never loads the PostgreSQL driv
 
 from __future__ import annotations
 
+import re
 from typing import Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -49,10 +50,16 @@ def dsn_problem(dsn: str) -> str | None:
         parts = urlsplit(dsn)
     except ValueError as exc:
         # The PostgreSQL driver parses the DSN with this same function, so what it refuses
-        # here could not connect either. Its message quotes nothing of the DSN. Patched
-        # Pythons (Debian 12's 3.11.2 among them) refuse an IPv6 host after a comma in a
-        # host list: such a host has to come first.
-        return f"--ledger-dsn is not a URL ({exc}) {usage}"
+        # here could not connect either. Its own message can quote the password, so it is
+        # never shown. Patched Pythons (Debian 12's 3.11.2 among them) refuse an IPv6 host
+        # after a comma in a host list: the one case worth naming.
+        hosts = re.split(r"[/?#]", dsn.partition("://")[2], maxsplit=1)[0].rpartition("@")[2]
+        if "Invalid IPv6 URL" in str(exc) and "," in hosts.partition("[")[0]:
+            return (
+                "--ledger-dsn: this Python cannot read its IPv6 host; in a list of hosts, "
+                f"put the IPv6 host first {usage}"
+            )
+        return f"--ledger-dsn is not a URL {usage}"
     if parts.scheme not in ("postgres", "postgresql"):
         return f"--ledger-dsn must start with postgresql:// {usage}"
     for host in parts.netloc.rpartition("@")[2].split(","):

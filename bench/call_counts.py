@@ -23,19 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import (
-    BIN,
-    ROOT,
-    Fleet,
-    agent_args,
-    ensure_wrk,
-    free_port,
-    router_args,
-    run_wrk,
-    secret_file,
-    wait_http,
-)
-from bench.peers import start_engines, wait_chat
+from bench.common import BIN, ROOT, Fleet, ensure_wrk, run_wrk
+from bench.peers import start_engines, start_router_and_agents
 from bench.request_profile import BODIES
 
 
@@ -79,20 +68,13 @@ def main() -> int:
     fleet = Fleet(tmp)
     me = [str(BIN / "python"), "-m", "bench.call_counts", "--serve"]
     here = {"PYTHONPATH": str(ROOT)}  # the processes start in the scratch folder
-    names = ["router", "agent-0", "agent-1"]
+
+    def launch(name: str, program: str, argv: list[str]) -> list[str]:
+        return [*me, program, str(tmp / f"{name}.prof"), *argv]
+
     try:
         engines = start_engines(fleet, "zero")
-        secret = secret_file(tmp)
-        http, grpc = free_port(), free_port()
-        routed = router_args(secret, tmp / "store", http, grpc, "--max-concurrent", "2048")
-        fleet.start("router", [*me, "router", str(tmp / "router.prof"), *routed[1:]], here)
-        for n, engine in enumerate(engines):
-            more = agent_args(secret, grpc, engine, tmp / f"agent-{n}.key", "--capacity", "1024")
-            profile = str(tmp / f"agent-{n}.prof")
-            fleet.start(f"agent-{n}", [*me, "agent", profile, *more[1:]], here)
-        url = f"http://127.0.0.1:{http}"
-        wait_http(f"{url}/v1/models", lambda t: '"healthy_replicas":2' in t)
-        wait_chat(url)
+        url, names = start_router_and_agents(fleet, engines, tmp, "router", launch, here)
         chat = url + "/v1/chat/completions"
         run_wrk(wrk, chat, BODIES[args.load], args.concurrency, 2, tmp)  # warm up, uncounted
         for name in names:

@@ -20,18 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import (
-    Fleet,
-    agent_args,
-    ensure_wrk,
-    free_port,
-    router_args,
-    run_wrk,
-    secret_file,
-    tree_cpu_seconds,
-    wait_http,
-)
-from bench.peers import start_engines, wait_chat
+from bench.common import Fleet, ensure_wrk, run_wrk, tree_cpu_seconds
+from bench.peers import start_engines, start_router_and_agents
 from bench.request_profile import BODIES
 
 CELLS = (("json", 32), ("json", 1), ("sse", 32))
@@ -57,18 +47,13 @@ def describe(venv: Path) -> str:
 def start_side(fleet: Fleet, venv: Path, n: int, engines: list[str], tmp: Path) -> Side:
     own = tmp / f"side-{n}"  # a secret of its own: the other side's would overwrite it
     own.mkdir()
-    secret = secret_file(own)
-    http, grpc = free_port(), free_port()
-    args = router_args(secret, tmp / f"store-{n}", http, grpc, "--max-concurrent", "2048")
-    fleet.start(f"router-{n}", [str(venv / "bin" / "hivenet-router"), *args[1:]])
-    for i, engine in enumerate(engines):
-        more = agent_args(secret, grpc, engine, tmp / f"agent-{n}-{i}.key", "--capacity", "1024")
-        fleet.start(f"agent-{n}-{i}", [str(venv / "bin" / "hivenet-agent"), *more[1:]])
-    url = f"http://127.0.0.1:{http}"
-    wait_http(f"{url}/v1/models", lambda t: f'"healthy_replicas":{len(engines)}' in t)
-    wait_chat(url)
-    agents = [fleet.pid(f"agent-{n}-{i}") for i in range(len(engines))]
-    return Side(venv, describe(venv), url, fleet.pid(f"router-{n}"), agents)
+
+    def launch(name: str, program: str, argv: list[str]) -> list[str]:
+        return [str(venv / "bin" / f"hivenet-{program}"), *argv]
+
+    url, names = start_router_and_agents(fleet, engines, own, f"side-{n}", launch)
+    pids = [fleet.pid(name) for name in names]
+    return Side(venv, describe(venv), url, pids[0], pids[1:])
 
 
 def measure(

@@ -151,21 +151,45 @@ def start_direct(fleet: Fleet, engines: list[str], tmp: Path) -> Running:
     return Running(engines[0], [], "(none: requests go to one simulator)")
 
 
-def start_hivenet(fleet: Fleet, engines: list[str], tmp: Path) -> Running:
-    secret = secret_file(tmp)
+# How one process of this router is started: (process name, "router" or "agent", its
+# arguments) -> the command line. The plain way runs this venv's programs.
+Launch = Callable[[str, str, list[str]], list[str]]
+
+
+def plain_launch(name: str, program: str, args: list[str]) -> list[str]:
+    return [str(BIN / f"hivenet-{program}"), *args]
+
+
+def start_router_and_agents(
+    fleet: Fleet,
+    engines: list[str],
+    folder: Path,
+    name: str = "hivenet",
+    launch: Launch = plain_launch,
+    env: dict[str, str] | None = None,
+) -> tuple[str, list[str]]:
+    """This router (queue and agents sized so that no limit but the machine's shapes the
+    load) with one agent per engine, ready for chat. Returns its URL and process names."""
+    secret = secret_file(folder)
     http, grpc = free_port(), free_port()
     queue = ("--max-concurrent", "2048", "--queue-size", "8192")
-    fleet.start("hivenet", router_args(secret, tmp / "store", http, grpc, *queue))
-    names = ["hivenet"]
+    routed = router_args(secret, folder / f"{name}-store", http, grpc, *queue)
+    fleet.start(name, launch(name, "router", routed[1:]), env)
+    names = [name]
     for n, engine in enumerate(engines):
-        name = f"hivenet-agent-{n}"
-        capacity = ("--capacity", "1024")
-        fleet.start(name, agent_args(secret, grpc, engine, tmp / f"agent-{n}.key", *capacity))
-        names.append(name)
+        agent = f"{name}-agent-{n}"
+        more = agent_args(secret, grpc, engine, folder / f"{agent}.key", "--capacity", "1024")
+        fleet.start(agent, launch(agent, "agent", more[1:]), env)
+        names.append(agent)
     url = f"http://127.0.0.1:{http}"
     replicas = f'"healthy_replicas":{len(engines)}'
     wait_http(f"{url}/v1/models", lambda t: replicas in t)
     wait_chat(url)
+    return url, names
+
+
+def start_hivenet(fleet: Fleet, engines: list[str], tmp: Path) -> Running:
+    url, names = start_router_and_agents(fleet, engines, tmp)
     command = (
         f"hivenet-router --max-concurrent 2048 --queue-size 8192 (least-loaded, the default) "
         f"+ {len(engines)} x hivenet-agent --capacity 1024"

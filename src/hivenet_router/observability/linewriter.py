@@ -126,13 +126,18 @@ class LineWriter:
             self._wake.clear()
             if not self._stopping:
                 time.sleep(self.gather)  # let a burst of lines gather into one write
-            if self._reopen:
-                self._reopen = False
-                self._swap()
-            self._drain()
+            self._turn()
             if self._stopping:
-                self._drain()  # lines put while the last batch was being written
+                # Lines put, or a reopen asked (a rotation just before the end), while the
+                # last batch was being written.
+                self._turn()
                 return
+
+    def _turn(self) -> None:
+        if self._reopen:
+            self._reopen = False
+            self._swap()
+        self._drain()
 
     def _swap(self) -> None:
         if self._rest:

@@ -176,3 +176,33 @@ def test_a_line_put_while_the_last_batch_is_written_is_not_lost(tmp_path: Path) 
     assert (writer.written, writer.dropped) == (2, 0)
     assert not writer.put(b"after close\n")
     assert writer.dropped == 1
+
+
+def test_a_reopen_asked_while_the_last_batch_is_written_happens_before_the_end(
+    tmp_path: Path,
+) -> None:
+    # Rotation, then shutdown, while the thread is stuck in a write: the line put after
+    # the rotation belongs in the new file, not in the one that was moved away.
+    fifo = tmp_path / "audit.jsonl"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read_slowly() -> None:
+        with open(fifo, "rb") as pipe:
+            time.sleep(0.3)  # the writer thread is stuck in write() meanwhile
+            got.append(pipe.read())
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    writer = LineWriter(str(fifo), what="audit", gather=0.001)
+    big = b"a" * 200_000 + b"\n"  # more than the pipe holds
+    writer.put(big)
+    wait_until(lambda: writer.buffered == 0, timeout=5)  # taken by the thread
+    os.rename(fifo, tmp_path / "audit.jsonl.1")
+    writer.reopen()
+    writer.put(b"last\n")
+    writer.close()
+    reader.join(5)
+    assert got == [big]
+    assert (tmp_path / "audit.jsonl").read_bytes() == b"last\n"
+    assert (writer.written, writer.dropped) == (2, 0)

@@ -153,8 +153,12 @@ def test_a_line_cut_short_before_a_rotation_stays_out_of_the_new_file(tmp_path: 
     assert (written, dropped) == (3, 2)  # the cut line is lost, and counted
 
 
-def test_a_line_put_while_the_last_batch_is_written_is_not_lost(tmp_path: Path) -> None:
-    fifo = tmp_path / "fifo"
+_BIG = b"a" * 200_000 + b"\n"  # more than a pipe holds
+
+
+def _stuck_in_a_write(fifo: Path) -> tuple[LineWriter, threading.Thread, list[bytes]]:
+    """A writer whose thread is stuck writing `_BIG` to a FIFO that its reader drains only
+    after 0.3 s; what the reader got lands in the list."""
     os.mkfifo(fifo)
     got: list[bytes] = []
 
@@ -166,13 +170,17 @@ def test_a_line_put_while_the_last_batch_is_written_is_not_lost(tmp_path: Path) 
     reader = threading.Thread(target=read_slowly)
     reader.start()
     writer = LineWriter(str(fifo), what="audit", gather=0.001)
-    big = b"a" * 200_000 + b"\n"  # more than the pipe holds
-    writer.put(big)
+    writer.put(_BIG)
     wait_until(lambda: writer.buffered == 0, timeout=5)  # taken by the thread
+    return writer, reader, got
+
+
+def test_a_line_put_while_the_last_batch_is_written_is_not_lost(tmp_path: Path) -> None:
+    writer, reader, got = _stuck_in_a_write(tmp_path / "fifo")
     writer.put(b"last\n")
     writer.close()
     reader.join(5)
-    assert got == [big + b"last\n"]
+    assert got == [_BIG + b"last\n"]
     assert (writer.written, writer.dropped) == (2, 0)
     assert not writer.put(b"after close\n")
     assert writer.dropped == 1
@@ -183,26 +191,12 @@ def test_a_reopen_asked_while_the_last_batch_is_written_happens_before_the_end(
 ) -> None:
     # Rotation, then shutdown, while the thread is stuck in a write: the line put after
     # the rotation belongs in the new file, not in the one that was moved away.
-    fifo = tmp_path / "audit.jsonl"
-    os.mkfifo(fifo)
-    got: list[bytes] = []
-
-    def read_slowly() -> None:
-        with open(fifo, "rb") as pipe:
-            time.sleep(0.3)  # the writer thread is stuck in write() meanwhile
-            got.append(pipe.read())
-
-    reader = threading.Thread(target=read_slowly)
-    reader.start()
-    writer = LineWriter(str(fifo), what="audit", gather=0.001)
-    big = b"a" * 200_000 + b"\n"  # more than the pipe holds
-    writer.put(big)
-    wait_until(lambda: writer.buffered == 0, timeout=5)  # taken by the thread
-    os.rename(fifo, tmp_path / "audit.jsonl.1")
+    writer, reader, got = _stuck_in_a_write(tmp_path / "audit.jsonl")
+    os.rename(tmp_path / "audit.jsonl", tmp_path / "audit.jsonl.1")
     writer.reopen()
     writer.put(b"last\n")
     writer.close()
     reader.join(5)
-    assert got == [big]
+    assert got == [_BIG]
     assert (tmp_path / "audit.jsonl").read_bytes() == b"last\n"
     assert (writer.written, writer.dropped) == (2, 0)

@@ -2,13 +2,14 @@
 
     python -m bench.call_counts                       # 1 KB JSON, 32 connections, 8 s
     python -m bench.call_counts --load sse --top 40
+    python -m bench.call_counts --load sse --profile realistic   # chunks 5 ms apart
 
 Timings under cProfile drift with the machine and with the profiler itself; call counts do
 not, so they show whether a change to the request path took steps out of it. The router
-and both agents (bench.peers' setup, two zero-latency simulators) run under cProfile,
-switched on after a warm-up (SIGUSR2) and written out at the end (SIGUSR1). Prints the
-calls per request of each process (an agent serves half the requests) and the functions
-with the most time of their own, with their calls per request.
+and both agents (bench.peers' setup, two simulators, zero-latency unless --profile says)
+run under cProfile, switched on after a warm-up (SIGUSR2) and written out at the end
+(SIGUSR1). Prints the calls per request of each process (an agent serves half the
+requests) and the functions with the most time of their own, with their calls per request.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.common import BIN, ROOT, Fleet, ensure_wrk, run_wrk
-from bench.peers import start_engines, start_router_and_agents
+from bench.peers import PROFILES, start_engines, start_router_and_agents
 from bench.request_profile import BODIES
 
 
@@ -62,6 +63,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="zero")
     args = parser.parse_args()
     wrk = ensure_wrk()
     tmp = Path(tempfile.mkdtemp(prefix="call-counts-"))
@@ -73,7 +75,7 @@ def main() -> int:
         return [*me, program, str(tmp / f"{name}.prof"), *argv]
 
     try:
-        engines = start_engines(fleet, "zero")
+        engines = start_engines(fleet, args.profile)
         url, names = start_router_and_agents(fleet, engines, tmp, "router", launch, here)
         chat = url + "/v1/chat/completions"
         run_wrk(wrk, chat, BODIES[args.load], args.concurrency, 2, tmp)  # warm up, uncounted

@@ -1,8 +1,10 @@
 """Where the router's CPU goes per request: one router with two agents in front of two
-zero-latency simulators (bench.peers' setup), wrk at fixed concurrency, py-spy on the router.
+simulators (bench.peers' setup, zero-latency unless --profile says), wrk at fixed
+concurrency, py-spy on the router.
 
     python -m bench.request_profile                      # 1 KB JSON answers, 32 connections
     python -m bench.request_profile --load sse --seconds 15
+    python -m bench.request_profile --load sse --profile realistic   # chunks 5 ms apart
 
 Prints requests a second, CPU per request of the router, each agent and the simulators
 (the simulators are the same program whatever is measured: divide by them to take out the
@@ -19,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import Fleet, ensure_wrk, run_wrk, tree_cpu_seconds
-from bench.peers import MODEL, start_engines, start_hivenet
+from bench.peers import MODEL, PROFILES, start_engines, start_hivenet
 from bench.site_profile import find_py_spy, record
 
 BODIES: dict[str, dict[str, object]] = {
@@ -55,6 +57,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="zero")
     args = parser.parse_args()
     py_spy = find_py_spy()
     if py_spy is None:
@@ -63,7 +66,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="request-profile-"))
     fleet = Fleet(tmp)
     try:
-        engines = start_engines(fleet, "zero")
+        engines = start_engines(fleet, args.profile)
         running = start_hivenet(fleet, engines, tmp)
         url = running.url + "/v1/chat/completions"
         body = BODIES[args.load]

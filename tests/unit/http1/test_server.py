@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from hivenet_router.http1 import coalesce
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.messages import Answer, BodyError, Request, Response, stream
 from hivenet_router.http1.server import HttpServer, Limits
@@ -219,7 +221,11 @@ async def _counted(server: HttpServer) -> CountingTransport:
     return counting
 
 
-async def test_a_stream_written_in_one_turn_leaves_in_one_write(served: Served) -> None:
+async def test_a_stream_written_in_one_turn_leaves_in_one_write(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # However slow the machine, this turn's writes are not old enough to go early.
+    monkeypatch.setattr(coalesce, "MAX_WAIT", math.inf)
     server, _, connect = served
     reader, writer = await connect()
     counting = await _counted(server)
@@ -230,7 +236,11 @@ async def test_a_stream_written_in_one_turn_leaves_in_one_write(served: Served) 
     writer.close()
 
 
-async def test_a_piece_leaves_at_the_end_of_its_turn_not_at_the_end(served: Served) -> None:
+async def test_a_piece_leaves_at_the_end_of_its_turn_not_at_the_end(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # However slow the machine, this turn's writes are not old enough to go early.
+    monkeypatch.setattr(coalesce, "MAX_WAIT", math.inf)
     server, app, connect = served
     reader, writer = await connect()
     counting = await _counted(server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 import os
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
+from hivenet_router.http1 import coalesce
 from hivenet_router.http1.coalesce import FLUSH_AT
 from hivenet_router.transport import websocket, ws_server
 from hivenet_router.transport.websocket import BINARY, CLOSE, CLOSED, ERROR, Message
@@ -311,8 +313,10 @@ async def test_a_lost_client_ends_the_websocket_and_aiohttps_connection(
 
 
 async def test_frames_of_one_turn_leave_in_one_write_and_big_ones_at_once(
-    make_server: Factory,
+    make_server: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # However slow the machine, this turn's writes are not old enough to go early.
+    monkeypatch.setattr(coalesce, "MAX_WAIT", math.inf)
     server = await make_server()
     raw = await raw_client(server.port)
     await _wait_for(lambda: len(server.sockets) == 1)

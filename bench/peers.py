@@ -48,6 +48,7 @@ from bench.common import (
     CHAT,
     LOADS,
     MODEL,
+    RESULTS,
     ROOT,
     Fleet,
     PeakPss,
@@ -645,7 +646,10 @@ def main() -> int:
     finally:
         bar.close()
         fleet.stop()
-    images = plots(report, ROOT / "docs" / "img")
+    # A run kept out of the docs keeps its charts out of them too.
+    charts = RESULTS if args.no_docs else ROOT / "docs" / "img"
+    charts.mkdir(parents=True, exist_ok=True)
+    images = plots(report, charts)
     publish("peers", asdict(report), render(report, seconds, images), not args.no_docs)
     return 0
 

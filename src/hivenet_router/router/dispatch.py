@@ -116,6 +116,8 @@ class Dispatcher:
         self.pending = PendingQueue(limits.queue_size, limits.max_concurrent)
         self.deadlines = Deadlines()  # each request's, on one timer per 50 ms
         self._queues: dict[str, CapacityQueue] = {}
+        # Per model, the timer that wakes its waiters when an open breaker lets probes in.
+        self._probe_timers: dict[str, asyncio.TimerHandle] = {}
         registry.watch(self._wake_all)
 
     def claims(self, model: str) -> bool:
@@ -141,6 +143,25 @@ class Dispatcher:
         queue = self._queues.get(model)
         if queue is not None:
             queue.wake_all()
+
+    def _wake_at_probe(self, model: str, delay: float) -> None:
+        """Wake `model`'s waiters in `delay` seconds, when an open breaker of one of their
+        agents lets a probe through. Nothing else would: no slot frees when a breaker turns
+        half-open, and with every other agent busy on long answers the waiters would sleep
+        until their deadline beside an agent they may use. One timer per model, the
+        earliest asked for."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        timer = self._probe_timers.get(model)
+        if timer is not None:
+            if timer.when() <= due:
+                return
+            timer.cancel()
+        self._probe_timers[model] = loop.call_at(due, self._probe_due, model)
+
+    def _probe_due(self, model: str) -> None:
+        del self._probe_timers[model]
+        self._wake_all(model)
 
     # -- the terminal ---------------------------------------------------------------------
 
@@ -343,6 +364,12 @@ class Dispatcher:
                 # nobody here can use (another capability, its breaker open): that would
                 # wake the whole queue at every release while it idles.
                 queue.pass_on()
+            probe = routing.next_probe(
+                policy,
+                (a for a in agents if a.eligible and a.reg.capability == facts.capability),
+            )
+            if probe is not None:
+                self._wake_at_probe(facts.model, probe)
             if place is None:
                 waited_from = self.clock.monotonic()
                 principal = ticket.principal

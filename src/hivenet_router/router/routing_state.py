@@ -12,7 +12,7 @@ Everything here is in-process and per router.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hivenet_router.clock import Clock
@@ -165,6 +165,26 @@ class RoutingState:
             if target is None or target.breaker.allows(now, settings):
                 return None
             opened = target.breaker.opened_at
+            wait = 0.0 if opened is None else max(0.0, opened + settings.open_seconds - now)
+            soonest = wait if soonest is None else min(soonest, wait)
+        return soonest
+
+    def next_probe(self, policy: Policy, agents: Iterable[AgentRecord]) -> float | None:
+        """Seconds until the first open breaker among these agents lets a probe through;
+        None when none of them is open."""
+        settings = policy.breaker
+        if not settings.enabled or not self._agents:
+            return None
+        now = self.clock.monotonic()
+        soonest: float | None = None
+        for agent in agents:
+            target = self._agents.get(agent.peer_id)
+            if target is None:
+                continue
+            breaker = target.breaker
+            if breaker.state(now, settings) is not BreakerState.OPEN:
+                continue
+            opened = breaker.opened_at
             wait = 0.0 if opened is None else max(0.0, opened + settings.open_seconds - now)
             soonest = wait if soonest is None else min(soonest, wait)
         return soonest

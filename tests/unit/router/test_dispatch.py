@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from hivenet_router.clock import ManualClock
+from hivenet_router.clock import ManualClock, run_in_virtual_time
 from hivenet_router.domain.agent import EngineSnapshot, Registration
 from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
@@ -58,7 +58,13 @@ class Engine:
 
 
 class Fleet:
-    def __init__(self, stack: contextlib.AsyncExitStack, policy: str, queue_depth: int) -> None:
+    def __init__(
+        self,
+        stack: contextlib.AsyncExitStack,
+        policy: str,
+        queue_depth: int,
+        clock: ManualClock | None = None,
+    ) -> None:
         self.stack = stack
         self.registry = Registry()
         self.store = PolicyStore()
@@ -72,7 +78,7 @@ class Fleet:
             queue_depth=queue_depth,
             max_tries=3,
         )
-        self.dispatcher = Dispatcher(self.registry, ManualClock(), limits, self.store)
+        self.dispatcher = Dispatcher(self.registry, clock or ManualClock(), limits, self.store)
         self.engines: dict[str, Engine] = {}
         self.left: list[str] = []
 
@@ -110,10 +116,12 @@ class Fleet:
 
 @contextlib.asynccontextmanager
 async def fleet(
-    policy: str = "routing_policy: {strategy: least-loaded}\n", queue_depth: int = 2
+    policy: str = "routing_policy: {strategy: least-loaded}\n",
+    queue_depth: int = 2,
+    clock: ManualClock | None = None,
 ) -> AsyncIterator[Fleet]:
     async with contextlib.AsyncExitStack() as stack:
-        yield Fleet(stack, policy, queue_depth)
+        yield Fleet(stack, policy, queue_depth, clock)
 
 
 async def test_answers_hold_their_slots_until_closed() -> None:
@@ -357,6 +365,38 @@ async def test_a_busy_agent_is_waited_for_while_the_gates_keep_a_free_one_out() 
             assert answer.origin == "busy"
             await answer.close(Outcome.OK)
         assert f.held() == (0, 0) and f.dispatcher.queued("m") == 0
+
+
+def test_waiters_look_again_when_an_open_breaker_lets_a_probe_through() -> None:
+    # The only free agent's breaker is open and the other agent is busy on a long answer:
+    # when the breaker turns half-open no slot frees, yet the waiter must be woken then to
+    # probe it, not sleep until its deadline.
+    clock = ManualClock()
+    policy = (
+        "routing_policy: {strategy: least-loaded}\n"
+        "circuit_breaker: {consecutive_failures: 1, open_seconds: 2, half_open_probes: 1}\n"
+    )
+
+    async def main() -> None:
+        async with fleet(policy, clock=clock) as f:
+            await f.agent("sick", status=500, capacity=1)
+            with pytest.raises(ApiError):
+                await f.send()  # its failure opens its breaker
+            opened = clock.monotonic()
+            await f.agent("busy", capacity=1)
+            held = await f.send()
+            assert held.origin == "busy"
+            f.engines["sick"].status = 200  # recovered; its breaker cannot know yet
+            waiter = asyncio.create_task(f.send())
+            await asyncio.sleep(0.5)
+            assert not waiter.done() and f.dispatcher.queued("m") == 1
+            answer = await asyncio.wait_for(waiter, 3)  # its deadline is 5 s away
+            assert answer.origin == "sick" and 2 <= clock.monotonic() - opened < 3
+            await answer.close(Outcome.OK)
+            await held.close(Outcome.OK)
+            assert f.held() == (0, 0) and f.dispatcher.queued("m") == 0
+
+    run_in_virtual_time(clock, main())
 
 
 async def test_each_consistent_hash_step_keys_on_its_own_header() -> None:

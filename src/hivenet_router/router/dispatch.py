@@ -335,6 +335,8 @@ class Dispatcher:
             # Choice and take happen in one synchronous step: no other request can take
             # the slot in between.
             if choice.agent is not None and choice.agent.try_acquire():
+                if place is not None:
+                    self._queue(facts.model).served(place)
                 if waited_from is not None:
                     ticket.emit(Queued(self.clock.monotonic() - waited_from))
                 return choice.agent, False

@@ -76,7 +76,9 @@ class CapacityQueue:
 
     `wake_one` runs when a slot frees, `wake_all` when an agent joins. A woken request that
     still finds no slot waits again with the same place and keeps its tag, which is never
-    above V, so it goes ahead of every request that has not been woken yet.
+    above V, so it goes ahead of every request that has not been woken yet; one that takes
+    a slot is `served`, which brings V up to its tag if a wake-up for everyone left V
+    behind.
     """
 
     def __init__(self, limit: int) -> None:
@@ -166,6 +168,16 @@ class CapacityQueue:
         # tenant, behind the whole backlog.
         while self._live and self._wake_next(advance=False):
             pass
+
+    def served(self, place: Place) -> None:
+        """The place's request took a slot. The virtual time reaches its tag: a wake-up
+        for everyone does not move it, but the service it led to must, or a tenant arriving
+        afterwards would start below the tags just served and get their share again."""
+        tag = place.tag
+        if tag is not None and tag > self._virtual:
+            self._virtual = tag
+            if self._last:
+                self._forget_idle()
 
     def waiting_by_tenant(self) -> dict[str, int]:
         """Requests waiting now, per tenant with any."""

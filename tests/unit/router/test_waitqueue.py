@@ -111,6 +111,25 @@ async def test_an_idle_tenant_gets_no_credit_for_the_idle_time() -> None:
     await _finish(queue, tasks)
 
 
+async def test_service_after_a_wakeup_for_everyone_moves_the_virtual_time() -> None:
+    # An agent joins: everyone wakes, half of them get slots, the rest wait again. A tenant
+    # that arrives next must not start below the tags just served, as if they never were.
+    queue = CapacityQueue(1000)
+    places = [queue.place("busy", cost=10) for _ in range(100)]
+    waits = [asyncio.create_task(queue.wait(place)) for place in places]
+    await asyncio.sleep(0)
+    queue.wake_all()
+    await asyncio.gather(*waits)
+    for place in places[:50]:
+        queue.served(place)
+    woken: list[Place] = []
+    tasks = [asyncio.create_task(_serve(queue, place, woken)) for place in places[50:]]
+    tasks += await _line_up(queue, woken, "late", [10] * 10)
+    await _wake(queue, 10)
+    assert Counter(place.tenant for place in woken) == {"busy": 5, "late": 5}
+    await _finish(queue, tasks)
+
+
 async def test_a_rewait_keeps_its_turn() -> None:
     queue = CapacityQueue(10)
     first = queue.place("a")

@@ -354,6 +354,13 @@ class RouterConfig:
         env="HIVENET_ROUTER_SYNC_SITE",
         help="Site name prefixing every key in the store (letters, digits, . _ -; max 64)",
     )
+    site_id: str = option(
+        "",
+        parse=v.text,
+        flag="--site-id",
+        env="HIVENET_ROUTER_SITE_ID",
+        help="The site's name in the store when --sync-site is empty (no cross-site redirect)",
+    )
     router_id: str = option(
         "",
         parse=v.text,
@@ -542,6 +549,10 @@ class RouterConfig:
             raise ConfigError(
                 f"--sync-site {self.sync_site!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
             )
+        if self.site_id and not _SITE.fullmatch(self.site_id):
+            raise ConfigError(
+                f"--site-id {self.site_id!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
+            )
         if self.router_id and not _SITE.fullmatch(self.router_id):
             raise ConfigError(
                 f"--router-id {self.router_id!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
@@ -575,7 +586,7 @@ class RouterConfig:
     @property
     def site(self) -> str:
         """The site's name in the store."""
-        return self.sync_site or "default"
+        return self.sync_site or self.site_id or "default"
 
     @property
     def body_limit(self) -> int:

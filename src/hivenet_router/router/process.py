@@ -188,6 +188,12 @@ class RouterProcess:
             cfg.metrics_port,
         )
         log.debug("configuration: %s", describe(cfg))
+        if cfg.site_id:
+            log.info(
+                "--site-id %s names the site in the sync store only: this router does no "
+                "cross-site redirect",
+                cfg.site_id,
+            )
         await self._restore_quota(router, store)
         background.start(self._chores(router, store))
         loop = asyncio.get_running_loop()

@@ -88,3 +88,14 @@ def test_the_listen_defaults_are_every_interface() -> None:
         ":50051",
         ":2112",
     ]
+
+
+def test_the_site_id_names_the_site_when_sync_site_does_not() -> None:
+    # The Go router's --site-id also names the site in the store; a deployment that set
+    # only it keeps its keys when it switches.
+    assert router().site == "default"
+    assert router(["--site-id", "eu-west"]).site == "eu-west"
+    assert router(HIVENET_ROUTER_SITE_ID="eu-west").site == "eu-west"
+    assert router(["--site-id", "eu-west", "--sync-site", "shared"]).site == "shared"
+    with pytest.raises(ConfigError, match="--site-id"):
+        router(["--site-id", "eu west"])

@@ -116,8 +116,9 @@ class Dispatcher:
         self.pending = PendingQueue(limits.queue_size, limits.max_concurrent)
         self.deadlines = Deadlines()  # each request's, on one timer per 50 ms
         self._queues: dict[str, CapacityQueue] = {}
-        # Per model, the timer that wakes its waiters when an open breaker lets probes in.
-        self._probe_timers: dict[str, asyncio.TimerHandle] = {}
+        # Per model, when (on self.clock) an open breaker lets probes in, and the timer that
+        # wakes the model's waiters then.
+        self._probe_timers: dict[str, tuple[float, asyncio.Handle]] = {}
         registry.watch(self._wake_all)
 
     def claims(self, model: str) -> bool:
@@ -150,14 +151,17 @@ class Dispatcher:
         half-open, and with every other agent busy on long answers the waiters would sleep
         until their deadline beside an agent they may use. One timer per model, the
         earliest asked for."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
-        timer = self._probe_timers.get(model)
-        if timer is not None:
-            if timer.when() <= due:
+        due = self.clock.monotonic() + delay
+        pending = self._probe_timers.get(model)
+        if pending is not None:
+            if pending[0] <= due:
                 return
-            timer.cancel()
-        self._probe_timers[model] = loop.call_at(due, self._probe_due, model)
+            pending[1].cancel()
+        # Late by a little rather than early: uvloop counts timers in whole milliseconds, and
+        # a wake-up before the breaker lets probes in would only send every waiter back to
+        # sleep (and set the timer again).
+        handle = asyncio.get_running_loop().call_later(delay + 0.002, self._probe_due, model)
+        self._probe_timers[model] = (due, handle)
 
     def _probe_due(self, model: str) -> None:
         del self._probe_timers[model]

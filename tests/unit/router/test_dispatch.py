@@ -14,9 +14,10 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+import uvloop
 from aiohttp import web
 
-from hivenet_router.clock import ManualClock, run_in_virtual_time
+from hivenet_router.clock import Clock, ManualClock, SystemClock, run_in_virtual_time
 from hivenet_router.domain.agent import EngineSnapshot, Registration
 from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
@@ -63,7 +64,7 @@ class Fleet:
         stack: contextlib.AsyncExitStack,
         policy: str,
         queue_depth: int,
-        clock: ManualClock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.stack = stack
         self.registry = Registry()
@@ -118,7 +119,7 @@ class Fleet:
 async def fleet(
     policy: str = "routing_policy: {strategy: least-loaded}\n",
     queue_depth: int = 2,
-    clock: ManualClock | None = None,
+    clock: Clock | None = None,
 ) -> AsyncIterator[Fleet]:
     async with contextlib.AsyncExitStack() as stack:
         yield Fleet(stack, policy, queue_depth, clock)
@@ -397,6 +398,37 @@ def test_waiters_look_again_when_an_open_breaker_lets_a_probe_through() -> None:
             assert f.held() == (0, 0) and f.dispatcher.queued("m") == 0
 
     run_in_virtual_time(clock, main())
+
+
+def test_on_uvloop_in_real_time_every_waiter_gets_the_recovered_agent() -> None:
+    # uvloop counts timers in whole milliseconds: the wake-up at the end of the open period
+    # must neither come too early for the breaker nor trip over a timer set again in the
+    # same turn by the waiters it woke.
+    policy = (
+        "routing_policy: {strategy: least-loaded}\n"
+        "circuit_breaker: {consecutive_failures: 1, open_seconds: 0.3, half_open_probes: 1}\n"
+    )
+
+    async def main() -> None:
+        async with fleet(policy, queue_depth=4, clock=SystemClock()) as f:
+            await f.agent("sick", status=500, capacity=1)
+            with pytest.raises(ApiError):
+                await f.send()
+            opened = time.monotonic()
+            await f.agent("busy", capacity=1)
+            held = await f.send()
+            f.engines["sick"].status = 200
+            waiters = [asyncio.create_task(f.send()) for _ in range(3)]
+            served = []
+            for next_answer in asyncio.as_completed(waiters, timeout=3):
+                answer = await next_answer
+                served.append(answer.origin)
+                await answer.close(Outcome.OK)  # the probe's success closes the breaker
+            assert served == ["sick"] * 3 and time.monotonic() - opened >= 0.3
+            await held.close(Outcome.OK)
+            assert f.held() == (0, 0) and f.dispatcher.queued("m") == 0
+
+    uvloop.run(main())
 
 
 async def test_each_consistent_hash_step_keys_on_its_own_header() -> None:

@@ -189,11 +189,7 @@ class RouterProcess:
         )
         log.debug("configuration: %s", describe(cfg))
         if cfg.site_id:
-            log.info(
-                "--site-id %s names the site in the sync store only: this router does no "
-                "cross-site redirect",
-                cfg.site_id,
-            )
+            _say_what_site_id_does(cfg)
         await self._restore_quota(router, store)
         background.start(self._chores(router, store))
         loop = asyncio.get_running_loop()
@@ -444,3 +440,26 @@ class _Background:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _say_what_site_id_does(cfg: RouterConfig) -> None:
+    """--site-id comes from the Go router, where it also turns on cross-site redirect."""
+    if cfg.sync_site and cfg.sync_site != cfg.site_id:
+        log.warning(
+            "--site-id %s is ignored: --sync-site %s names the site (this router does no "
+            "cross-site redirect)",
+            cfg.site_id,
+            cfg.sync_site,
+        )
+    elif cfg.sync_store:
+        log.info(
+            "--site-id %s names the site in the sync store; this router does no cross-site "
+            "redirect",
+            cfg.site_id,
+        )
+    else:
+        log.info(
+            "--site-id %s has no effect without --sync-store: this router does no "
+            "cross-site redirect",
+            cfg.site_id,
+        )

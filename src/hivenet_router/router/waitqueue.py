@@ -172,9 +172,19 @@ class CapacityQueue:
     def served(self, place: Place) -> None:
         """The place's request took a slot. The virtual time reaches its tag: a wake-up
         for everyone does not move it, but the service it led to must, or a tenant arriving
-        afterwards would start below the tags just served and get their share again."""
+        afterwards would start below the tags just served and get their share again.
+
+        Never past a tag still waiting, though: after a wake-up for everyone a place far
+        down the order (a huge cost, a tiny weight) may take the slot that one ahead of it
+        could not use, and moving the virtual time to its tag would put every newcomer
+        behind the whole backlog. (An entry in the heap whose waiter has left only makes
+        the bound lower.)"""
         tag = place.tag
-        if tag is not None and tag > self._virtual:
+        if tag is None or tag <= self._virtual:
+            return
+        if self._heap:
+            tag = min(tag, self._heap[0][0])
+        if tag > self._virtual:
             self._virtual = tag
             if self._last:
                 self._forget_idle()

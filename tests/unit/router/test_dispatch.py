@@ -381,9 +381,9 @@ def test_waiters_look_again_when_an_open_breaker_lets_a_probe_through() -> None:
     async def main() -> None:
         async with fleet(policy, clock=clock) as f:
             await f.agent("sick", status=500, capacity=1)
+            opened = clock.monotonic()  # no later than the breaker's opening
             with pytest.raises(ApiError):
                 await f.send()  # its failure opens its breaker
-            opened = clock.monotonic()
             await f.agent("busy", capacity=1)
             held = await f.send()
             assert held.origin == "busy"
@@ -412,9 +412,9 @@ def test_on_uvloop_in_real_time_every_waiter_gets_the_recovered_agent() -> None:
     async def main() -> None:
         async with fleet(policy, queue_depth=4, clock=SystemClock()) as f:
             await f.agent("sick", status=500, capacity=1)
+            opened = time.monotonic()  # no later than the breaker's opening
             with pytest.raises(ApiError):
                 await f.send()
-            opened = time.monotonic()
             await f.agent("busy", capacity=1)
             held = await f.send()
             f.engines["sick"].status = 200

@@ -130,6 +130,28 @@ async def test_service_after_a_wakeup_for_everyone_moves_the_virtual_time() -> N
     await _finish(queue, tasks)
 
 
+async def test_a_service_far_down_the_order_does_not_jump_the_backlog() -> None:
+    # After a wake-up for everyone, a request with a huge cost and a tiny weight takes the
+    # slot the ones ahead of it could not use: newcomers must not start behind all of them.
+    queue = CapacityQueue(1000)
+    ahead = [queue.place("a", cost=10) for _ in range(20)]
+    far = queue.place("b", weight=0.001, cost=100)
+    waits = [asyncio.create_task(queue.wait(place)) for place in [*ahead, far]]
+    await asyncio.sleep(0)
+    queue.wake_all()
+    await asyncio.gather(*waits)
+    woken: list[Place] = []
+    tasks = [asyncio.create_task(_serve(queue, place, woken)) for place in ahead]
+    await asyncio.sleep(0)  # they wait again before the far one is served, as in dispatch
+    queue.served(far)
+    tasks += await _line_up(queue, woken, "c", [10] * 10)
+    await _wake(queue, 10)
+    # Half each, give or take the one request the tie at the virtual time goes to; had the
+    # virtual time jumped to the far tag, "c" would get none.
+    assert Counter(place.tenant for place in woken)["c"] in (4, 5)
+    await _finish(queue, tasks)
+
+
 async def test_a_rewait_keeps_its_turn() -> None:
     queue = CapacityQueue(10)
     first = queue.place("a")
@@ -314,6 +336,7 @@ async def _request(queue: CapacityQueue, request: _Request, first_wakes: list[_R
         if request.wakes == 1:
             first_wakes.append(request)
     request.state = "done"
+    queue.served(request.place)  # as the dispatcher does when a woken request takes a slot
 
 
 def _check_structure(queue: CapacityQueue) -> None:
@@ -328,6 +351,10 @@ def _check_structure(queue: CapacityQueue) -> None:
         assert line.live == sum(waiter.queued for waiter in line.entries)
         reachable += line.live - 1
     assert reachable == len(queue)
+    # No newcomer's turn is behind the virtual time: neither a wake-up nor a service moves
+    # it past a tag still waiting in its tenant's line.
+    for tag, _, _, waiter in queue._heap:
+        assert not (waiter.queued and waiter.in_line) or tag >= queue._virtual
 
 
 class _Scenario:

@@ -40,6 +40,14 @@ async def _wake(queue: CapacityQueue, times: int) -> None:
         await asyncio.sleep(0)  # the woken task runs before the next wake-up
 
 
+async def _everyone_woken(queue: CapacityQueue, places: list[Place]) -> None:
+    """The places wait, then a wake-up for everyone (an agent joined) wakes them all."""
+    waits = [asyncio.create_task(queue.wait(place)) for place in places]
+    await asyncio.sleep(0)
+    queue.wake_all()
+    await asyncio.gather(*waits)
+
+
 async def _finish(queue: CapacityQueue, tasks: list[asyncio.Task[None]]) -> None:
     queue.wake_all()
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
@@ -111,23 +119,32 @@ async def test_an_idle_tenant_gets_no_credit_for_the_idle_time() -> None:
     await _finish(queue, tasks)
 
 
+async def _newcomer_after(
+    queue: CapacityQueue, rewait: list[Place], served: list[Place], newcomer: str
+) -> Counter[str]:
+    """After a wake-up for everyone: `rewait` wait again, `served` take slots, then a new
+    tenant lines up ten requests of cost 10. The tenants of the next ten woken."""
+    woken: list[Place] = []
+    tasks = [asyncio.create_task(_serve(queue, place, woken)) for place in rewait]
+    await asyncio.sleep(0)
+    for place in served:
+        queue.served(place)
+    tasks += await _line_up(queue, woken, newcomer, [10] * 10)
+    await _wake(queue, 10)
+    await _finish(queue, tasks)
+    return Counter(place.tenant for place in woken[:10])
+
+
 async def test_service_after_a_wakeup_for_everyone_moves_the_virtual_time() -> None:
     # An agent joins: everyone wakes, half of them get slots, the rest wait again. A tenant
     # that arrives next must not start below the tags just served, as if they never were.
     queue = CapacityQueue(1000)
     places = [queue.place("busy", cost=10) for _ in range(100)]
-    waits = [asyncio.create_task(queue.wait(place)) for place in places]
-    await asyncio.sleep(0)
-    queue.wake_all()
-    await asyncio.gather(*waits)
-    for place in places[:50]:
-        queue.served(place)
-    woken: list[Place] = []
-    tasks = [asyncio.create_task(_serve(queue, place, woken)) for place in places[50:]]
-    tasks += await _line_up(queue, woken, "late", [10] * 10)
-    await _wake(queue, 10)
-    assert Counter(place.tenant for place in woken) == {"busy": 5, "late": 5}
-    await _finish(queue, tasks)
+    await _everyone_woken(queue, places)
+    assert await _newcomer_after(queue, places[50:], places[:50], "late") == {
+        "busy": 5,
+        "late": 5,
+    }
 
 
 async def test_a_service_far_down_the_order_does_not_jump_the_backlog() -> None:
@@ -136,20 +153,10 @@ async def test_a_service_far_down_the_order_does_not_jump_the_backlog() -> None:
     queue = CapacityQueue(1000)
     ahead = [queue.place("a", cost=10) for _ in range(20)]
     far = queue.place("b", weight=0.001, cost=100)
-    waits = [asyncio.create_task(queue.wait(place)) for place in [*ahead, far]]
-    await asyncio.sleep(0)
-    queue.wake_all()
-    await asyncio.gather(*waits)
-    woken: list[Place] = []
-    tasks = [asyncio.create_task(_serve(queue, place, woken)) for place in ahead]
-    await asyncio.sleep(0)  # they wait again before the far one is served, as in dispatch
-    queue.served(far)
-    tasks += await _line_up(queue, woken, "c", [10] * 10)
-    await _wake(queue, 10)
+    await _everyone_woken(queue, [*ahead, far])
     # Half each, give or take the one request the tie at the virtual time goes to; had the
     # virtual time jumped to the far tag, "c" would get none.
-    assert Counter(place.tenant for place in woken)["c"] in (4, 5)
-    await _finish(queue, tasks)
+    assert (await _newcomer_after(queue, ahead, [far], "c"))["c"] in (4, 5)
 
 
 async def test_a_rewait_keeps_its_turn() -> None:

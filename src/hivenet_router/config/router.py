@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from hivenet_router.config import values as v
-from hivenet_router.config.options import ConfigError, duration_option, option
+from hivenet_router.config.options import duration_option, option
+from hivenet_router.config.router_checks import check
 
-MIN_SECRET_BYTES = 32
-_SITE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
-_ORIGIN = re.compile(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?")
 # The client API modes HIVENET_ROUTER_AUTH_MODE takes: auth.yaml's api.mode values
 # (auth/config.py API_MODES; not imported, so that configuration does not load the auth
 # package; a test keeps the two equal).
@@ -505,83 +501,7 @@ class RouterConfig:
     )
 
     def validate(self) -> None:
-        if self.session_ttl <= self.session_renew_margin:
-            raise ConfigError(
-                "--session-ttl must be longer than --session-renew-margin "
-                f"({self.session_renew_margin:g}s): agents renew that long before expiry"
-            )
-        if not self.heartbeat_interval < self.unhealthy_after < self.remove_after:
-            raise ConfigError(
-                "--heartbeat-interval < --unhealthy-after < --remove-after must hold "
-                f"(got {self.heartbeat_interval:g}s, {self.unhealthy_after:g}s, "
-                f"{self.remove_after:g}s)"
-            )
-        if self.log_format not in {"text", "json"}:
-            raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")
-        if self.quota_backend not in {"memory", "badger"}:
-            raise ConfigError(
-                f"HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, not {self.quota_backend!r}"
-            )
-        self._validate_sync()
-        if self.ledger_dsn and "wallet" not in self.stages:
-            # The DSN promises wallets for every tenant: serving unbilled instead, because
-            # the stage list left the wallet out, must not go unnoticed.
-            raise ConfigError(
-                "--ledger-dsn turns wallets on, but HIVENET_ROUTER_STAGES "
-                f"({','.join(self.stages)}) does not list wallet: add it before cache and "
-                "validator, or unset --ledger-dsn"
-            )
-        if self.admit_fraction <= 0:
-            raise ConfigError("HIVENET_ROUTER_ADMIT_FRACTION must be above 0 (and at most 1)")
-        for origin in self.cors_allowed_origins:
-            if origin != "*" and not _ORIGIN.fullmatch(origin):
-                raise ConfigError(
-                    f"--cors-allowed-origins: {origin!r} is not an origin "
-                    "(scheme://host[:port], no path) or *"
-                )
-        if self.rpm_burst_seconds >= 60:
-            raise ConfigError("HIVENET_ROUTER_RPM_BURST_SECONDS must be below 60")
-
-    def _validate_sync(self) -> None:
-        if self.sync_store not in {"", "valkey"}:
-            raise ConfigError(f"--sync-store must be valkey or empty, not {self.sync_store!r}")
-        if self.sync_site and not _SITE.fullmatch(self.sync_site):
-            raise ConfigError(
-                f"--sync-site {self.sync_site!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
-            )
-        if self.site_id and not _SITE.fullmatch(self.site_id):
-            raise ConfigError(
-                f"--site-id {self.site_id!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
-            )
-        if self.router_id and not _SITE.fullmatch(self.router_id):
-            raise ConfigError(
-                f"--router-id {self.router_id!r}: use 1 to 64 letters, digits, '.', '_' or '-'"
-            )
-        if self.advertise_grpc_addr:
-            _check_advertised(self.advertise_grpc_addr)
-        if not self.sync_store:
-            return
-        if self.quota_backend == "badger":
-            raise ConfigError(
-                "--sync-store=valkey replaces HIVENET_ROUTER_QUOTA_BACKEND=badger (the store "
-                "keeps today's totals); unset one of them"
-            )
-        if self.reuse_port and not self.router_id:
-            raise ConfigError(
-                "--reuse-port with --sync-store: give each router process of the host its own "
-                "--router-id (the default, the hostname, would be the same for all of them)"
-            )
-        if bool(self.sync_addr) == bool(self.sync_sentinels):
-            raise ConfigError(
-                "--sync-store=valkey needs exactly one of --sync-addr HOST:PORT or "
-                "--sync-sentinels HOST:PORT,..."
-            )
-        for address in (self.sync_addr, *self.sync_sentinels):
-            if address:
-                try:
-                    v.host_port(address)
-                except ValueError as error:
-                    raise ConfigError(f"sync store address: {error}") from None
+        check(self)
 
     @property
     def site(self) -> str:
@@ -591,17 +511,3 @@ class RouterConfig:
     @property
     def body_limit(self) -> int:
         return self.max_request_bytes or 1 << 30
-
-
-def _check_advertised(address: str) -> None:
-    """An address agents can dial: a host (not a wildcard) and a port."""
-    host, sep, _ = address.rpartition(":")
-    if not sep or host.strip("[]") in _WILDCARDS or host in _WILDCARDS:
-        raise ConfigError(
-            f"--advertise-grpc-addr {address!r}: give the host and port agents dial "
-            "(example: router-0.router-headless:50051), not a bare port or a wildcard address"
-        )
-    try:
-        v.host_port(address)
-    except ValueError as error:
-        raise ConfigError(f"--advertise-grpc-addr: {error}") from None

@@ -1,4 +1,5 @@
-"""Options of hivenet-router (config/router.py) refused at start, each naming the option."""
+"""Options of hivenet-router (config/router.py, checked in config/router_checks.py) refused
+at start, each naming the option."""
 
 from __future__ import annotations
 

@@ -164,8 +164,7 @@ class RoutingState:
             target = self._agents.get(agent.peer_id)
             if target is None or target.breaker.allows(now, settings):
                 return None
-            opened = target.breaker.opened_at
-            wait = 0.0 if opened is None else max(0.0, opened + settings.open_seconds - now)
+            wait = target.breaker.probe_in(now, settings)
             soonest = wait if soonest is None else min(soonest, wait)
         return soonest
 
@@ -184,8 +183,7 @@ class RoutingState:
             breaker = target.breaker
             if breaker.state(now, settings) is not BreakerState.OPEN:
                 continue
-            opened = breaker.opened_at
-            wait = 0.0 if opened is None else max(0.0, opened + settings.open_seconds - now)
+            wait = breaker.probe_in(now, settings)
             soonest = wait if soonest is None else min(soonest, wait)
         return soonest
 

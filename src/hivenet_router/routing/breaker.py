@@ -126,6 +126,11 @@ class Breaker:
             return False
         return self._probes < s.half_open_probes
 
+    def probe_in(self, now: float, s: BreakerSettings) -> float:
+        """Seconds until this breaker, open, lets a probe through (0 once it may)."""
+        opened = self.opened_at
+        return 0.0 if opened is None else max(0.0, opened + s.open_seconds - now)
+
     def started(self, now: float, s: BreakerSettings) -> int:
         """Note a request sent to the target; returns its ticket for `record`."""
         self._sync(now, s)
@@ -161,7 +166,7 @@ class Breaker:
         outcomes = len(self._outcomes)
         until: float | None = None
         if state is BreakerState.OPEN and self.opened_at is not None:
-            until = max(0.0, self.opened_at + s.open_seconds - now)
+            until = self.probe_in(now, s)
         return {
             "state": state.value,
             "consecutive_failures": self._consecutive,

@@ -14,7 +14,6 @@ requests) and the functions with the most time of their own, with their calls pe
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import os
 import pstats
@@ -25,8 +24,8 @@ import time
 from pathlib import Path
 
 from bench.common import BIN, ROOT, Fleet, ensure_wrk, run_wrk
-from bench.peers import PROFILES, start_engines, start_router_and_agents
-from bench.request_profile import BODIES
+from bench.peers import start_engines, start_router_and_agents
+from bench.request_profile import BODIES, load_options
 
 
 def serve(which: str, out: str, argv: list[str]) -> int:
@@ -58,13 +57,7 @@ def report(path: Path, requests: float, top: int) -> None:
 def main() -> int:
     if len(sys.argv) > 3 and sys.argv[1] == "--serve":
         return serve(sys.argv[2], sys.argv[3], sys.argv[4:])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--load", choices=sorted(BODIES), default="json")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--seconds", type=int, default=8)
-    parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="zero")
-    args = parser.parse_args()
+    args = load_options(__doc__.splitlines()[0], seconds=8).parse_args()
     wrk = ensure_wrk()
     tmp = Path(tempfile.mkdtemp(prefix="call-counts-"))
     fleet = Fleet(tmp)

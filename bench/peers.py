@@ -20,8 +20,7 @@ rounds, and each target ratio also shows its lowest and highest round. A system 
 CPU would slow the others (--alone: LiteLLM) is measured by itself first. Before the
 aiperf rounds of a profile with prefill time, one untimed aiperf run straight to each
 simulator fills its prefix cache, so that no system pays for being first (bench/aiperf.py).
-Memory is
-measured last, each system started afresh and alone. Measured one after
+Memory is measured last, each system started afresh and alone. Measured one after
 another, minutes apart, the same ratio moved by up to 0.5 between runs on this machine.
 Results: bench/results/peers.json, docs/benchmarks.md between the peers markers, and
 docs/img/peers-*.png.
@@ -47,7 +46,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.aiperf import PIN as AIPERF_PIN
-from bench.aiperf import engine_ttft, mean_ms_since, run_aiperf, warm_prefix_caches
+from bench.aiperf import engine_ttft, mean_ms_since, run_aiperf, stat, warm_prefix_caches
 from bench.common import (
     BIN,
     CHAT,
@@ -126,6 +125,7 @@ class LlmCell:
     # the client's TTFT adds to it happened outside the engine (router, client, the CPU).
     engine_ttft_ms: float = math.nan
     cpu_us: float | None = None  # the router's CPU per request over the cell
+    ttft_mean_ms: float = math.nan  # at the client, beside the engines' mean
 
 
 @dataclass
@@ -306,11 +306,6 @@ def start_engines(fleet: Fleet, profile: str) -> list[str]:
     return urls
 
 
-def _stat(data: dict[str, object], name: str, key: str) -> float:
-    value = data.get(name)
-    return float(value.get(key, float("nan"))) if isinstance(value, dict) else float("nan")
-
-
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
     for name, pins in PINS.items():
@@ -383,6 +378,7 @@ def _median_llm(samples: list[LlmCell]) -> LlmCell:
         mid(r.latency_p50_ms for r in samples),
         engine_ttft_ms=mid(r.engine_ttft_ms for r in samples),
         cpu_us=_mid(r.cpu_us for r in samples),
+        ttft_mean_ms=mid(r.ttft_mean_ms for r in samples),
     )
 
 
@@ -451,24 +447,25 @@ class Bench:
         seen, cpu = engine_ttft(engines), tree_cpu_seconds(pids)
         data = run_aiperf(running.url, self.tmp, requests)
         cpu = tree_cpu_seconds(pids) - cpu
-        engine_ms = mean_ms_since(seen, engine_ttft(engines))
+        now = engine_ttft(engines)
+        # Every request the engines answered, aiperf's warm-up included, as the CPU is.
+        answered = now[1] - seen[1] if math.isfinite(seen[0] + now[0]) else 0
         errors = data.get("error_request_count")
-        done = _stat(data, "request_count", "avg")
         self.bar.update()
         return LlmCell(
             profile,
             system,
-            int(_stat(data, "request_count", "avg")),
+            int(stat(data, "request_count", "avg")),
             int(errors.get("avg", 0)) if isinstance(errors, dict) else 0,
-            _stat(data, "request_throughput", "avg"),
-            _stat(data, "time_to_first_token", "p50"),
-            _stat(data, "time_to_first_token", "p99"),
-            _stat(data, "inter_token_latency", "p50"),
-            _stat(data, "request_latency", "p50"),
+            stat(data, "request_throughput", "avg"),
+            stat(data, "time_to_first_token", "p50"),
+            stat(data, "time_to_first_token", "p99"),
+            stat(data, "inter_token_latency", "p50"),
+            stat(data, "request_latency", "p50"),
             rnd + 1,
-            engine_ms,
-            # Over the whole run, aiperf's own start and warm-up included.
-            cpu * 1e6 / done if pids and done > 0 else None,
+            mean_ms_since(seen, now),
+            cpu * 1e6 / answered if pids and answered > 0 else None,
+            stat(data, "time_to_first_token", "avg"),
         )
 
     def memory(self, profile: str, system: str, engines: list[str], conns: int) -> None:

@@ -282,22 +282,24 @@ def render(report: Report, seconds: int, images: list[Path]) -> str:
         "tokens, server-reported token counts, 32 warm-up requests:",
         "",
         "| profile | system | requests | errors | req/s | TTFT p50 ms | TTFT p99 ms "
-        "| engine TTFT mean ms | ITL p50 ms | latency p50 ms | CPU/req (us) |",
-        "| --- | --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
+        "| TTFT mean ms | engine TTFT mean ms | ITL p50 ms | latency p50 ms | CPU/req (us) |",
+        "| --- | --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |",
     ]
     for r in report.llm:
         lines.append(
             f"| {r.profile} | {r.system} | {r.requests} | {r.errors} | {r.rps:,.0f} | "
-            f"{r.ttft_p50_ms:.2f} | {r.ttft_p99_ms:.2f} | {r.engine_ttft_ms:.2f} | "
+            f"{r.ttft_p50_ms:.2f} | {r.ttft_p99_ms:.2f} | {r.ttft_mean_ms:.2f} | "
+            f"{r.engine_ttft_ms:.2f} | "
             f"{r.itl_p50_ms:.3f} | {r.latency_p50_ms:.2f} | {_fmt(r.cpu_us)} |"
         )
     lines += [
         "",
         "Engine TTFT is the mean the simulators measured themselves over the same run (from "
-        "reading the request to writing its first token); what the client's TTFT adds to it "
-        "was spent in the router, in aiperf's own loop and waiting for a core. CPU per "
-        "request is the router's process tree over the whole aiperf run, its start and "
-        "warm-up included.",
+        "reading a request until its first token is ready; aiperf's warm-up requests "
+        "included); what the client's mean TTFT adds to it was spent in the router, in "
+        "aiperf's own loop and waiting for a core. CPU per request is the router's process "
+        "tree over the whole aiperf run, its start included, divided by every request the "
+        "engines answered, warm-up included.",
     ]
     lines += [
         "",

@@ -40,7 +40,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -69,7 +69,7 @@ from bench.common import (
     venv,
     wait_http,
 )
-from bench.peers_report import plots, render
+from bench.peers_report import Cell, LlmCell, Report, plots, render
 
 PINS = {
     "litellm": ["litellm[proxy]==1.100.5"],
@@ -91,60 +91,6 @@ PROFILES = {
     ],
 }
 SYSTEMS = ["direct", "hivenet", "litellm", "vllm-router", "sglang-router"]
-
-
-@dataclass
-class Cell:
-    profile: str
-    system: str
-    load: str
-    concurrency: int
-    requests: int
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    errors: int
-    cpu_us: float | None
-    router_cpu_us: float | None = None  # the router process alone (agents left out)
-    round: int = 0  # the round a sample is from; 0 for the medians
-
-
-@dataclass
-class LlmCell:
-    profile: str
-    system: str
-    requests: int
-    errors: int
-    rps: float
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    itl_p50_ms: float
-    latency_p50_ms: float
-    round: int = 0
-    # Mean time to first token the simulators themselves measured during the cell: what
-    # the client's TTFT adds to it happened outside the engine (router, client, the CPU).
-    engine_ttft_ms: float = math.nan
-    cpu_us: float | None = None  # the router's CPU per request over the cell
-    ttft_mean_ms: float = math.nan  # at the client, beside the engines' mean
-
-
-@dataclass
-class Report:
-    machine: str
-    started: str
-    versions: dict[str, str]
-    commands: dict[str, str]
-    cells: list[Cell] = field(default_factory=list)
-    llm: list[LlmCell] = field(default_factory=list)
-    peak_rss_mb: dict[str, float] = field(default_factory=dict)
-    peak_pss_mb: dict[str, float] = field(default_factory=dict)
-    idle_cpu_percent: dict[str, float] = field(default_factory=dict)
-    idle_seconds: float = 0.0  # the window idle CPU was measured over
-    notes: list[str] = field(default_factory=list)
-    rounds: int = 1
-    alone: list[str] = field(default_factory=list)  # measured by themselves, not in turns
-    samples: list[Cell] = field(default_factory=list)  # every round's cells
-    llm_samples: list[LlmCell] = field(default_factory=list)
 
 
 @dataclass

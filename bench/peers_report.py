@@ -2,18 +2,70 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-if TYPE_CHECKING:
-    from bench.peers import Cell, Report
+
+@dataclass
+class Cell:
+    profile: str
+    system: str
+    load: str
+    concurrency: int
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    cpu_us: float | None
+    router_cpu_us: float | None = None  # the router process alone (agents left out)
+    round: int = 0  # the round a sample is from; 0 for the medians
+
+
+@dataclass
+class LlmCell:
+    profile: str
+    system: str
+    requests: int
+    errors: int
+    rps: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    latency_p50_ms: float
+    round: int = 0
+    # Mean time to first token the simulators themselves measured during the cell: what
+    # the client's TTFT adds to it happened outside the engine (router, client, the CPU).
+    engine_ttft_ms: float = math.nan
+    cpu_us: float | None = None  # the router's CPU per request over the cell
+    ttft_mean_ms: float = math.nan  # at the client, beside the engines' mean
+
+
+@dataclass
+class Report:
+    machine: str
+    started: str
+    versions: dict[str, str]
+    commands: dict[str, str]
+    cells: list[Cell] = field(default_factory=list)
+    llm: list[LlmCell] = field(default_factory=list)
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    peak_pss_mb: dict[str, float] = field(default_factory=dict)
+    idle_cpu_percent: dict[str, float] = field(default_factory=dict)
+    idle_seconds: float = 0.0  # the window idle CPU was measured over
+    notes: list[str] = field(default_factory=list)
+    rounds: int = 1
+    alone: list[str] = field(default_factory=list)  # measured by themselves, not in turns
+    samples: list[Cell] = field(default_factory=list)  # every round's cells
+    llm_samples: list[LlmCell] = field(default_factory=list)
 
 
 def _direct(cells: list[Cell]) -> dict[tuple[str, str, int], Cell]:

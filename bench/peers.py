@@ -46,7 +46,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.aiperf import PIN as AIPERF_PIN
-from bench.aiperf import engine_ttft, mean_ms_since, run_aiperf, stat, warm_prefix_caches
+from bench.aiperf import measure, stat, warm_prefix_caches
 from bench.common import (
     BIN,
     CHAT,
@@ -390,12 +390,8 @@ class Bench:
     ) -> LlmCell:
         self.bar.set_description(f"{profile} aiperf round {rnd + 1}: {system}")
         pids = [self.fleet.pid(p) for p in running.procs]
-        seen, cpu = engine_ttft(engines), tree_cpu_seconds(pids)
-        data = run_aiperf(running.url, self.tmp, requests)
-        cpu = tree_cpu_seconds(pids) - cpu
-        now = engine_ttft(engines)
-        # Every request the engines answered, aiperf's warm-up included, as the CPU is.
-        answered = now[1] - seen[1] if math.isfinite(seen[0] + now[0]) else 0
+        run = measure(running.url, engines, pids, self.tmp, requests)
+        data = run.data
         errors = data.get("error_request_count")
         self.bar.update()
         return LlmCell(
@@ -409,8 +405,8 @@ class Bench:
             stat(data, "inter_token_latency", "p50"),
             stat(data, "request_latency", "p50"),
             rnd + 1,
-            mean_ms_since(seen, now),
-            cpu * 1e6 / answered if pids and answered > 0 else None,
+            run.engine_ttft_ms,
+            run.cpu_us,
             stat(data, "time_to_first_token", "avg"),
         )
 

@@ -23,8 +23,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.aiperf import engine_ttft, mean_ms_since, run_aiperf, stat, warm_prefix_caches
-from bench.common import Fleet, tree_cpu_seconds
+from bench.aiperf import measure, stat, warm_prefix_caches
+from bench.common import Fleet
 from bench.peers import STARTERS, start_engines
 
 
@@ -51,16 +51,14 @@ def main() -> int:
         for rnd in range(args.rounds):
             for system in systems if rnd % 2 == 0 else systems[::-1]:
                 pids = [fleet.pid(p) for p in running[system].procs]
-                seen, cpu = engine_ttft(engines), tree_cpu_seconds(pids)
-                data = run_aiperf(running[system].url, tmp, args.requests)
-                cpu = tree_cpu_seconds(pids) - cpu
-                now = engine_ttft(engines)
-                engine_ms = mean_ms_since(seen, now)
-                mean = stat(data, "time_to_first_token", "avg")
+                run = measure(running[system].url, engines, pids, tmp, args.requests)
+                mean = stat(run.data, "time_to_first_token", "avg")
+                p50 = stat(run.data, "time_to_first_token", "p50")
+                engine_ms = run.engine_ttft_ms
                 outside[system].append(mean - engine_ms)
-                per = f"{cpu * 1e6 / (now[1] - seen[1]):8.0f}" if pids and now[1] > seen[1] else ""
+                per = "" if run.cpu_us is None else f"{run.cpu_us:8.0f}"
                 print(
-                    f"{rnd + 1:5d} {system:13s} {stat(data, 'time_to_first_token', 'p50'):8.2f} "
+                    f"{rnd + 1:5d} {system:13s} {p50:8.2f} "
                     f"{mean:6.2f} {engine_ms:12.2f} {mean - engine_ms:8.2f} {per}",
                     flush=True,
                 )

@@ -1,0 +1,153 @@
+"""One connection at a time: what CPU placement does to added latency and CPU per request.
+
+    python -m bench.placement                                    # 4 rounds, JSON and streams
+    python -m bench.placement --systems direct,hivenet --loads json --rounds 2
+
+First the price of waking a process on another CPU: two processes pass one byte back and
+forth over a pair of pipes, both on one CPU, on two different CPUs, and where the
+scheduler puts them. Then the systems of bench.peers (zero-latency simulators, wrk with
+one connection) with every process, the simulators and wrk included, on the first CPU,
+and spread over all of them as the scheduler likes; the two placements alternate, the
+order swapped every round. Prints medians of p50, p50 added over direct, and CPU per
+request of each system's processes and of the simulators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+from bench.common import Fleet, ensure_wrk, run_wrk, tree_cpu_seconds
+from bench.peers import STARTERS, Running, start_engines
+from bench.request_profile import BODIES
+
+# p50 us; CPU us/request of the system's processes, of its first (the router alone), and
+# of the simulators
+Sample = tuple[float, float, float, float]
+
+
+def pipe_round_trip(cpus: tuple[int, int] | None, trips: int = 3000) -> float:
+    """Microseconds for one byte to go to a child process and back, each side pinned to
+    its CPU (or wherever the scheduler puts it)."""
+    there, back = os.pipe(), os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child process
+        if cpus is not None:
+            os.sched_setaffinity(0, {cpus[1]})
+        for _ in range(trips):
+            os.read(there[0], 1)
+            os.write(back[1], b"x")
+        os._exit(0)
+    mine = os.sched_getaffinity(0)
+    try:
+        if cpus is not None:
+            os.sched_setaffinity(0, {cpus[0]})
+        time.sleep(0.05)
+        start = time.perf_counter()
+        for _ in range(trips):
+            os.write(there[1], b"x")
+            os.read(back[0], 1)
+        return (time.perf_counter() - start) / trips * 1e6
+    finally:
+        os.waitpid(child, 0)
+        os.sched_setaffinity(0, mine)
+        for fd in (*there, *back):
+            os.close(fd)
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of these processes, of their children and of this one, onto `cpus`
+    (wrk, started from here, inherits it)."""
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in (root, *root.children(recursive=True)):
+                for thread in proc.threads():
+                    os.sched_setaffinity(thread.id, cpus)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    os.sched_setaffinity(0, cpus)
+
+
+def measure(fleet: Fleet, run: Running, sims: list[int], load: str, seconds: int) -> Sample:
+    wrk, url = ensure_wrk(), run.url + "/v1/chat/completions"
+    folder = Path(tempfile.mkdtemp(prefix="placement-wrk-"))
+    run_wrk(wrk, url, BODIES[load], 1, 1, folder)  # the connection and caches warm
+    groups = [
+        [fleet.pid(name) for name in run.procs],
+        [fleet.pid(name) for name in run.procs[:1]],
+        sims,
+    ]
+    before = [tree_cpu_seconds(pids) for pids in groups]
+    got = run_wrk(wrk, url, BODIES[load], 1, seconds, folder)
+    per = 1e6 / max(got.requests, 1)
+    cpu = [(tree_cpu_seconds(pids) - was) * per for pids, was in zip(groups, before, strict=True)]
+    return got.p50_ms * 1000, cpu[0], cpu[1], cpu[2]
+
+
+def report(samples: dict[tuple[str, str, str], list[Sample]]) -> None:
+    print(
+        "\n| placement | system | load | p50 us | added us | CPU us/request | router alone |",
+        end="",
+    )
+    print(" simulators |\n| --- | --- | --- | --: | --: | --: | --: | --: |")
+    for (place, system, load), rows in sorted(samples.items()):
+        p50, cpu, alone, sims = (statistics.median(row[i] for row in rows) for i in range(4))
+        direct = samples.get((place, "direct", load))
+        added = p50 - statistics.median(r[0] for r in direct) if direct else float("nan")
+        print(
+            f"| {place} | {system} | {load} | {p50:.0f} | {added:+.0f} | {cpu:.0f} | {alone:.0f} "
+            f"| {sims:.0f} |"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", default="direct,hivenet,vllm-router")
+    parser.add_argument("--loads", default="json,sse")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=int, default=4)
+    args = parser.parse_args()
+    every = os.sched_getaffinity(0)
+    first = {min(every)}
+    if len(every) > 1:
+        two = (min(every), max(every))
+        for label, cpus in (("one CPU", (two[0], two[0])), ("two CPUs", two), ("unpinned", None)):
+            trips = sorted(pipe_round_trip(cpus) for _ in range(3))
+            print(
+                f"pipe round trip, {label}: {trips[1]:.1f} us "
+                f"(of 3: {trips[0]:.1f} to {trips[2]:.1f})"
+            )
+    tmp = Path(tempfile.mkdtemp(prefix="placement-"))
+    fleet = Fleet(tmp)
+    samples: dict[tuple[str, str, str], list[Sample]] = defaultdict(list)
+    try:
+        engines = start_engines(fleet, "zero")
+        sims = [fleet.pid(name) for name in fleet.procs]
+        runs = {system: STARTERS[system](fleet, engines, tmp) for system in args.systems.split(",")}
+        everyone = [fleet.pid(name) for name in fleet.procs]
+        places = [("one CPU", first), ("spread", every)]
+        for round_ in range(args.rounds):
+            for place, cpus in places if round_ % 2 == 0 else places[::-1]:
+                pin(everyone, cpus)
+                for system, run in runs.items():
+                    for load in args.loads.split(","):
+                        sample = measure(fleet, run, sims, load, args.seconds)
+                        samples[place, system, load].append(sample)
+            print(f"round {round_ + 1} of {args.rounds} done", flush=True)
+    finally:
+        pin([fleet.pid(name) for name in fleet.procs], every)
+        fleet.stop()
+    report(samples)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -35,6 +35,30 @@ def test_usage_is_read_from_the_top_level_key_only() -> None:
         assert got == expected, body
 
 
+def test_usage_members_are_read_as_they_are_named() -> None:
+    cases = {
+        # a null count is the count given: it does not fall back to the other name
+        b'{"usage": {"prompt_tokens": null, "input_tokens": 5, "completion_tokens": 2}}': (0, 2),
+        # counts that are not non-negative integers count as zero
+        b'{"usage": {"prompt_tokens": true, "completion_tokens": -3}}': (0, 0),
+        b'{"usage": {"prompt_tokens": 1.5, "completion_tokens": "4"}}': (0, 0),
+        b'{"usage": {"prompt_tokens": 99999999999999999999999, "completion_tokens": 1}}': (0, 1),
+        # the last of repeated members wins, as in every JSON reader the router uses
+        b'{"usage": {"prompt_tokens": 1}, "usage": {"completion_tokens": 4}}': (0, 4),
+        # a stray invalid byte in the text does not hide the usage
+        b'{"text": "\xff", "usage": {"prompt_tokens": 1, "completion_tokens": 2}}': (1, 2),
+        b' {"usage": {"input_tokens": 1, "output_tokens": 2}} \n': (1, 2),
+        b'{"usage": {}}': None,
+        b'{"usage": [1, 2]}': None,
+        b'{"usage": "many"}': None,
+        b'[{"usage": {"prompt_tokens": 1}}]': None,
+    }
+    for body, expected in cases.items():
+        usage = from_body(body)
+        got = None if usage is None else (usage.input_tokens, usage.output_tokens)
+        assert got == expected, body
+
+
 def test_stream_meter_openai_and_anthropic() -> None:
     meter = StreamMeter()
     meter.feed(b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n')

@@ -8,8 +8,10 @@ forth over a pair of pipes, both on one CPU, on two different CPUs, and where th
 scheduler puts them. Then the systems of bench.peers (zero-latency simulators, wrk with
 one connection) with every process, the simulators and wrk included, on the first CPU,
 and spread over all of them as the scheduler likes; the two placements alternate, the
-order swapped every round. Prints medians of p50, p50 added over direct, and CPU per
-request of each system's processes and of the simulators.
+order swapped every round. Prints every cell as it is measured (the machine's own swings
+show as the simulators' CPU per request moving with everyone else's), then medians of
+p50, p50 added over direct, and CPU per request of each system's processes, of the router
+process alone and of the simulators.
 """
 
 from __future__ import annotations
@@ -119,8 +121,8 @@ def main() -> int:
     first = {min(every)}
     if len(every) > 1:
         two = (min(every), max(every))
-        for label, cpus in (("one CPU", (two[0], two[0])), ("two CPUs", two), ("unpinned", None)):
-            trips = sorted(pipe_round_trip(cpus) for _ in range(3))
+        for label, pair in (("one CPU", (two[0], two[0])), ("two CPUs", two), ("unpinned", None)):
+            trips = sorted(pipe_round_trip(pair) for _ in range(3))
             print(
                 f"pipe round trip, {label}: {trips[1]:.1f} us "
                 f"(of 3: {trips[0]:.1f} to {trips[2]:.1f})"
@@ -141,6 +143,12 @@ def main() -> int:
                     for load in args.loads.split(","):
                         sample = measure(fleet, run, sims, load, args.seconds)
                         samples[place, system, load].append(sample)
+                        p50, cpu, alone, theirs = sample
+                        print(
+                            f"  {place}, {system}, {load}: p50 {p50:.0f} us, CPU per request "
+                            f"{cpu:.0f} us (router {alone:.0f}, simulators {theirs:.0f})",
+                            flush=True,
+                        )
             print(f"round {round_ + 1} of {args.rounds} done", flush=True)
     finally:
         pin([fleet.pid(name) for name in fleet.procs], every)

@@ -43,8 +43,15 @@ def test_usage_members_are_read_as_they_are_named() -> None:
         b'{"usage": {"prompt_tokens": true, "completion_tokens": -3}}': (0, 0),
         b'{"usage": {"prompt_tokens": 1.5, "completion_tokens": "4"}}': (0, 0),
         b'{"usage": {"prompt_tokens": 99999999999999999999999, "completion_tokens": 1}}': (0, 1),
-        # the last of repeated members wins, as in every JSON reader the router uses
+        b'{"usage": {"prompt_tokens": 18446744073709551615, "completion_tokens": 1}}': (
+            2**64 - 1,
+            1,
+        ),
+        b'{"usage": {"prompt_tokens": 18446744073709551616, "completion_tokens": 1}}': (0, 1),
+        # the last of repeated members counts, whatever the earlier ones hold
         b'{"usage": {"prompt_tokens": 1}, "usage": {"completion_tokens": 4}}': (0, 4),
+        b'{"usage": [1], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}': (2, 3),
+        b'{"usage": {"prompt_tokens": 2}, "usage": null}': None,
         # a stray invalid byte in the text does not hide the usage
         b'{"text": "\xff", "usage": {"prompt_tokens": 1, "completion_tokens": 2}}': (1, 2),
         b' {"usage": {"input_tokens": 1, "output_tokens": 2}} \n': (1, 2),
@@ -57,6 +64,11 @@ def test_usage_members_are_read_as_they_are_named() -> None:
         usage = from_body(body)
         got = None if usage is None else (usage.input_tokens, usage.output_tokens)
         assert got == expected, body
+
+
+def test_an_answer_nested_too_deep_has_no_usage_and_raises_nothing() -> None:
+    deep = b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b', "usage": {"prompt_tokens": 1}}'
+    assert from_body(deep) is None
 
 
 def test_stream_meter_openai_and_anthropic() -> None:

@@ -156,10 +156,13 @@ class Answer:
         if self._closed:
             return
         self._closed = True
-        if self.body is not None:
-            self.usage = from_body(self.body) if self.status < 400 else None
-        elif self._meter is not None:
-            self.usage = self._meter.result()
+        try:
+            if self.body is not None:
+                self.usage = from_body(self.body) if self.status < 400 else None
+            elif self._meter is not None:
+                self.usage = self._meter.result()
+        except Exception:  # an answer no reader foresaw: unaccounted, but still closed
+            log.exception("reading an answer's usage failed")
         closers, self._closers = self._closers, []
         # Hooks close over their stages, which point back at this answer: dropping them
         # here frees a finished request by reference counting, not by a later cycle scan.

@@ -42,6 +42,20 @@ async def test_a_whole_answer_reports_its_usage_once_closed() -> None:
     assert seen == [(Outcome.OK, Usage(4, 2))] and answer.closed
 
 
+async def test_a_usage_reader_that_fails_still_lets_every_hook_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unforeseen(body: bytes) -> Usage | None:
+        raise ValueError("an answer no reader foresaw")
+
+    monkeypatch.setattr("hivenet_router.domain.answer.from_body", unforeseen)
+    answer = Answer(200, [], Whole(), body=b'{"usage": {"prompt_tokens": 4}}')
+    seen: list[tuple[Outcome, Usage | None]] = []
+    answer.on_close(lambda outcome, usage: seen.append((outcome, usage)))
+    await answer.close(Outcome.OK)
+    assert seen == [(Outcome.OK, None)] and answer.closed
+
+
 async def test_an_error_answer_has_no_usage() -> None:
     answer = Answer(400, [], Whole(), body=b'{"usage": {"prompt_tokens": 4}}')
     await answer.close(Outcome.OK)

@@ -1,22 +1,24 @@
 """One connection at a time: what CPU placement does to added latency and CPU per request.
 
     python -m bench.placement                                    # 4 rounds, JSON and streams
-    python -m bench.placement --systems direct,hivenet --loads json --rounds 2
+    python -m bench.placement --systems direct,hivenet --loads json-1k --rounds 2
 
 First the price of waking a process on another CPU: two processes pass one byte back and
 forth over a pair of pipes, both on one CPU, on two different CPUs, and where the
-scheduler puts them. Then the systems of bench.peers (zero-latency simulators, wrk with
-one connection) with every process, the simulators and wrk included, on the first CPU,
-and spread over all of them as the scheduler likes; the two placements alternate, the
-order swapped every round. Prints every cell as it is measured (the machine's own swings
-show as the simulators' CPU per request moving with everyone else's), then medians of
-p50, p50 added over direct, and CPU per request of each system's processes, of the router
-process alone and of the simulators.
+scheduler puts them. Then the systems of bench.peers with its loads (zero-latency
+simulators, 1 KB JSON answers and 50-chunk streams, wrk with one connection), every
+process (simulators and wrk included) pinned to the first CPU, and spread over all CPUs
+as the scheduler likes; the two placements alternate, the order swapped every round.
+Prints every cell as it is measured (the machine's own swings show as the simulators'
+CPU per request moving with everyone else's), then medians of p50, p50 added over
+direct, and CPU per request of each system's processes, of the router process alone and
+of the simulators.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -26,9 +28,8 @@ from pathlib import Path
 
 import psutil
 
-from bench.common import Fleet, ensure_wrk, run_wrk, tree_cpu_seconds
+from bench.common import LOADS, Fleet, ensure_wrk, run_wrk, tree_cpu_seconds
 from bench.peers import STARTERS, Running, start_engines
-from bench.request_profile import BODIES
 
 # p50 us; CPU us/request of the system's processes, of its first (the router alone), and
 # of the simulators
@@ -38,15 +39,23 @@ Sample = tuple[float, float, float, float]
 def pipe_round_trip(cpus: tuple[int, int] | None, trips: int = 3000) -> float:
     """Microseconds for one byte to go to a child process and back, each side pinned to
     its CPU (or wherever the scheduler puts it)."""
-    there, back = os.pipe(), os.pipe()
+    there_r, there_w = os.pipe()
+    back_r, back_w = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child process
-        if cpus is not None:
-            os.sched_setaffinity(0, {cpus[1]})
-        for _ in range(trips):
-            os.read(there[0], 1)
-            os.write(back[1], b"x")
-        os._exit(0)
+        try:
+            os.close(there_w)
+            os.close(back_r)
+            if cpus is not None:
+                os.sched_setaffinity(0, {cpus[1]})
+            for _ in range(trips):
+                if not os.read(there_r, 1):
+                    break  # the parent gave up
+                os.write(back_w, b"x")
+        finally:
+            os._exit(0)
+    os.close(there_r)
+    os.close(back_w)
     mine = os.sched_getaffinity(0)
     try:
         if cpus is not None:
@@ -54,41 +63,48 @@ def pipe_round_trip(cpus: tuple[int, int] | None, trips: int = 3000) -> float:
         time.sleep(0.05)
         start = time.perf_counter()
         for _ in range(trips):
-            os.write(there[1], b"x")
-            os.read(back[0], 1)
+            os.write(there_w, b"x")
+            os.read(back_r, 1)
         return (time.perf_counter() - start) / trips * 1e6
     finally:
+        os.close(there_w)  # a child still reading sees the end and leaves
+        os.close(back_r)
         os.waitpid(child, 0)
         os.sched_setaffinity(0, mine)
-        for fd in (*there, *back):
-            os.close(fd)
 
 
 def pin(pids: list[int], cpus: set[int]) -> None:
     """Every thread of these processes, of their children and of this one, onto `cpus`
-    (wrk, started from here, inherits it)."""
+    (wrk, started from here, inherits it). A thread or process that ends meanwhile is
+    skipped; the others are still pinned."""
     for pid in pids:
         try:
             root = psutil.Process(pid)
-            for proc in (root, *root.children(recursive=True)):
-                for thread in proc.threads():
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for proc in procs:
+            try:
+                threads = proc.threads()
+            except psutil.NoSuchProcess:
+                continue
+            for thread in threads:
+                with contextlib.suppress(ProcessLookupError):
                     os.sched_setaffinity(thread.id, cpus)
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            pass
     os.sched_setaffinity(0, cpus)
 
 
 def measure(fleet: Fleet, run: Running, sims: list[int], load: str, seconds: int) -> Sample:
     wrk, url = ensure_wrk(), run.url + "/v1/chat/completions"
     folder = Path(tempfile.mkdtemp(prefix="placement-wrk-"))
-    run_wrk(wrk, url, BODIES[load], 1, 1, folder)  # the connection and caches warm
+    run_wrk(wrk, url, LOADS[load], 1, 1, folder)  # the connection and caches warm
     groups = [
         [fleet.pid(name) for name in run.procs],
         [fleet.pid(name) for name in run.procs[:1]],
         sims,
     ]
     before = [tree_cpu_seconds(pids) for pids in groups]
-    got = run_wrk(wrk, url, BODIES[load], 1, seconds, folder)
+    got = run_wrk(wrk, url, LOADS[load], 1, seconds, folder)
     per = 1e6 / max(got.requests, 1)
     cpu = [(tree_cpu_seconds(pids) - was) * per for pids, was in zip(groups, before, strict=True)]
     return got.p50_ms * 1000, cpu[0], cpu[1], cpu[2]
@@ -102,10 +118,13 @@ def report(samples: dict[tuple[str, str, str], list[Sample]]) -> None:
     print(" simulators |\n| --- | --- | --- | --: | --: | --: | --: | --: |")
     for (place, system, load), rows in sorted(samples.items()):
         p50, cpu, alone, sims = (statistics.median(row[i] for row in rows) for i in range(4))
+        if system == "direct":
+            print(f"| {place} | {system} | {load} | {p50:.0f} | | | | {sims:.0f} |")
+            continue
         direct = samples.get((place, "direct", load))
-        added = p50 - statistics.median(r[0] for r in direct) if direct else float("nan")
+        added = f"{p50 - statistics.median(r[0] for r in direct):+.0f}" if direct else ""
         print(
-            f"| {place} | {system} | {load} | {p50:.0f} | {added:+.0f} | {cpu:.0f} | {alone:.0f} "
+            f"| {place} | {system} | {load} | {p50:.0f} | {added} | {cpu:.0f} | {alone:.0f} "
             f"| {sims:.0f} |"
         )
 
@@ -113,7 +132,7 @@ def report(samples: dict[tuple[str, str, str], list[Sample]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default="direct,hivenet,vllm-router")
-    parser.add_argument("--loads", default="json,sse")
+    parser.add_argument("--loads", default=",".join(LOADS))
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=int, default=4)
     args = parser.parse_args()

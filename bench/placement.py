@@ -94,9 +94,10 @@ def pin(pids: list[int], cpus: set[int]) -> None:
     os.sched_setaffinity(0, cpus)
 
 
-def measure(fleet: Fleet, run: Running, sims: list[int], load: str, seconds: int) -> Sample:
-    wrk, url = ensure_wrk(), run.url + "/v1/chat/completions"
-    folder = Path(tempfile.mkdtemp(prefix="placement-wrk-"))
+def measure(
+    fleet: Fleet, run: Running, sims: list[int], load: str, seconds: int, wrk: str
+) -> Sample:
+    url, folder = run.url + "/v1/chat/completions", fleet.tmp
     run_wrk(wrk, url, LOADS[load], 1, 1, folder)  # the connection and caches warm
     groups = [
         [fleet.pid(name) for name in run.procs],
@@ -146,7 +147,7 @@ def main() -> int:
                 f"pipe round trip, {label}: {trips[1]:.1f} us "
                 f"(of 3: {trips[0]:.1f} to {trips[2]:.1f})"
             )
-    tmp = Path(tempfile.mkdtemp(prefix="placement-"))
+    wrk, tmp = ensure_wrk(), Path(tempfile.mkdtemp(prefix="placement-"))
     fleet = Fleet(tmp)
     samples: dict[tuple[str, str, str], list[Sample]] = defaultdict(list)
     try:
@@ -160,7 +161,7 @@ def main() -> int:
                 pin(everyone, cpus)
                 for system, run in runs.items():
                     for load in args.loads.split(","):
-                        sample = measure(fleet, run, sims, load, args.seconds)
+                        sample = measure(fleet, run, sims, load, args.seconds, wrk)
                         samples[place, system, load].append(sample)
                         p50, cpu, alone, theirs = sample
                         print(

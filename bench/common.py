@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -58,6 +59,39 @@ def tree_cpu_seconds(pids: list[int]) -> float:
             except psutil.NoSuchProcess:
                 pass
     return total
+
+
+def tree_run_queue_seconds(pids: list[int]) -> float:
+    """Time the threads of these process trees spent runnable but waiting for a CPU (the
+    second field of /proc/PID/task/TID/schedstat). A thread that ended meanwhile takes its
+    share with it, which the long-lived processes measured here do not do."""
+    total = 0
+    for pid in pids:
+        for proc in _tree(pid):
+            tasks = Path(f"/proc/{proc.pid}/task")
+            try:
+                tids = [entry.name for entry in tasks.iterdir()]
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    fields = (tasks / tid / "schedstat").read_text().split()
+                except OSError:
+                    continue
+                total += int(fields[1]) if len(fields) > 1 else 0
+    return total / 1e9
+
+
+def cpu_pressure_seconds() -> float:
+    """The machine's time during which at least one thread waited for a CPU (Linux's
+    pressure stall information, "some" line of /proc/pressure/cpu); NaN where the kernel
+    does not keep it."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return math.nan
+    total = line.rpartition("total=")[2]
+    return int(total) / 1e6 if total.isdigit() else math.nan
 
 
 def tree_peak_rss_mb(pids: list[int]) -> float:

@@ -9,7 +9,9 @@ before: their prefix caches are empty) and take aiperf runs in turns, the order 
 every other round. For each run: aiperf's TTFT p50 and mean, the mean the simulators
 recorded for the same requests (from reading a request until its first token is ready),
 the difference of the two means (what happened outside the engine: the router, aiperf's
-own loop, waiting for a core), and the CPU of the router's processes per request answered.
+own loop, waiting for a core), and per request answered: the CPU of the router's
+processes, how long their threads waited for a CPU while runnable (schedstat), and how
+long any thread of the machine did (the kernel's CPU pressure figure, "some").
 
 Without --fill-caches the first run through each simulator pays for prefill that later
 runs find cached (aiperf sends the same prompts every run), which is why bench.peers
@@ -42,12 +44,17 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ttft-split-"))
     fleet = Fleet(tmp)
     outside: dict[str, list[float]] = {s: [] for s in systems}
+    p50s: dict[str, list[float]] = {s: [] for s in systems}
+    pressure: dict[str, list[float]] = {s: [] for s in systems}
     try:
         engines = start_engines(fleet, "realistic")
         running = {s: STARTERS[s](fleet, engines, tmp) for s in systems}
         if args.fill_caches:
             warm_prefix_caches(engines, tmp, args.requests)
-        print("round system        TTFT p50   mean  engine mean  outside  CPU us/request")
+        print(
+            "round system        TTFT p50   mean  engine mean  outside"
+            "  CPU us/req  waited us/req  pressure us/req"
+        )
         for rnd in range(args.rounds):
             for system in systems if rnd % 2 == 0 else systems[::-1]:
                 pids = [fleet.pid(p) for p in running[system].procs]
@@ -56,15 +63,20 @@ def main() -> int:
                 p50 = stat(run.data, "time_to_first_token", "p50")
                 engine_ms = run.engine_ttft_ms
                 outside[system].append(mean - engine_ms)
-                per = "" if run.cpu_us is None else f"{run.cpu_us:8.0f}"
+                p50s[system].append(p50)
+                pressure[system].append(run.pressure_us)
+                cpu = "" if run.cpu_us is None else f"{run.cpu_us:.0f}"
+                waited = "" if run.wait_us is None else f"{run.wait_us:.0f}"
                 print(
-                    f"{rnd + 1:5d} {system:13s} {p50:8.2f} "
-                    f"{mean:6.2f} {engine_ms:12.2f} {mean - engine_ms:8.2f} {per}",
+                    f"{rnd + 1:5d} {system:13s} {p50:8.2f} {mean:6.2f} {engine_ms:12.2f} "
+                    f"{mean - engine_ms:8.2f} {cpu:>11s} {waited:>14s} {run.pressure_us:16.0f}",
                     flush=True,
                 )
         for system in systems:
             print(
-                f"median outside the engine, {system}: {statistics.median(outside[system]):.2f} ms"
+                f"medians, {system}: TTFT p50 {statistics.median(p50s[system]):.2f} ms, "
+                f"outside the engine {statistics.median(outside[system]):.2f} ms, "
+                f"CPU pressure {statistics.median(pressure[system]):.0f} us per request"
             )
     finally:
         fleet.stop()

@@ -34,6 +34,7 @@ def loaded(module: str) -> set[str]:
                 "hivenet_router.policy",
                 "hivenet_router.auth",
                 "opentelemetry",
+                "grpc",
             ),
         ),
     ],

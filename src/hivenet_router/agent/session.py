@@ -1,7 +1,7 @@
 """How an agent gets a session from its router, and proves its peer ID with it.
 
 `RouterAuth` is the small interface the agent's lifecycle depends on; `GrpcRouterAuth`
-calls the router's authentication RPC (grpcio) through TLS 1.3 pinned to the key derived
+calls the router's authentication RPC (gRPC) through TLS 1.3 pinned to the key derived
 from the shared secret.
 """
 
@@ -14,20 +14,20 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import grpc
 import orjson
 
 from hivenet_router.agent.discovery import Listed, parse_routers
 from hivenet_router.config.values import ListenAddress, split_multiaddr
 from hivenet_router.transport import trust
+from hivenet_router.transport.grpc_unary import CallFailed, unary_call
 from hivenet_router.transport.identity import Identity
 from hivenet_router.transport.tls import RouterTlsIdentity
-from hivenet_router.transport.tunnel import relay
 
 SERVICE = "hivenet.auth.v1.AgentAuth"
 METHOD = "Authenticate"
 LINK_PATH = "/hivenet/link"
 CALL_TIMEOUT = 10.0
+TLS_NAME = "hivenet-router"  # the name in the router's derived certificate
 
 
 class RouterRejected(Exception):
@@ -64,57 +64,39 @@ async def call_authenticate(router: ListenAddress, tls: ssl.SSLContext, request:
     Raises RouterRejected when the router refuses (or its key is not the expected one) and
     ConnectionError when it cannot be reached.
     """
-    tunnel_errors: list[BaseException] = []
-
-    async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            upstream = await asyncio.open_connection(
-                router.host,
-                router.port,
-                ssl=tls,
-                server_hostname="hivenet-router",
-                ssl_handshake_timeout=CALL_TIMEOUT,
-            )
-        except (OSError, TimeoutError) as exc:
-            tunnel_errors.append(exc)
-            writer.close()
-            return
-        await relay((reader, writer), upstream)
-
-    listener = await asyncio.start_server(bridge, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
-                f"/{SERVICE}/{METHOD}"
+        async with asyncio.timeout(CALL_TIMEOUT):
+            reader, writer = await asyncio.open_connection(
+                router.host, router.port, ssl=tls, server_hostname=TLS_NAME
             )
-            return await call(request, timeout=CALL_TIMEOUT)
-    except grpc.aio.AioRpcError as exc:
-        raise _explain(exc, tunnel_errors) from None
-    finally:
-        listener.close()
-
-
-def _explain(exc: grpc.aio.AioRpcError, tunnel_errors: list[BaseException]) -> Exception:
-    for error in tunnel_errors:
-        if isinstance(error, ssl.SSLCertVerificationError):
-            return RouterRejected(
-                "the router's TLS key does not match the shared secret "
-                "(wrong secret, or a man in the middle)"
-            )
-        return ConnectionError(f"router unreachable: {error}")
-    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return ConnectionError(f"router unreachable: {exc.details()}")
-    return RouterRejected(f"{exc.code().name}: {exc.details()}")
+    except ssl.SSLCertVerificationError:
+        raise RouterRejected(
+            "the router's TLS key does not match the shared secret "
+            "(wrong secret, or a man in the middle)"
+        ) from None
+    except TimeoutError:
+        message = f"router unreachable: no TLS session within {CALL_TIMEOUT:g} s"
+        raise ConnectionError(message) from None
+    except OSError as exc:
+        raise ConnectionError(f"router unreachable: {exc}") from None
+    try:
+        return await unary_call(
+            reader,
+            writer,
+            authority=TLS_NAME,
+            path=f"/{SERVICE}/{METHOD}",
+            request=request,
+            timeout=CALL_TIMEOUT,
+        )
+    except CallFailed as exc:
+        if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            raise ConnectionError(f"router unreachable: {exc.details}") from None
+        raise RouterRejected(str(exc)) from None
 
 
 class GrpcRouterAuth:
-    """One authentication = one gRPC call through a fresh pinned TLS connection.
-
-    grpcio cannot verify an Ed25519 server key itself, so its channel talks plaintext
-    HTTP/2 to a one-shot listener on this host's loopback, which relays into a TLS 1.3
-    connection that accepts exactly the router's derived certificate.
-    """
+    """One authentication = one gRPC call through a fresh TLS 1.3 connection that accepts
+    exactly the router's derived certificate (transport/grpc_unary.py speaks the call)."""
 
     def __init__(
         self,

@@ -76,9 +76,20 @@ async def unary_call(
 ) -> bytes:
     """Send `request` as the one message of a call to `path` ("/package.Service/Method")
     and return the answer's message. Raises CallFailed. Closes the connection."""
+    headers = [
+        (":method", "POST"),
+        (":scheme", "https"),
+        (":path", path),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        ("grpc-timeout", f"{max(1, int(timeout * 1000))}m"),
+    ]
+    # One uncompressed message: a zero flag byte, its length (u32), the bytes.
+    message = b"\x00" + len(request).to_bytes(4, "big") + request
     try:
         async with asyncio.timeout(timeout):
-            return await _exchange(reader, writer, authority, path, request, timeout)
+            return await _exchange(reader, writer, headers, message)
     except TimeoutError:
         raise CallFailed("DEADLINE_EXCEEDED", f"no answer within {timeout:g} s") from None
     except h2.exceptions.ProtocolError as exc:
@@ -94,31 +105,17 @@ async def unary_call(
 async def _exchange(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    authority: str,
-    path: str,
-    request: bytes,
-    timeout: float,
+    headers: list[tuple[str, str]],
+    message: bytes,
 ) -> bytes:
     conn = h2.connection.H2Connection(
         config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
     )
     conn.initiate_connection()
     stream = conn.get_next_available_stream_id()
-    conn.send_headers(
-        stream,
-        [
-            (":method", "POST"),
-            (":scheme", "https"),
-            (":path", path),
-            (":authority", authority),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            ("grpc-timeout", f"{max(1, int(timeout * 1000))}m"),
-        ],
-    )
-    # One uncompressed message: a zero flag byte, its length (u32), the bytes; sent as the
-    # stream's flow-control window allows.
-    outgoing = _Outgoing(conn, stream, b"\x00" + len(request).to_bytes(4, "big") + request)
+    conn.send_headers(stream, headers)
+    # The message goes as the stream's flow-control window allows.
+    outgoing = _Outgoing(conn, stream, message)
     outgoing.send()
     writer.write(conn.data_to_send())
     await writer.drain()

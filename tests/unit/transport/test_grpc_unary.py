@@ -124,32 +124,31 @@ async def plain_server(
     return server, server.sockets[0].getsockname()[1]
 
 
-async def test_a_peer_that_hangs_up_is_unavailable() -> None:
-    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    pass
+
+
+async def speak_http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.read(100)
+    writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    await writer.drain()
+    while await reader.read(1024):  # until the client hangs up
         pass
 
-    server, port = await plain_server(hang_up)
+
+@pytest.mark.parametrize(
+    ("peer", "code"),
+    [(hang_up, "UNAVAILABLE"), (speak_http1, "INTERNAL")],
+    ids=["hangs up", "speaks HTTP/1.1"],
+)
+async def test_a_peer_that_is_no_grpc_server_fails_the_call(
+    peer: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], code: str
+) -> None:
+    server, port = await plain_server(peer)
     try:
         with pytest.raises(CallFailed) as caught:
             await call(port, b"{}")
-        assert caught.value.code == "UNAVAILABLE"
-    finally:
-        server.close()
-
-
-async def test_a_peer_that_is_not_http2_is_an_internal_error() -> None:
-    async def speak_http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(100)
-        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        while await reader.read(1024):  # until the client hangs up
-            pass
-
-    server, port = await plain_server(speak_http1)
-    try:
-        with pytest.raises(CallFailed) as caught:
-            await call(port, b"{}")
-        assert caught.value.code == "INTERNAL"
+        assert caught.value.code == code
     finally:
         server.close()
 

@@ -119,7 +119,7 @@ async def _exchange(
     outgoing.send()
     writer.write(conn.data_to_send())
     await writer.drain()
-    answer = Answer()
+    answer = _Answer()
     first = True
     while not answer.ended:
         data = await reader.read(_READ)
@@ -163,7 +163,7 @@ class _Outgoing:
         self._rest = rest
 
 
-class Answer:
+class _Answer:
     """The answer on one stream, gathered from h2's events."""
 
     def __init__(self) -> None:

@@ -153,6 +153,36 @@ async def test_a_peer_that_is_no_grpc_server_fails_the_call(
         server.close()
 
 
+async def test_a_call_abandoned_or_out_of_time_closes_its_connection() -> None:
+    """The connection goes when the deadline passes and when the caller is cancelled:
+    the peer, which never answers, reads the end of it."""
+    ended: list[asyncio.Event] = []
+
+    async def listen_silently(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        done = asyncio.Event()
+        ended.append(done)
+        while await reader.read(1024):
+            pass
+        done.set()
+
+    server, port = await plain_server(listen_silently)
+    try:
+        with pytest.raises(CallFailed, match="DEADLINE_EXCEEDED"):
+            await call(port, b"{}", timeout=0.2)
+        abandoned = asyncio.create_task(call(port, b"{}"))
+        while len(ended) < 2:
+            await asyncio.sleep(0.01)
+        abandoned.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await abandoned
+        assert len(ended) == 2
+        async with asyncio.timeout(5):
+            for done in ended:
+                await done.wait()
+    finally:
+        server.close()
+
+
 @pytest.fixture
 def contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A router's server context for one secret, and an agent's client context for

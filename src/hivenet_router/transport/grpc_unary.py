@@ -13,7 +13,6 @@ gRPC status name and its message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from urllib.parse import unquote
 
 import h2.config
@@ -98,8 +97,10 @@ async def unary_call(
         raise CallFailed("UNAVAILABLE", f"connection failed: {exc}") from None
     finally:
         writer.close()
-        with contextlib.suppress(Exception):
+        try:
             await asyncio.wait_for(writer.wait_closed(), 1.0)
+        except Exception:  # TLS's close not answered in time, or the peer reset it
+            writer.transport.abort()
 
 
 async def _exchange(

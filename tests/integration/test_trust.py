@@ -10,7 +10,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import aiohttp
 import httpx2 as httpx
 import jwt
 import orjson
@@ -18,7 +17,7 @@ import pytest
 
 from hivenet_router.agent.session import RouterRejected, call_authenticate
 from hivenet_router.config.values import ListenAddress
-from hivenet_router.transport import frames, trust
+from hivenet_router.transport import frames, trust, websocket
 from hivenet_router.transport.identity import Identity
 from hivenet_router.transport.link import ROUTER_PROTOCOL, Link
 from hivenet_router.transport.tls import RouterTlsIdentity
@@ -47,7 +46,6 @@ class FakeAgent:
     link: Link
     session: dict[str, object]
     reader: asyncio.Task[None]
-    http: aiohttp.ClientSession
 
     async def register(self, identity: Identity, **changes: object) -> int:
         challenge = base64.b64decode(str(self.session["challenge"]))
@@ -71,22 +69,22 @@ class FakeAgent:
 async def connect(
     router: Router, secret: bytes, token: str, session: dict[str, object]
 ) -> AsyncIterator[FakeAgent]:
+    """A link opened the way an agent opens it (the agent's own WebSocket client)."""
     tls = RouterTlsIdentity.from_secret(secret).client_context()
-    async with aiohttp.ClientSession() as http:
-        ws = await http.ws_connect(
-            f"wss://127.0.0.1:{router.p2p}/hivenet/link",
-            ssl=tls,
-            headers={"Authorization": f"Bearer {token}"},
-            max_msg_size=frames.WS_MAX_MSG_SIZE,
-        )
-        link = Link(ws, dialer=True, handlers={}, name="fake")
-        reader = asyncio.create_task(link.run())
-        try:
-            yield FakeAgent(link, session, reader, http)
-        finally:
-            await link.close()
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+    ws = await websocket.connect(
+        f"wss://127.0.0.1:{router.p2p}/hivenet/link",
+        ssl_context=tls,
+        headers={"Authorization": f"Bearer {token}"},
+        max_size=frames.MAX_FRAME,
+    )
+    link = Link(ws, dialer=True, handlers={}, name="fake")
+    reader = asyncio.create_task(link.run())
+    try:
+        yield FakeAgent(link, session, reader)
+    finally:
+        await link.close()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
 
 
 async def session_for(router: Router, secret: bytes, identity: Identity) -> dict[str, object]:
@@ -202,7 +200,7 @@ async def test_stolen_and_forged_registrations(make_cluster: Cluster) -> None:
 async def test_no_session_no_connection(make_cluster: Cluster) -> None:
     router = make_cluster.router()
     secret = secret_of(make_cluster)
-    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+    with pytest.raises(websocket.HandshakeError) as info:
         async with connect(router, secret, "made-up-token", {}):
             pass
     assert info.value.status == 401
@@ -218,7 +216,7 @@ async def test_session_replayed_after_removal_is_refused(make_cluster: Cluster) 
         assert await fake.register(identity) == 200
         # No heartbeats: removed after --remove-after (5s); removal revokes the session.
         wait_until(lambda: MODEL not in router.models(), timeout=10)
-    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+    with pytest.raises(websocket.HandshakeError) as info:
         async with connect(router, secret, token, session):
             pass
     assert info.value.status == 401
@@ -231,7 +229,7 @@ async def test_connection_flood_from_one_address(make_cluster: Cluster) -> None:
     session = await session_for(router, secret, identity)
     token = str(session["session_token"])
     async with connect(router, secret, token, session), connect(router, secret, token, session):
-        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+        with pytest.raises(websocket.HandshakeError) as info:
             async with connect(router, secret, token, session):
                 pass
         assert info.value.status == 429

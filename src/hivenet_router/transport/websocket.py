@@ -52,6 +52,10 @@ from hivenet_router.transport.wsframes import (
     encode_frame,
 )
 
+# How long a closing client waits for its connection to go once the WebSocket is closed
+# (TLS says goodbye too); past it the connection is aborted.
+GONE_WAIT = 1.0
+
 __all__ = [
     "BINARY",
     "CLOSE",
@@ -287,6 +291,7 @@ class WebSocketClient(WebSocket):
         self._accept = ""
         self._upgrade = False  # Upgrade: websocket
         self._connection = False  # Connection: ... upgrade ...
+        self._gone: asyncio.Future[None] = self._loop.create_future()  # the connection is lost
 
     # -- the handshake (httptools callbacks) -----------------------------------------------------
 
@@ -357,7 +362,23 @@ class WebSocketClient(WebSocket):
         if not self._handshake.done():
             self._handshake.set_exception(ConnectionResetError("connection lost in handshake"))
             self._handshake.exception()
+        if not self._gone.done():
+            self._gone.set_result(None)
         super()._on_lost(exc)
+
+    async def close(
+        self, *, code: int = CLOSE_NORMAL, message: bytes = b"", timeout: float = 2.0
+    ) -> bool:
+        """Close the WebSocket, then wait (bounded) until the connection itself is gone: a
+        closed client holds no socket, even when the server never answers TLS's goodbye."""
+        await super().close(code=code, message=message, timeout=timeout)
+        if not self._gone.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(GONE_WAIT):
+                    await asyncio.shield(self._gone)
+        if not self._gone.done() and self._transport is not None:
+            self._transport.abort()
+        return True
 
 
 async def connect(
@@ -390,7 +411,9 @@ async def connect(
     try:
         await socket._open(path, f"{host}:{port}", headers, timeout)
     except BaseException:
+        # A WebSocket that never opened has nothing to say goodbye with: the connection
+        # goes at once rather than after a TLS shutdown nobody waits for.
         if socket._transport is not None:
-            socket._transport.close()
+            socket._transport.abort()
         raise
     return socket

@@ -20,7 +20,7 @@ from hivenet_router.config.values import ListenAddress
 from hivenet_router.transport import frames, trust, websocket
 from hivenet_router.transport.identity import Identity
 from hivenet_router.transport.link import ROUTER_PROTOCOL, Link
-from hivenet_router.transport.tls import RouterTlsIdentity
+from hivenet_router.transport.tls import GRPC_ALPN, RouterTlsIdentity
 from tests.procs import Cluster, Router, wait_registered, wait_until
 
 MODEL = "m"
@@ -31,8 +31,10 @@ def secret_of(cluster: Cluster) -> bytes:
     return cluster.secret_file.read_bytes().strip()
 
 
-async def authenticate(router: Router, secret: bytes, body: dict[str, object]) -> dict[str, object]:
-    tls = RouterTlsIdentity.from_secret(secret).client_context()
+async def authenticate(
+    router: Router, secret: bytes, body: dict[str, object], alpn: tuple[str, ...] = ()
+) -> dict[str, object]:
+    tls = RouterTlsIdentity.from_secret(secret).client_context(alpn)
     answer = await call_authenticate(
         ListenAddress("127.0.0.1", router.grpc), tls, orjson.dumps(body)
     )
@@ -157,6 +159,23 @@ async def test_failed_attempts_are_rate_limited(make_cluster: Cluster) -> None:
     # A real agent on the same address still gets in: only failures are throttled.
     good = trust.agent_token(secret, Identity.generate().peer_id)
     assert await authenticate(router, secret, {"token": good, "capacity": 1})
+
+
+async def test_the_grpc_port_selects_h2_for_clients_that_offer_it(make_cluster: Cluster) -> None:
+    """gRPC clients built on grpc-go refuse a server that selects no protocol in ALPN; the
+    router selects h2 when it is offered and serves clients that offer nothing as well."""
+    router = make_cluster.router()
+    secret = secret_of(make_cluster)
+    for offered, selected in ((GRPC_ALPN, "h2"), ((), None)):
+        tls = RouterTlsIdentity.from_secret(secret).client_context(offered)
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", router.grpc, ssl=tls, server_hostname="hivenet-router"
+        )
+        assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == selected
+        writer.transport.abort()  # the server's HTTP/2 greeting may cross a TLS goodbye
+        token = trust.agent_token(secret, Identity.generate().peer_id)
+        session = await authenticate(router, secret, {"token": token, "capacity": 1}, offered)
+        assert session["session_token"]
 
 
 async def test_agent_with_the_wrong_secret_refuses_the_router(make_cluster: Cluster) -> None:

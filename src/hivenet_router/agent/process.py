@@ -26,7 +26,7 @@ from hivenet_router.observability.spans import AgentTracing
 from hivenet_router.observability.spans import configured as tracing_configured
 from hivenet_router.transport import trust, wsmask
 from hivenet_router.transport.identity import Identity, IdentityError, load_or_create
-from hivenet_router.transport.tls import RouterTlsIdentity
+from hivenet_router.transport.tls import GRPC_ALPN, RouterTlsIdentity
 
 log = logging.getLogger("hivenet.agent")
 
@@ -48,7 +48,8 @@ class AgentProcess:
         self.secret = secret
         self.identity = identity
         self.tls = RouterTlsIdentity.from_secret(secret)
-        self._client_tls = self.tls.client_context()
+        self._client_tls = self.tls.client_context()  # the link (WebSocket over HTTP/1.1)
+        self._auth_tls = self.tls.client_context(GRPC_ALPN)  # the Authenticate call (gRPC, HTTP/2)
         # Sent on every request to the engine; never logged.
         self._backend_auth = (
             [("Authorization", f"Bearer {backend_api_key}")] if backend_api_key else []
@@ -58,7 +59,7 @@ class AgentProcess:
 
     def _grpc_auth(self, router: ListenAddress) -> RouterAuth:
         return GrpcRouterAuth(
-            router, self.secret, self.identity, self.config.capacity, self._client_tls
+            router, self.secret, self.identity, self.config.capacity, self._auth_tls
         )
 
     @classmethod

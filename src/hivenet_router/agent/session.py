@@ -21,7 +21,7 @@ from hivenet_router.config.values import ListenAddress, split_multiaddr
 from hivenet_router.transport import trust
 from hivenet_router.transport.grpc_unary import CallFailed, unary_call
 from hivenet_router.transport.identity import Identity
-from hivenet_router.transport.tls import RouterTlsIdentity
+from hivenet_router.transport.tls import GRPC_ALPN, RouterTlsIdentity
 
 SERVICE = "hivenet.auth.v1.AgentAuth"
 METHOD = "Authenticate"
@@ -110,8 +110,9 @@ class GrpcRouterAuth:
         self._secret = secret
         self._identity = identity
         self._capacity = capacity
-        # Every router of a site has the same key: one context serves them all.
-        self._tls = tls or RouterTlsIdentity.from_secret(secret).client_context()
+        # Every router of a site has the same key: one context serves them all. It offers
+        # HTTP/2 in ALPN, as every gRPC client does.
+        self._tls = tls or RouterTlsIdentity.from_secret(secret).client_context(GRPC_ALPN)
 
     async def authenticate(self) -> Session:
         token = trust.agent_token(self._secret, self._identity.peer_id)

@@ -44,7 +44,7 @@ from hivenet_router.router.wiring import Router, Shared, assemble, check_names
 from hivenet_router.storage.history import SqliteHistory, StoreInUse
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import peer_id_of
-from hivenet_router.transport.tls import RouterTlsIdentity, derive_key
+from hivenet_router.transport.tls import GRPC_ALPN, RouterTlsIdentity, derive_key
 
 log = logging.getLogger("hivenet.router")
 
@@ -175,7 +175,7 @@ class RouterProcess:
             remove_agent=lambda record: self._removed(router, background, record),
             reload=lambda: self._reload(router, "api"),
         )
-        auth_server = GrpcAuthServer(router.authenticator, self.tls.server_context())
+        auth_server = GrpcAuthServer(router.authenticator, self.tls.server_context(GRPC_ALPN))
         listening = await self._listen(router, auth_server)
         if listening is None:
             return 1

@@ -12,6 +12,7 @@ import datetime
 import os
 import ssl
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,10 @@ SALT = b"hivenet-router-grpc-tls-v2"
 INFO = b"ed25519"
 _NOT_BEFORE = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
 _NOT_AFTER = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
+# gRPC runs on HTTP/2, named "h2" in TLS's ALPN. Its clients offer it, and servers built on
+# grpc-go refuse a client that offers nothing (and clients built on it, a server that
+# selects nothing).
+GRPC_ALPN = ("h2",)
 
 
 def derive_key(secret: bytes) -> Ed25519PrivateKey:
@@ -71,9 +76,13 @@ class RouterTlsIdentity:
         )
         return cls(key_pem, cert.public_bytes(serialization.Encoding.PEM))
 
-    def server_context(self) -> ssl.SSLContext:
+    def server_context(self, alpn: Sequence[str] = ()) -> ssl.SSLContext:
+        """This certificate over TLS 1.3, selecting from `alpn` a protocol the client offers
+        (a client that offers none of them goes on without one)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
+        if alpn:
+            context.set_alpn_protocols(list(alpn))
         # ssl wants files; write them to a private directory that lives only for the load.
         with tempfile.TemporaryDirectory(prefix="hivenet-tls-") as folder:
             cert_path = Path(folder) / "cert.pem"
@@ -85,11 +94,14 @@ class RouterTlsIdentity:
             context.load_cert_chain(cert_path, key_path)
         return context
 
-    def client_context(self) -> ssl.SSLContext:
-        """A context that accepts exactly this certificate, over TLS 1.3."""
+    def client_context(self, alpn: Sequence[str] = ()) -> ssl.SSLContext:
+        """A context that accepts exactly this certificate, over TLS 1.3, offering the
+        application protocols in `alpn` (none by default)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.check_hostname = False
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(cadata=self.cert_pem.decode())
+        if alpn:
+            context.set_alpn_protocols(list(alpn))
         return context

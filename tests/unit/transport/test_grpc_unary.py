@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import grpc
 import pytest
 
-from hivenet_router.agent.session import RouterRejected, call_authenticate
+from hivenet_router.agent.session import GrpcRouterAuth, RouterRejected, call_authenticate
 from hivenet_router.config.values import ListenAddress
 from hivenet_router.transport.grpc_unary import CallFailed, unary_call
+from hivenet_router.transport.identity import Identity
 from hivenet_router.transport.tls import RouterTlsIdentity
 
 SERVICE = "test.Echo"
@@ -229,3 +231,38 @@ async def test_authenticate_reports_a_router_that_cannot_be_reached(
     tls = contexts[1]
     with pytest.raises(ConnectionError, match="router unreachable"):
         await call_authenticate(ListenAddress("127.0.0.1", port), tls, b"{}")
+
+
+@pytest.fixture
+def alpn_h2_router() -> Iterator[tuple[socket.socket, ssl.SSLContext, GrpcRouterAuth]]:
+    """A listening socket, a router's TLS context that selects h2 in ALPN, and an agent's
+    authentication for the same secret (all made outside the event loop: the contexts
+    read and write key files)."""
+    secret = b"a" * 32
+    server_tls = RouterTlsIdentity.from_secret(secret).server_context()
+    server_tls.set_alpn_protocols(["h2"])
+    listening = socket.create_server(("127.0.0.1", 0))
+    router = ListenAddress("127.0.0.1", listening.getsockname()[1])
+    with listening:
+        yield listening, server_tls, GrpcRouterAuth(router, secret, Identity.generate(), 4)
+
+
+async def test_the_agent_offers_http2_in_alpn(
+    alpn_h2_router: tuple[socket.socket, ssl.SSLContext, GrpcRouterAuth],
+) -> None:
+    """A gRPC server built on grpc-go refuses a TLS client that offers no application
+    protocol; the agent's Authenticate connection offers h2, as every gRPC client does."""
+    listening, server_tls, auth = alpn_h2_router
+    agreed: list[str | None] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        agreed.append(writer.get_extra_info("ssl_object").selected_alpn_protocol())
+        writer.close()
+
+    server = await asyncio.start_server(record, sock=listening, ssl=server_tls)
+    try:
+        with pytest.raises(ConnectionError):  # the stand-in hangs up after the handshake
+            await auth.authenticate()
+        assert agreed == ["h2"]
+    finally:
+        server.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -42,6 +43,23 @@ class Pair:
 
 
 @contextlib.asynccontextmanager
+async def dialled(
+    url: str, tls: ssl.SSLContext | None, headers: dict[str, str], name: str
+) -> AsyncIterator[tuple[Link, websocket.WebSocketClient, asyncio.Task[None]]]:
+    """A link dialled as an agent dials one (its own WebSocket client), read by a task, and
+    closed on the way out: the link, its WebSocket and the reading task."""
+    ws = await websocket.connect(url, ssl_context=tls, headers=headers, max_size=frames.MAX_FRAME)
+    link = Link(ws, dialer=True, handlers={}, name=name)
+    reader = asyncio.create_task(link.run())
+    try:
+        yield link, ws, reader
+    finally:
+        await link.close()
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
 async def link_pair(protocol: str, handler: Handler) -> AsyncIterator[Pair]:
     server_links: list[Link] = []
 
@@ -54,19 +72,12 @@ async def link_pair(protocol: str, handler: Handler) -> AsyncIterator[Pair]:
         return response
 
     runner = await serve_ws(accept)
-    ws = await websocket.connect(
-        ws_url(runner), ssl_context=None, headers={}, max_size=frames.MAX_FRAME
-    )
-    client = Link(ws, dialer=True, handlers={}, name="client")
-    reader = asyncio.create_task(client.run())
-    while not server_links:
-        await asyncio.sleep(0.01)
     try:
-        yield Pair(client, server_links, ws)
+        async with dialled(ws_url(runner), None, {}, "client") as (client, ws, _):
+            while not server_links:
+                await asyncio.sleep(0.01)
+            yield Pair(client, server_links, ws)
     finally:
-        await client.close()
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
         await runner.cleanup()
 
 

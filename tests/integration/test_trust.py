@@ -17,10 +17,11 @@ import pytest
 
 from hivenet_router.agent.session import RouterRejected, call_authenticate
 from hivenet_router.config.values import ListenAddress
-from hivenet_router.transport import frames, trust, websocket
+from hivenet_router.transport import trust, websocket
 from hivenet_router.transport.identity import Identity
 from hivenet_router.transport.link import ROUTER_PROTOCOL, Link
 from hivenet_router.transport.tls import GRPC_ALPN, RouterTlsIdentity
+from tests.linkpair import dialled
 from tests.procs import Cluster, Router, wait_registered, wait_until
 
 MODEL = "m"
@@ -73,20 +74,9 @@ async def connect(
 ) -> AsyncIterator[FakeAgent]:
     """A link opened the way an agent opens it (the agent's own WebSocket client)."""
     tls = RouterTlsIdentity.from_secret(secret).client_context()
-    ws = await websocket.connect(
-        f"wss://127.0.0.1:{router.p2p}/hivenet/link",
-        ssl_context=tls,
-        headers={"Authorization": f"Bearer {token}"},
-        max_size=frames.MAX_FRAME,
-    )
-    link = Link(ws, dialer=True, handlers={}, name="fake")
-    reader = asyncio.create_task(link.run())
-    try:
+    url = f"wss://127.0.0.1:{router.p2p}/hivenet/link"
+    async with dialled(url, tls, {"Authorization": f"Bearer {token}"}, "fake") as (link, _, reader):
         yield FakeAgent(link, session, reader)
-    finally:
-        await link.close()
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
 
 
 async def session_for(router: Router, secret: bytes, identity: Identity) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """Bad input under load: do good requests keep their throughput when a tenth are bad?
 
     make bench-bad-input                  # about 2 minutes
-    make bench-bad-input ARGS="--rounds 5 --seconds 10"
+    make bench-bad-input ARGS="--rounds 9 --seconds 8"
 
 Router and two agents in front of two zero-latency simulators, wrk at 256 connections.
 Two loads: only good requests (1 KB JSON answers), and the same load where one request in

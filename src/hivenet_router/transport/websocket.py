@@ -372,13 +372,17 @@ class WebSocketClient(WebSocket):
         """Close the WebSocket, then wait (bounded) until the connection itself is gone: a
         closed client holds no socket, even when the server never answers TLS's goodbye."""
         await super().close(code=code, message=message, timeout=timeout)
-        if not self._gone.done():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(GONE_WAIT):
-                    await asyncio.shield(self._gone)
-        if not self._gone.done() and self._transport is not None:
-            self._transport.abort()
+        if not await self._wait_gone() and self._transport is not None:
+            self._transport.abort()  # TLS's goodbye went unanswered
+            await self._wait_gone()  # the socket is closed a loop turn after the abort
         return True
+
+    async def _wait_gone(self) -> bool:
+        """Whether the connection ended within GONE_WAIT."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(GONE_WAIT):
+                await asyncio.shield(self._gone)
+        return self._gone.done()
 
 
 async def connect(

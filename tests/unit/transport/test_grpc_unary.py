@@ -17,7 +17,7 @@ from hivenet_router.agent.session import GrpcRouterAuth, RouterRejected, call_au
 from hivenet_router.config.values import ListenAddress
 from hivenet_router.transport.grpc_unary import CallFailed, unary_call
 from hivenet_router.transport.identity import Identity
-from hivenet_router.transport.tls import RouterTlsIdentity
+from hivenet_router.transport.tls import GRPC_ALPN, RouterTlsIdentity
 
 SERVICE = "test.Echo"
 Handler = Callable[[bytes, grpc.aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]
@@ -239,8 +239,7 @@ def alpn_h2_router() -> Iterator[tuple[socket.socket, ssl.SSLContext, GrpcRouter
     authentication for the same secret (all made outside the event loop: the contexts
     read and write key files)."""
     secret = b"a" * 32
-    server_tls = RouterTlsIdentity.from_secret(secret).server_context()
-    server_tls.set_alpn_protocols(["h2"])
+    server_tls = RouterTlsIdentity.from_secret(secret).server_context(GRPC_ALPN)
     listening = socket.create_server(("127.0.0.1", 0))
     router = ListenAddress("127.0.0.1", listening.getsockname()[1])
     with listening:

@@ -7,6 +7,8 @@ import asyncio
 import base64
 import hashlib
 import math
+import os
+import ssl
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,6 +17,7 @@ from aiohttp import WSMsgType, web
 from hivenet_router.http1 import coalesce
 from hivenet_router.http1.coalesce import FLUSH_AT
 from hivenet_router.transport import websocket
+from hivenet_router.transport.tls import RouterTlsIdentity
 from hivenet_router.transport.websocket import (
     CLOSE,
     ERROR,
@@ -190,3 +193,49 @@ async def test_a_101_without_the_upgrade_headers_is_refused() -> None:
     await asyncio.wait_for(finished.wait(), 5)  # the client closed its connection
     server.close()
     await server.wait_closed()
+
+
+@pytest.fixture
+def tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A router's server context and an agent's client context for one secret (made outside
+    the event loop: the server context writes its key to a scratch folder)."""
+    identity = RouterTlsIdentity.from_secret(b"w" * 32)
+    return identity.server_context(), identity.client_context()
+
+
+def open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_closed_client_holds_no_socket_when_the_server_goes_silent(
+    tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """A server that stops reading answers neither the close frame nor TLS's goodbye: the
+    client's close gives up on both and aborts, so its socket is closed when close returns
+    rather than when TLS's own shutdown timeout (30 s) ends it."""
+    closed = asyncio.Event()
+
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accept = await read_upgrade(reader)
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+        )
+        writer.transport.pause_reading()
+        await closed.wait()
+        writer.transport.abort()
+
+    server_tls, client_tls = tls_pair
+    server = await asyncio.start_server(deaf, "127.0.0.1", 0, ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        ws = await websocket.connect(
+            f"wss://127.0.0.1:{port}/", ssl_context=client_tls, headers={}, max_size=1024
+        )
+        both_ends = open_files()  # the client's socket and the server's end of it
+        async with asyncio.timeout(websocket.GONE_WAIT + 5):
+            await ws.close(timeout=0.2)
+        assert open_files() == both_ends - 1  # the server's end alone
+    finally:
+        closed.set()
+        server.close()

@@ -113,15 +113,20 @@ async def read_upgrade(reader: asyncio.StreamReader) -> bytes:
     return base64.b64encode(hashlib.sha1(accept, usedforsecurity=False).digest())
 
 
+async def accept_upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read a client's upgrade request and accept it with a well-formed 101."""
+    accept = await read_upgrade(reader)
+    writer.write(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+    )
+
+
 async def test_a_silent_server_is_given_up_after_the_heartbeat() -> None:
     done = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accept = await read_upgrade(reader)
-        writer.write(
-            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
-        )
+        await accept_upgrade(reader, writer)
         await done.wait()  # never answers a ping
         writer.close()
 
@@ -216,11 +221,7 @@ async def test_a_closed_client_holds_no_socket_when_the_server_goes_silent(
     closed = asyncio.Event()
 
     async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accept = await read_upgrade(reader)
-        writer.write(
-            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
-        )
+        await accept_upgrade(reader, writer)
         writer.transport.pause_reading()
         await closed.wait()
         writer.transport.abort()

@@ -113,7 +113,10 @@ def test_a_burst_of_identical_streams_reaches_the_engine_once(
     whole = streams[2]
     assert whole.endswith(b"data: [DONE]\n\n") and whole.count(b"data: ") > 30
     assert all(s == whole for s in streams[2:]) and streams[0] == whole  # the slow one too
-    assert whole.startswith(streams[1]) and len(streams[1]) < len(whole)
+    # The client that hangs up after its first piece got a prefix. On a loaded machine it
+    # can connect after the answer was whole (stored, or buffered for a late follower), and
+    # then its first piece is the whole answer; either way the others above were unharmed.
+    assert whole.startswith(streams[1]) and len(streams[1]) > 0
     wait_until(lambda: len(audit(router)) == 50)
     marks = sorted(record.get("cache", "") for record in audit(router))
     # One leader; the rest joined its call, or (a thread the loaded machine started late)

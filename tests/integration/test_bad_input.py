@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
+import openai
+import orjson
 import pytest
 
 from tests.procs import Cluster, Router, Sim, cluster, metric, wait_registered
@@ -102,6 +105,67 @@ def test_oversized_body_is_413(client: httpx.Client) -> None:
     reply = client.post(CHAT, json=body)
     assert reply.status_code == 413
     assert reply.json()["error"]["code"] == "request_too_large"
+
+
+def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One answer's head and body, read from a keep-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = sock.recv(65536)
+        assert piece, f"the router closed the connection: {data!r}"
+        data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+def _post(body: bytes, length: int | None = None) -> bytes:
+    declared = len(body) if length is None else length
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (declared, body)
+    )
+
+
+def test_an_oversized_body_keeps_its_connection_when_the_rest_is_small(
+    fleet: tuple[Router, Sim],
+) -> None:
+    """A 413 for a declared length: the router reads past the rest (up to 256 KiB) so that
+    the client's connection serves its next request; past that it closes the connection."""
+    router = fleet[0]
+    big = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 9000}]})
+    good = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    with socket.create_connection(("127.0.0.1", router.http), timeout=10) as sock:
+        for _ in range(2):
+            sock.sendall(_post(big))
+            head, body = _answer(sock)
+            assert head.startswith(b"HTTP/1.1 413") and b"connection: close" not in head.lower()
+            assert orjson.loads(body)["error"]["code"] == "request_too_large"
+            sock.sendall(_post(good))
+            head, body = _answer(sock)
+            assert head.startswith(b"HTTP/1.1 200"), body
+    with socket.create_connection(("127.0.0.1", router.http), timeout=10) as sock:
+        sock.sendall(_post(b"{", length=4096 + 256 * 1024 + 1))
+        head, _ = _answer(sock)
+        assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower()
+        sock.settimeout(5)
+        assert sock.recv(100) == b""  # closed (after a moment of reading, not a reset)
+
+
+def test_the_openai_sdk_goes_on_after_a_413(fleet: tuple[Router, Sim]) -> None:
+    with openai.OpenAI(base_url=fleet[0].url + "/v1", api_key="unused", max_retries=0) as sdk:
+        with pytest.raises(openai.APIStatusError) as refused:
+            sdk.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x" * 9000}]
+            )
+        assert refused.value.status_code == 413
+        assert refused.value.code == "request_too_large"
+        reply = sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.choices[0].message.content
 
 
 def test_unknown_model_is_404(client: httpx.Client) -> None:

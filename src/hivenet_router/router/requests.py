@@ -72,7 +72,9 @@ async def read_body(request: Request, timeout: float) -> bytes:
 
     Every way a body can be bad is the client's error with a stable code: too large (413),
     too slow (408), undecodable or cut short (400), in an encoding not offered (415). The
-    connection is then closed, since the rest of the body cannot be trusted to be skipped."""
+    connection is then closed, since the rest of the body cannot be trusted to be skipped;
+    except after a 413, where the HTTP server keeps it when the body was read to its end or
+    what is left of it is declared and small (it reads past that)."""
     try:
         if request.complete:
             # Already all here (the common case for a small body): no timer needed.
@@ -80,7 +82,6 @@ async def read_body(request: Request, timeout: float) -> bytes:
         async with asyncio.timeout(timeout):
             return await request.read()
     except BodyTooLarge as exc:
-        request.close = True
         raise ApiError(ErrorCode.REQUEST_TOO_LARGE, str(exc)) from None
     except TimeoutError:
         request.close = True

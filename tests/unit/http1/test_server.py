@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from hivenet_router.http1 import coalesce
+from hivenet_router.http1 import server as server_module
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.messages import Answer, BodyError, Request, Response, stream
 from hivenet_router.http1.server import HttpServer, Limits
@@ -48,7 +49,7 @@ class App:
             body = await request.read()
         except BodyError as exc:
             response = Response(str(exc).encode(), exc.status, "text/plain")
-            response.close = True
+            response.close = request.path != "/keep"  # /keep leaves it to the server
             return response
         text = f"{request.method} {request.path} {request.query} ".encode() + body
         return Response(text, 200, "text/plain")
@@ -158,6 +159,62 @@ async def test_bodies_over_the_limit_are_refused_declared_or_not(served: Served)
         writer.write(b"40\r\n" + b"z" * 64 + b"\r\n")
     status, _, _ = await answer(reader)
     assert status.startswith(b"HTTP/1.1 413")
+    writer.close()
+
+
+async def test_a_refused_body_of_declared_length_is_read_past_and_the_connection_kept(
+    served: Served,
+) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /keep HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + b"a" * 300)
+    status, headers, _ = await answer(reader)  # refused before the rest arrives
+    assert status.startswith(b"HTTP/1.1 413") and "connection" not in headers
+    writer.write(b"b" * 700 + b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert (await answer(reader))[2] == b"GET /next {} "
+    # Head and whole body in one piece (refused after it was all read): kept too.
+    writer.write(b"POST /keep HTTP/1.1\r\nContent-Length: 500\r\n\r\n" + b"c" * 500)
+    assert (await answer(reader))[0].startswith(b"HTTP/1.1 413")
+    writer.write(b"GET /last HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert (await answer(reader))[2] == b"GET /last {} "
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"Content-Length: %d\r\n" % (server_module.SKIP_LIMIT + 101),  # too much left to read
+        b"Transfer-Encoding: chunked\r\n",  # no telling how much is left
+        b"Content-Length: 1000\r\nExpect: 100-continue\r\n",  # it may never come
+    ],
+)
+async def test_a_refused_body_that_cannot_be_read_past_closes_the_connection(
+    served: Served, head: bytes
+) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /keep HTTP/1.1\r\n" + head + b"\r\n")
+    if b"chunked" in head:
+        writer.write(b"80\r\n" + b"z" * 128 + b"\r\n")
+    status, headers, _ = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 413") and headers["connection"] == "close"
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_a_client_that_stalls_in_a_refused_body_is_closed_when_idle(
+    served: Served,
+) -> None:
+    server, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /keep HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
+    status, headers, _ = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 413") and "connection" not in headers
+    assert len(server.connections) == 1
+    started = asyncio.get_running_loop().time()
+    assert await closed(reader)  # the idle sweep (0.4 s here), not a wait for the rest
+    assert asyncio.get_running_loop().time() - started < 3
+    assert not server.connections
     writer.close()
 
 

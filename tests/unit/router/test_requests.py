@@ -62,7 +62,8 @@ async def test_bodies_are_decoded_within_the_limit() -> None:
     bomb = _request(("Content-Encoding", "gzip"), body=gzip.compress(b" " * 100_000))
     with pytest.raises(ApiError) as info:
         await read_body(bomb, 1.0)
-    assert info.value.code is ErrorCode.REQUEST_TOO_LARGE and bomb.close
+    # Read to its end: the HTTP server may keep the connection (it decides, not read_body).
+    assert info.value.code is ErrorCode.REQUEST_TOO_LARGE and not bomb.close
     for encoding, status in (("br", 415), ("gzip", 400)):
         broken = _request(("Content-Encoding", encoding), body=b"not compressed")
         with pytest.raises(ApiError) as info:

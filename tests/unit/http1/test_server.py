@@ -107,6 +107,17 @@ async def closed(reader: asyncio.StreamReader) -> bool:
     return await asyncio.wait_for(reader.read(), 5) == b""
 
 
+async def last_answer(client: Client) -> tuple[bytes, bytes]:
+    """An answer that says the connection closes after it, and then does; status line and
+    body."""
+    reader, writer = client
+    status, headers, body = await answer(reader)
+    assert headers["connection"] == "close"
+    assert await closed(reader)
+    writer.close()
+    return status, body
+
+
 async def test_keep_alive_head_and_query(served: Served) -> None:
     _, _, connect = served
     reader, writer = await connect()
@@ -162,14 +173,20 @@ async def test_bodies_over_the_limit_are_refused_declared_or_not(served: Served)
     writer.close()
 
 
+async def refused_but_kept(served: Served, sent: int) -> Client:
+    """A connection whose request declared 1,000 body bytes (over the limit of 100) and
+    sent `sent` of them: refused at once, with nothing said of closing."""
+    reader, writer = await served[2]()
+    writer.write(b"POST /keep HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + b"a" * sent)
+    status, headers, _ = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 413") and "connection" not in headers
+    return reader, writer
+
+
 async def test_a_refused_body_of_declared_length_is_read_past_and_the_connection_kept(
     served: Served,
 ) -> None:
-    _, _, connect = served
-    reader, writer = await connect()
-    writer.write(b"POST /keep HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + b"a" * 300)
-    status, headers, _ = await answer(reader)  # refused before the rest arrives
-    assert status.startswith(b"HTTP/1.1 413") and "connection" not in headers
+    reader, writer = await refused_but_kept(served, 300)  # refused before the rest arrives
     writer.write(b"b" * 700 + b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
     assert (await answer(reader))[2] == b"GET /next {} "
     # Head and whole body in one piece (refused after it was all read): kept too.
@@ -192,24 +209,19 @@ async def test_a_refused_body_that_cannot_be_read_past_closes_the_connection(
     served: Served, head: bytes
 ) -> None:
     _, _, connect = served
-    reader, writer = await connect()
-    writer.write(b"POST /keep HTTP/1.1\r\n" + head + b"\r\n")
+    client = await connect()
+    client[1].write(b"POST /keep HTTP/1.1\r\n" + head + b"\r\n")
     if b"chunked" in head:
-        writer.write(b"80\r\n" + b"z" * 128 + b"\r\n")
-    status, headers, _ = await answer(reader)
-    assert status.startswith(b"HTTP/1.1 413") and headers["connection"] == "close"
-    assert await closed(reader)
-    writer.close()
+        client[1].write(b"80\r\n" + b"z" * 128 + b"\r\n")
+    status, _ = await last_answer(client)
+    assert status.startswith(b"HTTP/1.1 413")
 
 
 async def test_a_client_that_stalls_in_a_refused_body_is_closed_when_idle(
     served: Served,
 ) -> None:
-    server, _, connect = served
-    reader, writer = await connect()
-    writer.write(b"POST /keep HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
-    status, headers, _ = await answer(reader)
-    assert status.startswith(b"HTTP/1.1 413") and "connection" not in headers
+    server = served[0]
+    reader, writer = await refused_but_kept(served, 10)
     assert len(server.connections) == 1
     started = asyncio.get_running_loop().time()
     assert await closed(reader)  # the idle sweep (0.4 s here), not a wait for the rest
@@ -388,14 +400,11 @@ async def test_one_huge_header_behind_a_pipelined_request_closes_the_connection(
     served: Served,
 ) -> None:
     _, _, connect = served
-    reader, writer = await connect()
-    writer.write(b"GET /q HTTP/1.1\r\nHost: h\r\n\r\nGET /big HTTP/1.1\r\nX-Big: " + b"x" * 5000)
-    _, headers, body = await answer(reader)
+    client = await connect()
+    client[1].write(b"GET /q HTTP/1.1\r\nHost: h\r\n\r\nGET /big HTTP/1.1\r\nX-Big: " + b"x" * 5000)
     # The request in progress is answered, then the connection closes: the refused one is
     # never answered on it (a client retries it on a new connection, and gets its 431).
-    assert body == b"GET /q {} " and headers["connection"] == "close"
-    assert await closed(reader)
-    writer.close()
+    assert (await last_answer(client))[1] == b"GET /q {} "
 
 
 async def test_a_pipelined_request_whose_body_arrives_later_is_answered(served: Served) -> None:

@@ -109,7 +109,6 @@ class Request:
     __slots__ = (
         "_conn",
         "_continue",
-        "_discard",
         "_limit",
         "_parts",
         "_query",
@@ -157,7 +156,6 @@ class Request:
         self._query: dict[str, str] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._continue = False
-        self._discard = False  # answered already: what is left of the body is read and dropped
         self.complete = body is not None
         self.error: BodyError | None = None
 
@@ -198,31 +196,15 @@ class Request:
 
     # -- fed by the connection ----------------------------------------------------------------
 
-    @property
-    def unread(self) -> int | None:
-        """Body bytes still to come: known only for a declared length (None when chunked)."""
-        if self.complete:
-            return 0
-        length = self.headers.get("content-length")
-        if length is None or not length.isdigit() or "transfer-encoding" in self.headers:
-            return None
-        return max(0, int(length) - self._size)
-
     def _feed(self, data: bytes) -> None:
-        self._size += len(data)
-        if self.error is not None or self._discard:
+        if self.error is not None:
             return
+        self._size += len(data)
         if self._size > self._limit:
             self._fail(BodyTooLarge(f"request body exceeds the limit of {self._limit} bytes"))
             self._parts.clear()
             return
         self._parts.append(data)
-
-    def _skip(self) -> None:
-        """Its answer is out: read the rest of the body only to find where the next request
-        begins, keeping none of it."""
-        self._discard = True
-        self._parts.clear()
 
     def _done(self) -> None:
         self.complete = True

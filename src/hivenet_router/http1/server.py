@@ -10,9 +10,8 @@ What it guarantees, whatever the client does:
 - a request head (request line and headers) is bounded in bytes (431 past the limit);
 - a body is bounded (413 as soon as its declared or received size passes the limit) and,
   when encoded, is decoded within the same bound (gzip and deflate);
-- an answer given before its body has all arrived keeps the connection if at most
-  SKIP_LIMIT bytes of declared body are still to come (read and dropped); otherwise the
-  connection closes after it;
+- a request read to its end keeps its connection after the answer, even when its body
+  was refused as too large; one answered while its body was still arriving closes it;
 - a connection that sends no complete request head within the idle timeout of being
   accepted or of its last answer is closed (one sweep a fraction of that timeout, not a
   timer per request);
@@ -52,12 +51,6 @@ from hivenet_router.http1.messages import (
 log = logging.getLogger("hivenet.http")
 
 BACKLOG_LIMIT = 1 << 16  # pipelined bytes buffered before reading pauses
-# An answer that goes out before its request's body has all arrived (a 413 for a declared
-# length, a refusal that never needed the body) keeps the connection when at most this much
-# declared body is still to come: it is read and dropped. A client whose body is refused
-# then need not open a new connection, and opening one costs client and router far more
-# than reading this much. Past it, or with no declared length, the connection closes.
-SKIP_LIMIT = 256 * 1024
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -462,20 +455,13 @@ class _Connection(asyncio.Protocol):
     def _reusable(self, request: Request) -> bool:
         if not request.keep_alive or request.close or self._server.closing:
             return False
-        if request.complete:  # read to its end, even if it was too large to keep
-            return request.error is None or isinstance(request.error, BodyTooLarge)
-        return self._skippable(request)
-
-    def _skippable(self, request: Request) -> bool:
-        """Whether the rest of a body still arriving can be read past to keep the connection:
-        its length is declared and small, and it has begun to arrive or was not held back
-        for a 100 Continue (a client that waits for one may never send the body)."""
-        if request is not self._reading:
-            return False
-        if request._size == 0 and "100-continue" in request.headers.get("expect", "").lower():
-            return False
-        unread = request.unread
-        return unread is not None and unread <= SKIP_LIMIT
+        # Read to its end, even if it was too large to keep: the next request starts clean.
+        # One answered while its body is still arriving is not kept: a client still sending
+        # when the answer comes may not expect to go on (wrk, for one, stalls), so the
+        # connection closes after a moment of reading and dropping (_linger).
+        return request.complete and (
+            request.error is None or isinstance(request.error, BodyTooLarge)
+        )
 
     def _finished(self, request: Request, answer: Answer) -> None:
         self._current = None
@@ -483,8 +469,6 @@ class _Connection(asyncio.Protocol):
         if (isinstance(answer, Response) and answer.close) or not self._reusable(request):
             self._linger()
             return
-        if not request.complete:
-            request._skip()  # parsed on to its end; the next request follows as usual
         self.idle_since = self._loop.time()
         if self.paused:
             # The client has not read what it was sent: take nothing more from it until it

@@ -73,8 +73,7 @@ async def read_body(request: Request, timeout: float) -> bytes:
     Every way a body can be bad is the client's error with a stable code: too large (413),
     too slow (408), undecodable or cut short (400), in an encoding not offered (415). The
     connection is then closed, since the rest of the body cannot be trusted to be skipped;
-    except after a 413, where the HTTP server keeps it when the body was read to its end or
-    what is left of it is declared and small (it reads past that)."""
+    except after a 413 for a body that was read to its end, which the HTTP server keeps."""
     try:
         if request.complete:
             # Already all here (the common case for a small body): no timer needed.

@@ -371,11 +371,11 @@ class WebSocketClient(WebSocket):
     ) -> bool:
         """Close the WebSocket, then wait (bounded) until the connection itself is gone: a
         closed client holds no socket, even when the server never answers TLS's goodbye."""
-        await super().close(code=code, message=message, timeout=timeout)
+        closed = await super().close(code=code, message=message, timeout=timeout)
         if not await self._wait_gone() and self._transport is not None:
             self._transport.abort()  # TLS's goodbye went unanswered
             await self._wait_gone()  # the socket is closed a loop turn after the abort
-        return True
+        return closed
 
     async def _wait_gone(self) -> bool:
         """Whether the connection ended within GONE_WAIT."""

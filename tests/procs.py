@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from tests.ports import free_port
 
 BIN = Path(sys.executable).parent
 ADMIN_KEY = "test-admin-key-0123456789"
+PRLIMIT = shutil.which("prlimit") or "prlimit"
 
 
 @dataclass
@@ -34,12 +36,16 @@ class Proc:
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    open_files: int = 0  # the process's descriptor limit (soft and hard); 0: inherited
 
     def start(self) -> Proc:
         handle = self.log_path.open("ab")
         program = self.args[0] if os.path.isabs(self.args[0]) else str(BIN / self.args[0])
+        # util-linux's prlimit sets the limit before the program starts (no preexec_fn,
+        # which is unsafe beside threads).
+        limit = [PRLIMIT, f"--nofile={self.open_files}", "--"] if self.open_files else []
         self.popen = subprocess.Popen(
-            [program, *self.args[1:]],
+            [*limit, program, *self.args[1:]],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
@@ -168,8 +174,11 @@ class Cluster:
     secret_file: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def _proc(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
-        proc = Proc(name, args, self.tmp / f"{name}.log", env=env or {}).start()
+    def _proc(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, open_files: int = 0
+    ) -> Proc:
+        proc = Proc(name, args, self.tmp / f"{name}.log", env=env or {}, open_files=open_files)
+        proc.start()
         self.procs.append(proc)
         return proc
 
@@ -219,8 +228,10 @@ class Cluster:
         ports: Router | None = None,
         env: dict[str, str] | None = None,
         wait: bool = True,
+        open_files: int = 0,
     ) -> Router:
-        """Start a router; unless `wait` is False, return once `/health` answers."""
+        """Start a router; unless `wait` is False, return once `/health` answers.
+        `open_files` sets its descriptor limit (0: this process's)."""
         http, grpc, p2p, met = (
             (ports.http, ports.grpc, ports.p2p, ports.metrics_port)
             if ports
@@ -260,6 +271,7 @@ class Cluster:
                 "HIVENET_ROUTER_AUDIT_LOG_PATH": str(self.tmp / f"{name}-audit.jsonl"),
                 **(env or {}),
             },
+            open_files,
         )
         router = Router(proc, http, grpc, p2p, met, self.tmp / f"{name}-audit.jsonl")
         if wait:

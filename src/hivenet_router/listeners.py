@@ -6,8 +6,11 @@ the process's file descriptors, and a flood of malformed requests must not flood
 - `ConnectionGuard` (http1/guard.py) caps open connections per source (an IPv4 address,
   or an IPv6 /56, the same unit as the agent connection limit) and in total; the public
   API's own server (http1/server.py) applies it itself;
+- `share_descriptors` splits the process's descriptor limit between the ports, so that
+  no port can use what another one needs, and scales each port's caps to its share;
 - `GuardedSite` applies a guard to every connection an aiohttp listener (the agent link,
-  the simulator) accepts, and bounds the TLS handshake;
+  the metrics page, the simulator) accepts, and bounds the TLS handshake; on a TLS port
+  the guard counts from the accept (`TlsGate`), before the handshake;
 - `QuietServerLog` hears of malformed HTTP, from either server: counted and summarised at
   most once a minute instead of a traceback per request;
 - `raise_open_files_limit` lifts the soft descriptor limit to the hard one at start.
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import resource
 import ssl
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -32,13 +37,21 @@ from aiohttp.web_request import BaseRequest
 
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.http1.guard import ConnectionGuard, address_prefix, source_of
+from hivenet_router.http1.tlsgate import TlsGate
 
-__all__ = ["ConnectionGuard", "GuardedSite", "QuietServerLog", "address_prefix"]
+__all__ = [
+    "ConnectionGuard",
+    "GuardedSite",
+    "PortCaps",
+    "QuietServerLog",
+    "address_prefix",
+    "share_descriptors",
+]
 
 log = logging.getLogger("hivenet.http")
 
 SUMMARY_INTERVAL = 60.0
-FD_RESERVE = 256  # descriptors kept for agent links, engines, stores and logs
+FD_RESERVE = 256  # descriptors kept for stores, providers, files, logs and child processes
 
 
 class GuardedHandler(RequestHandler):
@@ -123,6 +136,7 @@ class GuardedSite(web.TCPSite):
         self._guard = guard
         self._refusal = refusal
         self._handshake_timeout = handshake_timeout
+        self.gate: TlsGate | None = None
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -137,12 +151,20 @@ class GuardedSite(web.TCPSite):
         def factory() -> GuardedHandler:
             return GuardedHandler(server, guard, refusal, loop=loop, **options)
 
+        protocols: Any = factory
+        if self._ssl_context is not None:
+            # Counted from the accept by the gate; a refused client is reset before TLS.
+            self.gate = TlsGate(
+                guard,
+                self._ssl_context,
+                lambda: RequestHandler(server, loop=loop, **options),
+                self._handshake_timeout,
+            )
+            protocols = self.gate
         self._server = await loop.create_server(
-            factory,
+            protocols,
             self._host,
             self._port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
@@ -233,7 +255,8 @@ async def start_site(
 
     `idle_timeout` closes a connection that has not delivered a complete request head that
     long after it was accepted or after its last answer. `guard` caps connections per source
-    and in total; a refused connection gets `refusal` (if any) and is closed."""
+    and in total; a refused connection gets `refusal` (if any) and is closed (on a TLS port
+    it is reset before the handshake)."""
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -264,6 +287,14 @@ async def start_site(
     return runner
 
 
+def gate_of(runner: web.AppRunner) -> TlsGate | None:
+    """The gate counting a TLS site's connections (see `start_site`), if it has one."""
+    for site in runner.sites:
+        if isinstance(site, GuardedSite):
+            return site.gate
+    return None
+
+
 def raise_open_files_limit() -> int:
     """Lift the soft limit on open files to the hard limit; return the limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -277,6 +308,35 @@ def raise_open_files_limit() -> int:
     return int(soft)
 
 
-def connection_budget(wanted: int, open_files: int) -> int:
-    """How many client connections the descriptor limit really allows."""
-    return max(16, min(wanted, open_files - FD_RESERVE))
+@dataclass(frozen=True, slots=True)
+class PortCaps:
+    """What one listening port may hold: connections per source and in all, and what
+    each connection costs in descriptors (a relayed one holds more than its socket)."""
+
+    per_source: int
+    total: int
+    cost: int = 1
+
+
+def share_descriptors(
+    open_files: int, wanted: dict[str, PortCaps]
+) -> tuple[dict[str, PortCaps], int]:
+    """Fit the ports' caps into the descriptor limit: (the caps in force, the reserve).
+
+    A reserve (`FD_RESERVE`, or a quarter of a small limit) is kept for what is not a
+    listening port's connection. When what the ports want does not fit in the rest, every
+    port's total is scaled down by the same factor (at least one connection each), and its
+    per-source cap with it, so that one source keeps the share of the port it was given:
+    at a low limit a single address still cannot take a whole port."""
+    reserve = min(FD_RESERVE, open_files // 4)
+    usable = max(0, open_files - reserve)
+    needed = sum(caps.total * caps.cost for caps in wanted.values())
+    if needed <= usable:
+        return dict(wanted), reserve
+    factor = usable / needed
+    fitted = {}
+    for name, caps in wanted.items():
+        total = max(1, math.floor(caps.total * factor))
+        per_source = max(1, min(total, math.ceil(caps.per_source * total / caps.total)))
+        fitted[name] = PortCaps(per_source, total, caps.cost)
+    return fitted, reserve

@@ -242,7 +242,7 @@ async def test_connection_flood_from_one_address(make_cluster: Cluster) -> None:
             async with connect(router, secret, token, session):
                 pass
         assert info.value.status == 429
-    assert "agent link: refused 1 connection(s) over the limits" in router.proc.log()
+    assert "agent links: refused 1 connection(s) over the limits" in router.proc.log()
 
 
 def test_renewal_keeps_streams_alive(make_cluster: Cluster) -> None:

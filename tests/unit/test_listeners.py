@@ -15,9 +15,10 @@ from aiohttp.http_exceptions import BadStatusLine
 from hivenet_router.config.values import listen_address
 from hivenet_router.listeners import (
     FD_RESERVE,
+    PortCaps,
     QuietServerLog,
-    connection_budget,
     raise_open_files_limit,
+    share_descriptors,
     start_site,
 )
 
@@ -44,10 +45,35 @@ def test_server_bugs_are_errors_with_a_traceback_once_a_minute(
     assert caplog.records[0].levelno == logging.ERROR and caplog.records[0].exc_info
 
 
-def test_the_connection_budget_fits_the_open_files_limit() -> None:
-    assert connection_budget(8192, 1024) == 1024 - FD_RESERVE
-    assert connection_budget(100, 1 << 20) == 100
+WANTED = {
+    "public": PortCaps(1024, 8192),
+    "links": PortCaps(32, 4096),
+    "pending": PortCaps(32, 256),
+    "auth": PortCaps(8, 256, cost=3),
+    "metrics": PortCaps(16, 64),
+}
+
+
+def test_caps_that_fit_the_open_files_limit_are_kept() -> None:
+    caps, reserve = share_descriptors(1 << 20, WANTED)
+    assert caps == WANTED and reserve == FD_RESERVE
     assert raise_open_files_limit() >= 1024
+
+
+@pytest.mark.parametrize("open_files", [64, 1024, 4096, 20_000])
+def test_at_a_low_limit_every_port_keeps_a_share_and_no_source_takes_one_whole(
+    open_files: int,
+) -> None:
+    caps, reserve = share_descriptors(open_files, WANTED)
+    used = sum(c.total * c.cost for c in caps.values())
+    assert used + reserve <= open_files or all(c.total == 1 for c in caps.values())
+    for name, c in caps.items():
+        assert c.total >= 1 and 1 <= c.per_source <= c.total
+        if c.total >= 8 and WANTED[name].per_source < WANTED[name].total:
+            assert c.per_source < c.total  # one address never holds a whole port
+    if open_files == 1024:
+        # The case: 768 usable, and one address cannot hold the public port.
+        assert reserve == FD_RESERVE and caps["public"].per_source <= caps["public"].total // 4
 
 
 def _ipv6_loopback() -> bool:

@@ -73,6 +73,58 @@ class RouterConfig:
         env="HIVENET_ROUTER_P2P_MAX_CONNS_PER_IP",
         help="Most agent connections from one IPv4 /32 or IPv6 /56",
     )
+    p2p_max_conns: int = option(
+        4096,
+        parse=v.positive_int,
+        flag="--p2p-max-conns",
+        env="HIVENET_ROUTER_P2P_MAX_CONNS",
+        help="Most agent links (connections holding a valid session) in all; lowered to fit "
+        "the open-files limit",
+    )
+    p2p_max_pending: int = option(
+        256,
+        parse=v.positive_int,
+        flag="--p2p-max-pending",
+        env="HIVENET_ROUTER_P2P_MAX_PENDING",
+        help="Most agent-port connections that have not yet shown a valid session (in TLS, "
+        "or before their upgrade) in all; lowered to fit the open-files limit",
+    )
+    grpc_max_conns_per_ip: int = option(
+        8,
+        parse=v.positive_int,
+        flag="--grpc-max-conns-per-ip",
+        env="HIVENET_ROUTER_GRPC_MAX_CONNS_PER_IP",
+        help="Most connections to the agent authentication port from one IPv4 address or IPv6 /56",
+    )
+    grpc_max_conns: int = option(
+        256,
+        parse=v.positive_int,
+        flag="--grpc-max-conns",
+        env="HIVENET_ROUTER_GRPC_MAX_CONNS",
+        help="Most connections to the agent authentication port in all (each holds three "
+        "descriptors); lowered to fit the open-files limit",
+    )
+    grpc_conn_timeout: float = duration_option(
+        10.0,
+        flag="--grpc-conn-timeout",
+        env="HIVENET_ROUTER_GRPC_CONN_TIMEOUT",
+        help="Time a connection to the agent authentication port has to finish TLS, and "
+        "then again to make its call, else it is closed",
+    )
+    metrics_max_conns_per_ip: int = option(
+        16,
+        parse=v.positive_int,
+        flag="--metrics-max-conns-per-ip",
+        env="HIVENET_ROUTER_METRICS_MAX_CONNS_PER_IP",
+        help="Most connections to the metrics port from one IPv4 address or IPv6 /56",
+    )
+    metrics_max_conns: int = option(
+        64,
+        parse=v.positive_int,
+        flag="--metrics-max-conns",
+        env="HIVENET_ROUTER_METRICS_MAX_CONNS",
+        help="Most connections to the metrics port in all; lowered to fit the open-files limit",
+    )
     p2p_handshake_timeout: float = duration_option(
         10.0,
         flag="--p2p-handshake-timeout",
@@ -162,6 +214,13 @@ class RouterConfig:
         env="HIVENET_ROUTER_HTTP_MAX_CONNS_PER_IP",
         help="Most open client connections from one IPv4 address or IPv6 /56 (behind a load "
         "balancer every client shares its address: raise it there)",
+    )
+    stream_write_timeout: float = duration_option(
+        60.0,
+        flag="--stream-write-timeout",
+        env="HIVENET_ROUTER_STREAM_WRITE_TIMEOUT",
+        help="A client that takes nothing of an answer this long (its socket's buffers full) "
+        "is treated as gone: its stream is cut and its engine slot freed",
     )
     http_max_conns: int = option(
         8192,

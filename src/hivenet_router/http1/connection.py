@@ -51,6 +51,7 @@ class ClientConnection(asyncio.Protocol):
         self._draining = False  # answered, discarding an unread body before closing
         self.lost = False
         self.paused = False
+        self.paused_since = 0.0  # when the client last stopped taking what it is sent
         self._drain: asyncio.Future[None] | None = None
         self._queue = TurnWriter(self._loop, self._send_now)  # a stream's pieces of one turn
         self.idle_since = self._loop.time()
@@ -76,6 +77,26 @@ class ClientConnection(asyncio.Protocol):
     @property
     def idle(self) -> bool:
         return self._current is None and not self._draining and not self.lost
+
+    @property
+    def source(self) -> str | None:
+        """The source the guard counts this connection under (None: not counted)."""
+        return self._source
+
+    def evict(self) -> None:
+        """Closed to make room for a new connection: uncounted now, not when it is lost."""
+        if self._source is not None and self._server.guard is not None:
+            self._server.guard.leave(self._source)
+            self._source = None
+        if self._transport is not None:
+            self._transport.abort()
+
+    def stalled(self) -> None:
+        """The client has taken nothing of an answer for the write-idle timeout: treated as
+        gone (its request is cancelled and gives back what it holds)."""
+        self._server.malformed("a client stopped reading its answer")
+        if self._transport is not None:
+            self._transport.abort()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -121,6 +142,7 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self.paused_since = self._loop.time()
 
     def resume_writing(self) -> None:
         self.paused = False

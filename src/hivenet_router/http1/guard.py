@@ -14,6 +14,7 @@ import ipaddress
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 log = logging.getLogger("hivenet.http")
 
@@ -39,12 +40,17 @@ def source_of(transport: asyncio.BaseTransport) -> str:
 
 
 class ConnectionGuard:
-    """Open connections by source prefix, with a cap per source and a total cap."""
+    """Open connections by source prefix, with a cap per source and a total cap.
+
+    `make_room`, when set, is asked for room when the total is reached: it may close a
+    connection that costs nothing to lose (an idle keep-alive one), calling `leave` for
+    it before it returns True."""
 
     def __init__(self, name: str, per_source: int, total: int) -> None:
         self.name = name
         self.per_source = per_source
         self.total = total
+        self.make_room: Callable[[], bool] | None = None
         self.open = 0
         self.lingering = 0  # refused connections still delivering their answer
         self._by_source: Counter[str] = Counter()
@@ -52,7 +58,9 @@ class ConnectionGuard:
         self._last_report = 0.0
 
     def enter(self, source: str) -> bool:
-        if self.open >= self.total or self._by_source[source] >= self.per_source:
+        if self._by_source[source] >= self.per_source or (
+            self.open >= self.total and (self.make_room is None or not self.make_room())
+        ):
             self._refused += 1
             now = time.monotonic()
             if now - self._last_report >= SUMMARY_INTERVAL:

@@ -15,6 +15,11 @@ What it guarantees, whatever the client does:
 - a connection that sends no complete request head within the idle timeout of being
   accepted or of its last answer is closed (one sweep a fraction of that timeout, not a
   timer per request);
+- a connection whose client stops reading an answer (the socket's buffers full, nothing
+  taken for `write_idle` seconds) is aborted like one whose client hung up, so a stream
+  cannot hold its engine slot for a reader that never reads;
+- at the guard's total, a new connection takes the place of an idle one (no request in
+  progress), picked from the source holding the most connections, longest idle first;
 - a connection whose client goes away has its request's task cancelled, so whatever the
   request held is given back at once;
 - malformed HTTP gets one error answer and the connection closes; it is reported to a
@@ -33,6 +38,8 @@ from hivenet_router.http1.connection import ClientConnection
 from hivenet_router.http1.guard import ConnectionGuard
 from hivenet_router.http1.messages import App
 
+EVICTION_SAMPLE = 64  # idle connections compared to choose one to close at the cap
+
 # -- the server ---------------------------------------------------------------------------------
 
 
@@ -41,6 +48,7 @@ class Limits:
     body: int = 1 << 20  # bytes of body, before and after decoding
     head: int = 32 * 1024  # bytes of request line and headers together
     idle: float = 30.0  # seconds a connection may go without a complete request head
+    write_idle: float = 60.0  # seconds an answer may wait for its client to read anything
 
 
 class HttpServer:
@@ -64,6 +72,8 @@ class HttpServer:
         self.limits = limits
         self.error_page = error_page
         self.guard = guard
+        if guard is not None:
+            guard.make_room = self._make_room
         self.refusal = refusal
         self.malformed = malformed
         self.connections: set[ClientConnection] = set()
@@ -119,12 +129,37 @@ class HttpServer:
         self._servers.clear()
 
     async def _sweep(self) -> None:
-        """Close connections that have been idle (no complete request head) too long."""
-        idle = self.limits.idle
+        """Close connections that have been idle (no complete request head) too long, and
+        abort those whose client has read nothing of an answer for too long."""
+        idle, write_idle = self.limits.idle, self.limits.write_idle
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(max(0.1, min(1.0, idle / 4)))
+            await asyncio.sleep(max(0.1, min(1.0, idle / 4, write_idle / 4)))
             now = loop.time()
             for conn in list(self.connections):
                 if conn.idle and now - conn.idle_since >= idle:
                     conn.close()
+                elif conn.paused and now - conn.paused_since >= write_idle:
+                    conn.stalled()
+
+    def _make_room(self) -> bool:
+        """Close one idle connection to make room for a new one (see the module's list).
+        Looks at a bounded sample, so a flood of new connections at the cap costs each of
+        them little."""
+        guard = self.guard
+        assert guard is not None
+        victim: ClientConnection | None = None
+        best = (0, 0.0)
+        for seen, conn in enumerate(self.connections):
+            if seen >= EVICTION_SAMPLE and victim is not None:
+                break
+            source = conn.source
+            if source is None or not conn.idle:
+                continue
+            rank = (guard.from_source(source), -conn.idle_since)
+            if victim is None or rank > best:
+                victim, best = conn, rank
+        if victim is None:
+            return False
+        victim.evict()
+        return True

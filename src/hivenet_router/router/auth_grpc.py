@@ -4,6 +4,12 @@ Service `hivenet.auth.v1.AgentAuth`, unary method `Authenticate`; request and an
 JSON documents (see docs/security.md). The TLS front on --grpc-port relays each connection
 to the gRPC server on loopback and remembers which client address each relay carries, so
 the failed-attempt limit applies to real sources.
+
+Every connection there is unauthenticated (the call it carries is the authentication), and
+each one relayed holds three descriptors (the client's socket and both ends of the
+loopback hop). So the front counts connections per source and in all from the accept, on
+the TLS gate (http1/tlsgate.py), and bounds the TLS handshake and then the call each by
+`conn_timeout` seconds: an agent's call takes milliseconds, an idle connection goes.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import ssl
 import grpc
 import orjson
 
-from hivenet_router.http1.guard import address_prefix
+from hivenet_router.http1.guard import ConnectionGuard, address_prefix
+from hivenet_router.http1.tlsgate import TlsGate
 from hivenet_router.router.agent_auth import MAX_AUTH_BODY, AgentAuthenticator
 from hivenet_router.transport.tunnel import relay
 
@@ -32,13 +39,22 @@ _CODES = {
 
 
 class GrpcAuthServer:
-    def __init__(self, authenticator: AgentAuthenticator, tls: ssl.SSLContext) -> None:
+    def __init__(
+        self,
+        authenticator: AgentAuthenticator,
+        tls: ssl.SSLContext,
+        guard: ConnectionGuard,
+        conn_timeout: float = 10.0,
+    ) -> None:
         self._authenticator = authenticator
         self._tls = tls
+        self.guard = guard
+        self._conn_timeout = conn_timeout
         self._sources: dict[int, str] = {}
         self._server: grpc.aio.Server | None = None
         self._front: asyncio.Server | None = None
         self._inner_port = 0
+        self.gate: TlsGate | None = None
 
     async def start(self, host: str, port: int) -> None:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_AUTH_BODY)])
@@ -50,9 +66,13 @@ class GrpcAuthServer:
         self._inner_port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         self._server = server
-        self._front = await asyncio.start_server(
-            self._accept, host, port, ssl=self._tls, ssl_handshake_timeout=10.0, backlog=256
-        )
+        loop = asyncio.get_running_loop()
+
+        def streams() -> asyncio.BaseProtocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._accept)
+
+        self.gate = TlsGate(self.guard, self._tls, streams, self._conn_timeout)
+        self._front = await loop.create_server(self.gate, host, port, backlog=256)
 
     async def stop(self) -> None:
         if self._front is not None:
@@ -72,7 +92,12 @@ class GrpcAuthServer:
         local_port = int(inner[1].get_extra_info("sockname")[1])
         self._sources[local_port] = source
         try:
-            await relay((reader, writer), inner)
+            # The handshake had its own bound of the same length; the call gets as long
+            # again (relay closes both sides when it is cancelled).
+            async with asyncio.timeout(self._conn_timeout):
+                await relay((reader, writer), inner)
+        except TimeoutError:
+            log.debug("agent auth connection from %s closed at its deadline", source)
         finally:
             self._sources.pop(local_port, None)
 

@@ -80,6 +80,10 @@ class ControlPlane:
         self.sessions = sessions
         self.router_peer_id = router_peer_id
         self.links: set[Link] = set()
+        # Moves a connection that showed a valid session out of the agent port's room for
+        # those that have not (set by the process, which owns the listener). 0: done; else
+        # the status to refuse it with (429: its address has its share, 503: all are taken).
+        self.admit_link: Callable[[tuple[object, ...] | None], int] = lambda peer: 0
         self._closing: set[asyncio.Task[None]] = set()  # replaced links being closed
         self._calls: dict[str, Callable[[Binding, bytes], Reply]] = {
             "/register": self._register,
@@ -100,6 +104,16 @@ class ControlPlane:
         if grant is None:
             log.warning("agent connection from %s refused: no valid session", request.remote)
             return _refuse(401, "no valid session")
+        transport = request.transport
+        status = self.admit_link(transport.get_extra_info("peername") if transport else None)
+        if status:
+            log.warning(
+                "agent %s from %s refused: no room for another agent link (--p2p-max-conns, "
+                "--p2p-max-conns-per-ip)",
+                grant.peer_id,
+                request.remote,
+            )
+            return _refuse(status, "too many agent links" + " from this address" * (status == 429))
         try:
             response, ws = await ws_server.accept(
                 request, max_size=frames.MAX_FRAME, heartbeat=LINK_HEARTBEAT

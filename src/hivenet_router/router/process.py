@@ -25,12 +25,15 @@ from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.gateway.ledger_dsn import dsn_problem
-from hivenet_router.http1.guard import ConnectionGuard
+from hivenet_router.http1.guard import ConnectionGuard, address_prefix
 from hivenet_router.http1.server import HttpServer, Limits
+from hivenet_router.http1.tlsgate import TlsGate
 from hivenet_router.listeners import (
+    PortCaps,
     QuietServerLog,
-    connection_budget,
+    gate_of,
     raise_open_files_limit,
+    share_descriptors,
     start_site,
 )
 from hivenet_router.policy.document import PolicyError
@@ -62,10 +65,10 @@ def _refusal() -> bytes:
 
 
 TOO_MANY_CONNECTIONS = _refusal()
-LINK_REFUSAL = (
-    b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
-    b"Connection: close\r\nContent-Length: 50\r\n\r\n"
-    b'{"error":"too many connections from this address"}'
+METRICS_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 25\r\n\r\n"
+    b"too many open connections"
 )
 
 
@@ -175,8 +178,14 @@ class RouterProcess:
             remove_agent=lambda record: self._removed(router, background, record),
             reload=lambda: self._reload(router, "api"),
         )
-        auth_server = GrpcAuthServer(router.authenticator, self.tls.server_context(GRPC_ALPN))
-        listening = await self._listen(router, auth_server)
+        guards = self._guards()
+        auth_server = GrpcAuthServer(
+            router.authenticator,
+            self.tls.server_context(GRPC_ALPN),
+            guards["agent authentication"],
+            cfg.grpc_conn_timeout,
+        )
+        listening = await self._listen(router, auth_server, guards)
         if listening is None:
             return 1
         log.info(
@@ -240,7 +249,40 @@ class RouterProcess:
         auth = await asyncio.to_thread(self.auth.reload)
         return {"policies": policies, "auth": auth}
 
-    async def _listen(self, router: Router, auth_server: GrpcAuthServer) -> _Listening | None:
+    def _guards(self) -> dict[str, ConnectionGuard]:
+        """Every listening port's caps, fitted into the process's descriptor limit."""
+        cfg = self.config
+        open_files = raise_open_files_limit()
+        wanted = {
+            "client API": PortCaps(cfg.http_max_conns_per_ip, cfg.http_max_conns),
+            "agent links": PortCaps(cfg.p2p_max_conns_per_ip, cfg.p2p_max_conns),
+            "agent port before a session": PortCaps(cfg.p2p_max_conns_per_ip, cfg.p2p_max_pending),
+            # Each relayed connection holds its socket and both ends of the loopback hop.
+            "agent authentication": PortCaps(cfg.grpc_max_conns_per_ip, cfg.grpc_max_conns, 3),
+            "metrics": PortCaps(cfg.metrics_max_conns_per_ip, cfg.metrics_max_conns),
+        }
+        caps, reserve = share_descriptors(open_files, wanted)
+        if caps != wanted:
+            log.warning(
+                "open-files limit %d (%d kept for stores, files and children): connection "
+                "caps lowered to fit: %s",
+                open_files,
+                reserve,
+                "; ".join(
+                    f"{name} {c.total} in all, {c.per_source} per address"
+                    for name, c in caps.items()
+                    if c != wanted[name]
+                ),
+            )
+        guards = {name: ConnectionGuard(name, c.per_source, c.total) for name, c in caps.items()}
+        # Links hold a valid session: an address's share of them is not lowered with the
+        # limit, so agents behind one NAT keep their links at any limit.
+        guards["agent links"].per_source = min(cfg.p2p_max_conns_per_ip, caps["agent links"].total)
+        return guards
+
+    async def _listen(
+        self, router: Router, auth_server: GrpcAuthServer, guards: dict[str, ConnectionGuard]
+    ) -> _Listening | None:
         """Start every listener, the public port last; None (logged) if one cannot bind.
 
         The public port opens last so that an answer from `/health` (what a load balancer,
@@ -248,40 +290,43 @@ class RouterProcess:
         and link ports and the metrics port are already accepting connections.
         """
         cfg = self.config
-        open_files = raise_open_files_limit()
-        client_conns = connection_budget(cfg.http_max_conns, open_files)
-        if client_conns < cfg.http_max_conns:
-            log.warning(
-                "open-files limit %d allows %d client connections, not --http-max-conns %d",
-                open_files,
-                client_conns,
-                cfg.http_max_conns,
-            )
         runners: list[web.AppRunner] = []
         public = HttpServer(
             router.public_app,
-            Limits(body=cfg.body_limit, head=MAX_HEADER_BYTES, idle=cfg.http_idle_timeout),
+            Limits(
+                body=cfg.body_limit,
+                head=MAX_HEADER_BYTES,
+                idle=cfg.http_idle_timeout,
+                write_idle=cfg.stream_write_timeout,
+            ),
             error_page=_server_error_page,
-            guard=ConnectionGuard("client API", cfg.http_max_conns_per_ip, client_conns),
+            guard=guards["client API"],
             refusal=TOO_MANY_CONNECTIONS,
             malformed=QuietServerLog("hivenet.http").malformed,
         )
         try:
             await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
+            link = await start_site(
+                router.control.link_app(),
+                cfg.p2p_listen_addr,
+                cfg.p2p_port,
+                ssl_context=self.tls.server_context(),
+                guard=guards["agent port before a session"],
+                idle_timeout=cfg.p2p_handshake_timeout,
+                handshake_timeout=cfg.p2p_handshake_timeout,
+            )
+            runners.append(link)
+            gate = gate_of(link)
+            if gate is not None:
+                router.control.admit_link = _promotion(gate, guards["agent links"])
             runners.append(
                 await start_site(
-                    router.control.link_app(),
-                    cfg.p2p_listen_addr,
-                    cfg.p2p_port,
-                    ssl_context=self.tls.server_context(),
-                    guard=ConnectionGuard("agent link", cfg.p2p_max_conns_per_ip, client_conns),
-                    refusal=LINK_REFUSAL,
-                    idle_timeout=cfg.p2p_handshake_timeout,
-                    handshake_timeout=cfg.p2p_handshake_timeout,
+                    _metrics_app(router),
+                    cfg.metrics_port.host,
+                    cfg.metrics_port.port,
+                    guard=guards["metrics"],
+                    refusal=METRICS_REFUSAL,
                 )
-            )
-            runners.append(
-                await start_site(_metrics_app(router), cfg.metrics_port.host, cfg.metrics_port.port)
             )
             await public.listen(cfg.http_port.host, cfg.http_port.port, reuse_port=cfg.reuse_port)
         except (OSError, RuntimeError) as exc:
@@ -396,6 +441,19 @@ def _unpriced(config: RouterConfig, policies: PolicySet) -> str | None:
 class _Listening:
     public: HttpServer  # the client API
     others: list[web.AppRunner]  # the agent link and the metrics page
+
+
+def _promotion(gate: TlsGate, links: ConnectionGuard) -> Callable[[tuple[object, ...] | None], int]:
+    """An agent connection that showed a valid session moves to the links' guard: 0 when it
+    did, 429 when its address holds its share of links, 503 when all are taken."""
+
+    def promote(peer: tuple[object, ...] | None) -> int:
+        if gate.promote(peer, links):
+            return 0
+        source = address_prefix(str(peer[0])) if peer else "unknown"
+        return 429 if links.from_source(source) >= links.per_source else 503
+
+    return promote
 
 
 def _server_error_page(status: int, message: str) -> bytes:

@@ -38,6 +38,13 @@ class App:
             for n in range(3):
                 await out.write(b"data: %d\n\n" % n)
             return out
+        if request.path == "/flood":  # writes until the client stops taking it
+            out = await stream(request, 200, {"Content-Type": "text/event-stream"})
+            try:
+                while True:
+                    await out.write(b"data: " + b"x" * 16384 + b"\n\n")
+            finally:
+                self.cancelled.set()
         if request.path == "/pause":  # one piece, then nothing until the test says
             out = await stream(request, 200, {"Content-Type": "text/event-stream"})
             await out.write(b"data: first\n\n")
@@ -316,6 +323,83 @@ async def test_connections_over_the_cap_are_refused(served: Served) -> None:
     writer.close()
     for _, held_writer in held:
         held_writer.close()
+
+
+async def _capped(app: App, per_source: int, total: int, write_idle: float = 60.0) -> HttpServer:
+    server = HttpServer(
+        app,
+        Limits(body=100, head=2048, idle=30.0, write_idle=write_idle),
+        error_page=lambda status, message: f'{{"status":{status}}}'.encode(),
+        guard=ConnectionGuard("test", per_source=per_source, total=total),
+        refusal=b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+    )
+    await server.listen("127.0.0.1", 0)
+    return server
+
+
+async def _from(server: HttpServer, source: str) -> Client:
+    return await asyncio.open_connection("127.0.0.1", server.ports[0], local_addr=(source, 0))
+
+
+async def test_at_the_cap_a_new_connection_takes_the_place_of_an_idle_one() -> None:
+    app = App()
+    server = await _capped(app, per_source=2, total=3)
+    try:
+        first = await _from(server, "127.0.0.2")
+        second = await _from(server, "127.0.0.2")
+        other = await _from(server, "127.0.0.3")
+        other[1].write(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert (await answer(other[0]))[0].startswith(b"HTTP/1.1 200")
+        assert server.guard is not None and server.guard.open == 3
+        # Full: a newcomer closes an idle connection of the source holding the most, the
+        # longest idle of them first, and is served.
+        reader, writer = await _from(server, "127.0.0.4")
+        writer.write(b"GET /y HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert (await answer(reader))[0].startswith(b"HTTP/1.1 200")
+        assert await closed(first[0])
+        assert server.guard.from_source("127.0.0.2") == 1 and server.guard.open == 3
+        second[1].write(b"GET /z HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert (await answer(second[0]))[0].startswith(b"HTTP/1.1 200")
+        for _, w in (first, second, other, (reader, writer)):
+            w.close()
+    finally:
+        await server.close()
+
+
+async def test_at_the_cap_connections_with_a_request_in_progress_are_kept() -> None:
+    app = App()
+    server = await _capped(app, per_source=2, total=2)
+    try:
+        busy = [await _from(server, "127.0.0.2") for _ in range(2)]
+        for _, w in busy:
+            w.write(b"GET /wait HTTP/1.1\r\nHost: h\r\n\r\n")
+        await asyncio.wait_for(app.started.wait(), 5)
+        while sum(not conn.idle for conn in server.connections) < 2:
+            await asyncio.sleep(0.01)
+        reader, writer = await _from(server, "127.0.0.3")
+        assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 503")
+        assert not app.cancelled.is_set()
+        writer.close()
+        for _, w in busy:
+            w.close()
+    finally:
+        await server.close()
+
+
+async def test_a_client_that_stops_reading_a_stream_is_cut_at_the_write_timeout() -> None:
+    app = App()
+    server = await _capped(app, per_source=4, total=4, write_idle=0.3)
+    try:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.ports[0])
+        writer.write(b"GET /flood HTTP/1.1\r\nHost: h\r\n\r\n")
+        while not any(conn.paused for conn in server.connections):
+            await asyncio.sleep(0.01)  # the buffers are full: the state exists first
+        await asyncio.wait_for(app.cancelled.wait(), 20)  # the request gave back its hold
+        while server.connections:
+            await asyncio.sleep(0.01)
+        writer.transport.abort()
+    finally:
+        await server.close()
 
 
 async def test_a_closed_connection_is_freed_without_the_cycle_collector(served: Served) -> None:

@@ -144,6 +144,15 @@ def _still_serves(c: Cluster, router: Router, sim: Sim, agent: Proc) -> None:
     c.agent(router, sim, name="agent-again")
     wait_until(lambda: router.healthy_replicas(MODEL) == 1, timeout=30)
     _chat(router)
+    # The killed agent's link gave its place back; the flood's refusals were counted.
+    wait_until(lambda: _connections(router, "agent links") == 1.0, timeout=30)
+    page = router.metrics()
+    for port in ("agent authentication", "agent port before a session"):
+        assert (metric(page, "hivenet_router_connections_refused_total", port=port) or 0) > 0
+
+
+def _connections(router: Router, port: str) -> float | None:
+    return metric(router.metrics(), "hivenet_router_connections", port=port)
 
 
 def test_a_flood_from_one_address_on_the_agent_ports_takes_nothing_offline(

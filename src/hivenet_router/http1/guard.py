@@ -53,6 +53,7 @@ class ConnectionGuard:
         self.make_room: Callable[[], bool] | None = None
         self.open = 0
         self.lingering = 0  # refused connections still delivering their answer
+        self.refused_total = 0
         self._by_source: Counter[str] = Counter()
         self._refused = 0
         self._last_report = 0.0
@@ -62,6 +63,7 @@ class ConnectionGuard:
             self.open >= self.total and (self.make_room is None or not self.make_room())
         ):
             self._refused += 1
+            self.refused_total += 1
             now = time.monotonic()
             if now - self._last_report >= SUMMARY_INTERVAL:
                 log.warning(

@@ -68,7 +68,7 @@ class GrpcAuthServer:
         self._server = server
         loop = asyncio.get_running_loop()
 
-        def streams() -> asyncio.BaseProtocol:
+        def streams() -> asyncio.Protocol:
             return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._accept)
 
         self.gate = TlsGate(self.guard, self._tls, streams, self._conn_timeout)

@@ -36,6 +36,7 @@ from hivenet_router.listeners import (
     share_descriptors,
     start_site,
 )
+from hivenet_router.observability.connections import ConnectionsCollector
 from hivenet_router.policy.document import PolicyError
 from hivenet_router.policy.gateway import missing_prices
 from hivenet_router.policy.store import PolicySet, PolicyStore
@@ -179,6 +180,7 @@ class RouterProcess:
             reload=lambda: self._reload(router, "api"),
         )
         guards = self._guards()
+        router.metrics.registry.register(ConnectionsCollector(guards))
         auth_server = GrpcAuthServer(
             router.authenticator,
             self.tls.server_context(GRPC_ALPN),

@@ -98,7 +98,9 @@ async def accept(
     socket = ServerWebSocket(max_size, heartbeat)
     socket._transport = transport
     socket._paused = bool(previous.writing_paused)
-    transport.set_protocol(_Protocol(socket, previous))
+    # What the socket talked to before (aiohttp's protocol, or what stands in front of it,
+    # such as the port's connection gate) hears of the end, as it would have.
+    transport.set_protocol(_Protocol(socket, transport.get_protocol()))
     # Bytes that came behind the request before the switch wait in aiohttp's protocol.
     tail = getattr(previous, "_message_tail", b"")
     if tail:

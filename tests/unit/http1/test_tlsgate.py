@@ -163,3 +163,19 @@ def test_an_unknown_peer_is_let_through() -> None:
         assert gate.promote(None, guard) and gate.promote(("1.2.3.4", 5), guard)
 
     _run(asyncio.new_event_loop, main)
+
+
+@pytest.mark.parametrize("new_loop", LOOPS)
+def test_many_clients_at_once_all_finish_their_handshake(new_loop: Callable[[], Any]) -> None:
+    """A loop may read a ClientHello before TLS has the socket; the gate hands it over."""
+
+    async def main() -> None:
+        guard = ConnectionGuard("test", per_source=200, total=200)
+        server, gate = await _serve(guard)
+        port = _port(server)
+        answers = await asyncio.gather(*(_echo_over_tls(port) for _ in range(100)))
+        assert answers == [b"ping"] * 100
+        await _until(lambda: guard.open == 0 and gate.live == 0)
+        server.close()
+
+    _run(new_loop, main)

@@ -48,6 +48,13 @@ def test_dead_agent_leaves_the_pool_then_the_registry(make_cluster: Cluster) -> 
     agent.kill()
     # The connection drops at once, so the agent stops being eligible at once...
     wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=5)
+    # ...and the log says how, in words.
+    lost = [line for line in router.proc.log().splitlines() if " disconnected: " in line]
+    assert len(lost) == 1, lost
+    assert lost[0].endswith(
+        "(127.0.0.1) disconnected: it closed the connection without a goodbye (as a killed "
+        "process does)"
+    ), lost
     reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
     assert reply.json()["error"]["code"] == "no_agents_available"
     # The gauge says so at once too, rather than after --unhealthy-after.

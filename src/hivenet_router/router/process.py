@@ -175,6 +175,17 @@ class RouterProcess:
             remove_agent=lambda record: self._removed(router, background, record),
             reload=lambda: self._reload(router, "api"),
         )
+        if router.site is not None and (holder := await router.site.claimed_by()) is not None:
+            log.error(
+                "--router-id %s is taken: another live router process of site %s runs "
+                "under it: %s. Give every router of the site its own --router-id",
+                router.site.me,
+                cfg.site,
+                holder,
+            )
+            await router.site.client.aclose()
+            await store.close()
+            return 1
         auth_server = GrpcAuthServer(router.authenticator, self.tls.server_context(GRPC_ALPN))
         listening = await self._listen(router, auth_server)
         if listening is None:

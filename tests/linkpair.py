@@ -20,12 +20,15 @@ Handler = Callable[[Stream], Awaitable[None]]
 
 async def serve_ws(
     accept: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    *,
+    handler_cancellation: bool = False,
 ) -> web.AppRunner:
     """An aiohttp server on a free loopback port with `accept` at /ws (the caller cleans up
-    the runner)."""
+    the runner). `handler_cancellation`: a lost connection cancels its handler, as the
+    router's agent port does."""
     app = web.Application()
     app.router.add_get("/ws", accept)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     return runner

@@ -265,6 +265,53 @@ def test_oversized_headers(fleet: tuple[Cluster, Router, Sim]) -> None:
     assert b'"type":"error"' in answer
 
 
+def _many_headers(router: Router, count: int) -> bytes:
+    """A chat request that would forward `count` headers (its ID among them), on a raw
+    socket: the whole answer."""
+    body = orjson.dumps(GOOD)
+    mine = b"".join(b"X-H%d: v\r\n" % n for n in range(count - 2))
+    request = (
+        b"POST %b HTTP/1.1\r\nHost: r\r\nConnection: close\r\nAuthorization: Bearer %b\r\n"
+        b"Content-Type: application/json\r\n%bContent-Length: %d\r\n\r\n%b"
+        % (CHAT.encode(), KEY.encode(), mine, len(body), body)
+    )
+    sock = _raw(router, request)
+    try:
+        return _read_all(sock, 5.0)
+    finally:
+        sock.close()
+
+
+def test_headers_forwarded_to_an_engine_are_bounded_in_number(
+    fleet: tuple[Cluster, Router, Sim],
+) -> None:
+    # The simulator (aiohttp) refuses past 128 headers, llama.cpp past 100: the router
+    # forwards at most 90 and answers more itself, before any agent is involved.
+    _, router, _ = fleet
+    assert _many_headers(router, 90).startswith(b"HTTP/1.1 200")
+    for count in (91, 129):
+        answer = _many_headers(router, count)
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+        error = orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+        assert error["code"] == "request_too_large" and "at most 90" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "line", [b"GET /health", b"GET /health HTTP/0.9", b"POST /v1/chat/completions"]
+)
+def test_a_request_line_without_http_1_is_400(
+    fleet: tuple[Cluster, Router, Sim], line: bytes
+) -> None:
+    _, router, _ = fleet
+    sock = _raw(router, line + b"\r\nHost: x\r\n\r\n")
+    try:
+        answer = _read_all(sock, 5.0)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b'"code":"request_invalid"' in answer and b"HTTP/1.1" in answer.partition(b"\r\n\r\n")[2]
+
+
 def test_malformed_http_is_answered_and_logged_quietly(fleet: tuple[Cluster, Router, Sim]) -> None:
     _, router, _ = fleet
     before = router.proc.log()

@@ -48,6 +48,13 @@ def test_dead_agent_leaves_the_pool_then_the_registry(make_cluster: Cluster) -> 
     agent.kill()
     # The connection drops at once, so the agent stops being eligible at once...
     wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=5)
+    # ...and the log says how, in words.
+    lost = [line for line in router.proc.log().splitlines() if " disconnected: " in line]
+    assert len(lost) == 1, lost
+    assert lost[0].endswith(
+        "(127.0.0.1) disconnected: it closed the connection without a goodbye (as a killed "
+        "process does)"
+    ), lost
     reply = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
     assert reply.json()["error"]["code"] == "no_agents_available"
     # The gauge says so at once too, rather than after --unhealthy-after.
@@ -294,3 +301,58 @@ def test_shutdown_grace_bounds_the_whole_shutdown(make_cluster: Cluster) -> None
     assert 1.5 < elapsed < 6, elapsed
     assert "get up to 2s" in router.proc.log()
     assert "cut 1 request(s)" in router.proc.log()
+
+
+def _raw_stream(router: Router) -> socket.socket:
+    """A streamed chat request on a plain socket, its head and first event read."""
+    body = json.dumps({**CHAT, "max_tokens": 300, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", router.http), timeout=15)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    seen = b""
+    while b"data: " not in seen:
+        piece = sock.recv(65536)
+        assert piece, seen
+        seen += piece
+    assert seen.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in seen
+    return sock
+
+
+def test_a_stream_cut_at_shutdown_ends_its_body_after_the_error_event(
+    make_cluster: Cluster,
+) -> None:
+    """Cut when the grace is over, a stream gets its error event and then the end of its
+    chunked body: the client sees the error, never a broken transfer as well."""
+    router = make_cluster.router("--shutdown-grace", "1s", "--request-timeout", "60s")
+    sim = make_cluster.sim(MODEL, "--itl", "100ms", "--ttft-base", "0")
+    make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    request = {"model": MODEL, "messages": CHAT["messages"], "max_tokens": 300}
+    with router.openai() as client:
+        sdk = iter(client.chat.completions.create(**request, stream=True))
+        next(sdk)
+        raw = client.chat.completions.with_streaming_response.create(**request, stream=True)
+        with raw as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            sock = _raw_stream(router)
+            router.proc.popen.send_signal(__import__("signal").SIGTERM)  # type: ignore[union-attr]
+            # The SDK raises the error event itself, not a connection error...
+            with pytest.raises(openai.APIError, match="shutting down") as raised:
+                for _chunk in sdk:
+                    pass
+            assert not isinstance(raised.value, openai.APIConnectionError)
+            # ...and its HTTP client reads the body to its end (httpx raises
+            # RemoteProtocolError for a chunked body cut short).
+            events = [line for line in lines if line.startswith("data: ")]
+        assert "shutting down" in events[-1]
+        with sock:
+            tail = b""
+            while piece := sock.recv(65536):
+                tail += piece
+    assert b"shutting down" in tail
+    assert tail.endswith(b"}\n\n\r\n0\r\n\r\n"), tail[-200:]
+    router.proc.popen.wait(timeout=15)  # type: ignore[union-attr]
+    assert "cut 3 request(s)" in router.proc.log()

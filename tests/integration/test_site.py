@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ import openai
 import pytest
 import yaml
 
+from hivenet_router.domain.site import default_router_id
 from tests.procs import Cluster, Router, free_port, metric, sync_view, wait_until
 from tests.valkey_site import ValkeySite
 
@@ -119,9 +121,6 @@ def test_occupancy_credits_never_exceed_the_budget(
     assert all(view["store_up"] for view in views)
 
 
-STORE_AT_1 = ("--sync-store", "valkey", "--sync-addr", "127.0.0.1:1")
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -135,7 +134,6 @@ STORE_AT_1 = ("--sync-store", "valkey", "--sync-addr", "127.0.0.1:1")
         ),
         (("--sync-store", "valkey"), "--sync-addr"),
         (("--advertise-grpc-addr", ":50051"), "advertise-grpc-addr"),
-        ((*STORE_AT_1, "--reuse-port"), "--router-id"),
         (("--advertise-grpc-addr", "0.0.0.0:50051"), "advertise-grpc-addr"),
     ],
 )
@@ -205,3 +203,33 @@ def test_routers_of_one_host_share_the_public_port(
     ]
     print(f"requests served by each router on port {port}: {served}")
     assert sum(served) == 40 and all(count > 0 for count in served)
+
+
+def test_a_second_router_under_a_live_router_id_refuses_to_start(
+    make_cluster: Cluster, store: ValkeySite
+) -> None:
+    site = ("--sync-store", "valkey", "--sync-addr", store.primary_addr, "--sync-site", "dup")
+    first = make_cluster.router(*site, "--sync-interval", "250ms", "--router-id", "same")
+    wait_until(lambda: sync_view(first)["routers"] == ["same"])
+    second = make_cluster.router(*site, "--router-id", "same", name="second", wait=False)
+    assert second.proc.popen is not None and second.proc.popen.wait(timeout=30) == 1
+    refused = second.proc.log()
+    assert "--router-id same is taken: another live router process of site dup" in refused
+    assert first.proc.popen is not None
+    named = f"process {first.proc.popen.pid} on host {socket.gethostname()}, agent port "
+    assert f"{named}127.0.0.1:{first.grpc}" in refused
+    # The first router never noticed: the second wrote nothing under its ID.
+    view = sync_view(first)
+    assert view["routers"] == ["same"] and "duplicate_router_id" not in view["errors"]
+    assert httpx.get(first.url + "/health", timeout=5).status_code == 200
+
+
+def test_routers_of_one_host_get_their_own_default_router_ids(
+    make_cluster: Cluster, store: ValkeySite
+) -> None:
+    site = ("--sync-store", "valkey", "--sync-addr", store.primary_addr, "--sync-site", "own")
+    routers = [make_cluster.router(*site, name=f"plain{index}") for index in range(2)]
+    ids = sorted(default_router_id(router.grpc) for router in routers)
+    assert all(default_router_id(r.grpc).endswith(f"-{r.grpc}") for r in routers)
+    for router in routers:
+        wait_until(lambda r=router: sync_view(r)["routers"] == ids)

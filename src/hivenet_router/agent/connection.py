@@ -111,9 +111,11 @@ class Outage:
             wait,
         )
 
-    def ended(self, wait: float) -> None:
+    def ended(self, wait: float, why: str) -> None:
         self._kind, self._attempts = "disconnected", 0
-        log.warning("connection to router %s ended; reconnecting in %.1fs", self._name(), wait)
+        log.warning(
+            "connection to router %s ended: %s; reconnecting in %.1fs", self._name(), why, wait
+        )
 
     def recovered(self) -> None:
         if self._attempts:
@@ -170,8 +172,7 @@ class RouterConnection:
                 if verdict is Verdict.STANDBY:
                     self._outage.failed(STANDBY, "standing by", wait)
                 else:
-                    await self._hold(auth, session)
-                    self._outage.ended(wait)
+                    self._outage.ended(wait, await self._hold(auth, session))
             except RouterRejected as exc:
                 self._outage.failed("refusing this agent", str(exc), wait)
             except (TimeoutError, StreamReset, OSError) as exc:
@@ -182,9 +183,10 @@ class RouterConnection:
                 log.exception("session with router %s failed; retrying in %.1fs", self.name, wait)
             await self._sleep(wait)
 
-    async def _hold(self, auth: RouterAuth, session: Session) -> None:
+    async def _hold(self, auth: RouterAuth, session: Session) -> str:
+        """Serve the router until the connection ends; why it ended."""
         try:
-            await self._run_link(auth, session)
+            return await self._run_link(auth, session)
         finally:
             self.site.released(self.entry_id)
 
@@ -212,7 +214,7 @@ class RouterConnection:
         )
         return msgspec.json.encode(reg)
 
-    async def _run_link(self, auth: RouterAuth, session: Session) -> None:
+    async def _run_link(self, auth: RouterAuth, session: Session) -> str:
         serving = self.serving
         ws = await websocket.connect(
             session.link_url,
@@ -247,6 +249,7 @@ class RouterConnection:
                 await link.wait_closed()
                 for task in tasks:
                     task.cancel()
+            return link.close_reason
         finally:
             await link.close("agent reconnecting")
             reader.cancel()

@@ -188,6 +188,13 @@ class RouterBook:
         entry.holding = True
         return Verdict.GO, closing
 
+    def holder(self, entry_id: int) -> Entry | None:
+        """The other entry whose session holds the router this entry reached, if any."""
+        entry = self._entries.get(entry_id)
+        if entry is None or not entry.identity:
+            return None
+        return next((e for e in self._reaching(entry.identity, entry) if e.holding), None)
+
     def went_down(self, entry_id: int) -> None:
         entry = self._entries.get(entry_id)
         if entry is None:

@@ -40,6 +40,7 @@ class Routers:
         self._sleep = sleep
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
+        self._twins: set[frozenset[int]] = set()  # pairs of entries warned about
 
     async def run(self) -> None:
         """Serve every router until cancelled."""
@@ -85,7 +86,30 @@ class Routers:
         ident = identity(session.router_peer_id, session.router_id, entry.addr)
         verdict, closing = self.book.reached(entry_id, ident)
         self._close(closing, f"the same router is reached at {entry.addr}")
+        if verdict is Verdict.STANDBY:
+            self._warn_twin(entry, session.router_id)
         return verdict
+
+    def _warn_twin(self, entry: Entry, router_id: str) -> None:
+        """Two --routers entries answer as one router: one name of a router listed twice,
+        or two routers under one router ID. The agent cannot tell them apart (every router
+        of a site has the same key), so it registers with one only: said once, loudly."""
+        holder = self.book.holder(entry.id)
+        if holder is None:
+            return
+        pair = frozenset((entry.id, holder.id))
+        if pair in self._twins:
+            return  # one warning for the pair, whichever of them holds the session
+        self._twins.add(pair)
+        log.warning(
+            "routers %s and %s both answer as router ID %r: this agent registers with the "
+            "one at %s only. If they are two router processes, give each its own "
+            "--router-id; if they are one router under two names, list it once in --routers",
+            holder.addr,
+            entry.addr,
+            router_id,
+            holder.addr,
+        )
 
     def listed(self, routers: list[Listed]) -> None:
         for entry in self.book.listed(routers, self._clock()):

@@ -421,7 +421,8 @@ class RouterConfig:
         parse=v.text,
         flag="--router-id",
         env="HIVENET_ROUTER_ROUTER_ID",
-        help="This router's stable name in the site (default: the hostname)",
+        help="This router's stable name in the site (default: the hostname, then "
+        "-PORT when --grpc-port is not 50051)",
     )
     sync_interval: float = duration_option(
         1.0,

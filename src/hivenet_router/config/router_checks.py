@@ -77,11 +77,6 @@ def _check_sync(cfg: RouterConfig) -> None:
             "--sync-store=valkey replaces HIVENET_ROUTER_QUOTA_BACKEND=badger (the store "
             "keeps today's totals); unset one of them"
         )
-    if cfg.reuse_port and not cfg.router_id:
-        raise ConfigError(
-            "--reuse-port with --sync-store: give each router process of the host its own "
-            "--router-id (the default, the hostname, would be the same for all of them)"
-        )
     if bool(cfg.sync_addr) == bool(cfg.sync_sentinels):
         raise ConfigError(
             "--sync-store=valkey needs exactly one of --sync-addr HOST:PORT or "

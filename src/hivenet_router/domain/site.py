@@ -22,10 +22,21 @@ class SiteRouter:
         return {"router_id": self.router_id, "peer_id": self.peer_id, "addr": self.addr}
 
 
-def default_router_id() -> str:
-    """The hostname, cut to what a router ID may hold."""
+# --grpc-port's default: a router listening there is named by its hostname alone.
+USUAL_GRPC_PORT = 50051
+
+
+def default_router_id(grpc_port: int) -> str:
+    """The hostname (the site specification's default), cut to what a router ID may hold;
+    with `-PORT` after it when the router's agent port is not the usual one. Two router
+    processes of one host need two agent ports, so they get two IDs: with the hostname
+    alone, agents took them for one router and registered with only one of them."""
     name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in socket.gethostname())
-    return name[:64] or "router"
+    name = name or "router"
+    if grpc_port in (0, USUAL_GRPC_PORT):
+        return name[:64]
+    suffix = f"-{grpc_port}"
+    return name[: 64 - len(suffix)] + suffix
 
 
 class SiteDirectory:

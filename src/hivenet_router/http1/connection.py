@@ -37,6 +37,11 @@ class _HeadTooLarge(Exception):
     pass
 
 
+class _NoVersion(Exception):
+    """A request line without HTTP/1.0 or HTTP/1.1 (llhttp reads one that has no version
+    at all as HTTP/0.9, and takes HTTP/2.0 too)."""
+
+
 class ClientConnection(asyncio.Protocol):
     """One client connection: parse, run the application one request at a time, answer."""
 
@@ -194,6 +199,9 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self._parser
+        version = parser.get_http_version()
+        if version not in {"1.1", "1.0"}:
+            raise _NoVersion(version)
         path, query = _split_target(b"".join(self._url))
         request = Request(
             self,
@@ -201,7 +209,7 @@ class ClientConnection(asyncio.Protocol):
             path,
             query,
             self._headers,
-            version=parser.get_http_version(),
+            version=version,
             keep_alive=parser.should_keep_alive(),
             limit=self._server.limits.body,
         )
@@ -250,6 +258,10 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserCallbackError as exc:
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._refuse(431, "request headers are too large")
+                return
+            if isinstance(exc.__context__, _NoVersion):
+                self._server.malformed(f"request line without HTTP/1.x (HTTP/{exc.__context__})")
+                self._refuse(400, "malformed HTTP request: the request line must end in HTTP/1.1")
                 return
             log.error("HTTP server error while parsing a request", exc_info=exc.__context__)
             self._refuse(500, "internal router error")

@@ -134,7 +134,12 @@ class ControlPlane:
             self.links.discard(link)
             record = binding.record
             if record is not None and self.registry.get(record.peer_id) is record:
-                log.warning("agent %s disconnected: %s", record.peer_id, link.close_reason)
+                log.warning(
+                    "agent %s (%s) disconnected: %s",
+                    record.peer_id,
+                    request.remote,
+                    link.close_reason,
+                )
                 record.disconnected_at = self.clock.monotonic()
                 record.disconnects += 1
                 self.observers.on_agent(AgentEvent("disconnected", record.peer_id, record.model))

@@ -51,9 +51,26 @@ _DROP = frozenset(
 )
 
 
+# Engines refuse a request with many header lines: llama.cpp's server (cpp-httplib) takes
+# 100, aiohttp (the simulator) 128. On the way the agent adds up to four (Host,
+# Content-Length, its backend key, a traceparent), so a request that would forward more
+# than this is the client's error here rather than the engine's there.
+MAX_FORWARDED_HEADERS = 90
+
+
 def forward_headers(request: Request, request_id: str) -> list[tuple[str, str]]:
+    """The headers an agent gets: the client's (trailers included), less the dropped ones,
+    and the request's ID. Raises ApiError (431) past MAX_FORWARDED_HEADERS."""
     headers = [(k, v) for k, v in request.headers.items() if k not in _DROP]
     headers.append(("x-request-id", request_id))
+    if len(headers) > MAX_FORWARDED_HEADERS:
+        raise ApiError(
+            ErrorCode.REQUEST_TOO_LARGE,
+            f"too many headers: {len(headers)} would reach the model's engine, which takes "
+            f"at most {MAX_FORWARDED_HEADERS} (hop-by-hop headers, credentials and cookies "
+            "are not counted)",
+            status=431,
+        )
     return headers
 
 
@@ -117,6 +134,7 @@ class Handlers:
         ticket: Ticket = request.ticket
         route = request.path
         body = await read_body(request, self.body_timeout)
+        headers = forward_headers(request, ticket.request_id)  # after the body: its trailers
         principal: Principal = ticket.principal
         facts = await self.reader.parse(route, body, principal.tenant)
         ticket.facts = facts  # the model is known from here on (audit records name it)
@@ -133,7 +151,7 @@ class Handlers:
                 facts.capability,
                 facts.stream,
                 body,
-                forward_headers(request, ticket.request_id),
+                headers,
             )
         if not allowed:
             raise ApiError(

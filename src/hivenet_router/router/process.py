@@ -179,6 +179,17 @@ class RouterProcess:
             remove_agent=lambda record: self._removed(router, background, record),
             reload=lambda: self._reload(router, "api"),
         )
+        if router.site is not None and (holder := await router.site.claimed_by()) is not None:
+            log.error(
+                "--router-id %s is taken: another live router process of site %s runs "
+                "under it: %s. Give every router of the site its own --router-id",
+                router.site.me,
+                cfg.site,
+                holder,
+            )
+            await router.site.client.aclose()
+            await store.close()
+            return 1
         guards = self._guards()
         router.metrics.registry.register(ConnectionsCollector(guards))
         auth_server = GrpcAuthServer(

@@ -87,6 +87,11 @@ class Relay:
                     ErrorCode.AGENT_DISCONNECTED,
                     "stream interrupted: the router is shutting down",
                 )
+                if response is not None:
+                    # The body ends after its error event: without the last chunk an HTTP
+                    # client reports a broken transfer on top of the error.
+                    with contextlib.suppress(ConnectionError):
+                        await response.end()
             raise
         finally:
             await self._close(ticket, answer, outcome)

@@ -216,7 +216,11 @@ def _state(
     """Where limits are kept: in this process, or shared with the site through the store."""
     cfg = shared.config
     directory = SiteDirectory(
-        SiteRouter(cfg.router_id or default_router_id(), shared.peer_id, cfg.advertise_grpc_addr)
+        SiteRouter(
+            cfg.router_id or default_router_id(cfg.grpc_port.port),
+            shared.peer_id,
+            cfg.advertise_grpc_addr,
+        )
     )
     if cfg.sync_store != "valkey":
         return (directory, None, *local_ports(cfg, shared.clock))

@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +35,7 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
 from hivenet_router.observability.sync_metrics import SyncSnapshot
 from hivenet_router.router.admission import Ports
-from hivenet_router.sync import store
+from hivenet_router.sync import claim, store
 from hivenet_router.sync.credits import CreditPool, Grant
 from hivenet_router.sync.daily import IN_FLIGHT, DailyWrite, SiteDaily
 from hivenet_router.sync.entries import Peer, apply_usage, read_heartbeats, usage_entry
@@ -63,6 +65,12 @@ class Site:
         self.client: Any
         self.client, self.sentinel = store.connect(config)
         self.incarnation = secrets.token_hex(6)
+        # Named in the heartbeat, so that a process refused its router ID can say whose it is.
+        self._process: dict[str, object] = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "agents": str(config.grpc_port),
+        }
         self._incarnation_bytes = self.incarnation.encode()
         self._me_bytes = self.me.encode()
         self.health = Health()
@@ -203,6 +211,27 @@ class Site:
                 self.share(),
             )
 
+    async def claimed_by(self) -> str | None:
+        """Before joining: the live router process that already heartbeats under this
+        router ID, in words (sync/claim.py); None when there is none, or when the store
+        cannot say (the rounds then report a second process under this ID)."""
+        window_ms = self._window_ms()
+        try:
+            async with asyncio.timeout(window_ms / 1000 + 5.0):
+                return await claim.live_holder(self.client, self.keys, self.me, window_ms)
+        except (ValkeyError, OSError, TimeoutError, BadReply) as error:
+            log.warning(
+                "could not check in the site store that no other router process runs as "
+                "--router-id %s (%s); starting",
+                self.me,
+                str(error)[:200],
+            )
+            return None
+
+    def _window_ms(self) -> int:
+        """How long a router's heartbeat counts it as live."""
+        return int(max(3 * self.config.sync_interval, 3.0) * 1000)
+
     async def _leave_previous(self) -> None:
         """A router restarting under the same ID holds nothing: return what its previous
         process held."""
@@ -325,6 +354,7 @@ class Site:
                 "peer": self.directory.me.peer_id,
                 "inc": self.incarnation,
                 "empty": self.credits.empty(),
+                **self._process,
             }
         ).decode()
         reply = await self.client.execute_command(
@@ -364,7 +394,7 @@ class Site:
         return now_ms
 
     def _peers(self, beats: dict[bytes, bytes], now_ms: int) -> None:
-        window_ms = int(max(3 * self.config.sync_interval, 3.0) * 1000)
+        window_ms = self._window_ms()
         members, bad = read_heartbeats(beats)
         for _ in range(bad):
             self.health.error("bad_entry")

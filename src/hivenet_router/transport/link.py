@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from hivenet_router.transport import frames
 from hivenet_router.transport.frames import END, FrameError, FrameType
-from hivenet_router.transport.websocket import BINARY, CLOSE, CLOSED, ERROR
+from hivenet_router.transport.websocket import BINARY, CLOSE, CLOSED, ERROR, lost_words
 
 CLOSING = 256  # aiohttp's kind for a close under way (its WSMsgType values are these)
 
@@ -49,6 +49,11 @@ class WebSocketLike(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def ended(self) -> str:
+        """Why it ended, in words (the peer is "it"); empty while it is open."""
+        ...
 
 
 class StreamReset(Exception):
@@ -424,30 +429,32 @@ class Link:
     # -- the reader ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Read frames until the connection ends; then fail every stream left on it."""
-        reason = "connection closed"
+        """Read frames until the connection ends; then fail every stream left on it.
+
+        `close_reason` says why in an operator's words: how the WebSocket ended (a
+        goodbye, end of file, a reset, silence past the heartbeat), never an exception's
+        repr. A peer that dies ends the connection and the server's handler is cancelled in
+        the same turn, so a cancellation is read as the connection's end when it has one."""
+        reason = ""
         try:
             while True:
                 message = await self.ws.receive()
                 if message.type == BINARY:
                     self._dispatch(frames.decode(message.data))
-                elif message.type in (CLOSE, CLOSING, CLOSED):
-                    break
-                elif message.type == ERROR:
-                    reason = f"connection error: {message.data}"
+                elif message.type in (CLOSE, CLOSING, CLOSED, ERROR):
                     break
                 else:
                     raise FrameError(f"unexpected WebSocket message type {message.type!r}")
         except FrameError as exc:
             reason = f"protocol error: {exc}"
             log.warning("%s: closing after a protocol error: %s", self.name, exc)
-        except (ConnectionError, asyncio.CancelledError) as exc:
-            reason = f"connection lost: {exc!r}"
-            if isinstance(exc, asyncio.CancelledError):
-                self._shutdown(reason)
-                await self._close_ws()
-                raise
-        self._shutdown(reason)
+        except ConnectionError as exc:
+            reason = self.ws.ended or lost_words(exc)
+        except asyncio.CancelledError:
+            self._shutdown(self.ws.ended or "stopped: this side is shutting down")
+            await self._close_ws()
+            raise
+        self._shutdown(reason or self.ws.ended or "the connection closed")
         await self._close_ws()
 
     async def close(self, reason: str = "closed") -> None:

@@ -72,6 +72,19 @@ __all__ = [
 ]
 
 
+def lost_words(exc: BaseException | None) -> str:
+    """Why a connection was lost, in an operator's words (the peer is "it")."""
+    if exc is None:
+        return "it closed the connection without a goodbye (as a killed process does)"
+    if isinstance(exc, ConnectionResetError):
+        return "its connection was reset (its process or host went away)"
+    if isinstance(exc, TimeoutError):
+        return "the connection timed out (its host or the network went away)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"the connection failed: {exc.strerror}"
+    return f"the connection failed: {exc or type(exc).__name__}"
+
+
 class HandshakeError(ConnectionError):
     """The server did not accept the WebSocket (its status, or a bad handshake)."""
 
@@ -123,6 +136,9 @@ class WebSocket:
         self._close_sent = False
         self._close_received: asyncio.Future[None] = self._loop.create_future()
         self._last_received = self._loop.time()
+        # Why it ended, in words (the peer is "it"): the first of a goodbye, a failure, a
+        # close from this side or the connection's loss. Empty while it is open.
+        self.ended = ""
         self._pinger: asyncio.Task[None] | None = None
         self._queue = TurnWriter(self._loop, self._send_now)  # frames of this loop turn
 
@@ -157,6 +173,7 @@ class WebSocket:
 
     def _on_close_frame(self, payload: bytes) -> None:
         code = SHORT.unpack_from(payload)[0] if len(payload) >= 2 else 1005
+        self.ended = self.ended or f"it said goodbye (WebSocket close code {code})"
         if not self._close_received.done():
             self._close_received.set_result(None)
         if not self._close_sent:
@@ -169,6 +186,7 @@ class WebSocket:
     def _fail(self, reason: str, code: int) -> None:
         if self._closed:
             return
+        self.ended = self.ended or reason
         if not self._close_sent:
             self._close_sent = True
             self._write(encode_frame(OP_CLOSE, SHORT.pack(code), self._masked))
@@ -177,6 +195,7 @@ class WebSocket:
         self._close_transport()
 
     def _on_lost(self, exc: Exception | None) -> None:
+        self.ended = self.ended or lost_words(exc)
         self._queue.drop()
         if not self._close_received.done():
             self._close_received.set_result(None)
@@ -255,7 +274,11 @@ class WebSocket:
             self._write(encode_frame(OP_PING, b"", self._masked))
             await asyncio.sleep(interval / 2)
             if self._loop.time() - self._last_received >= interval * 1.5:
-                self._fail("no answer to a ping", CLOSE_INTERNAL)
+                self._fail(
+                    f"it sent nothing for {interval * 1.5:g}s, not even the answer to a ping "
+                    "(its host or the network is down, or it is stuck)",
+                    CLOSE_INTERNAL,
+                )
 
     # -- closing ------------------------------------------------------------------------------
 
@@ -269,6 +292,7 @@ class WebSocket:
         """Say goodbye, wait (bounded) for the peer's, then close the socket."""
         if self._pinger is not None:
             self._pinger.cancel()
+        self.ended = self.ended or "closed by this side"
         if not self._close_sent and not self._closed:
             self._close_sent = True
             self._write(encode_frame(OP_CLOSE, SHORT.pack(code) + message[:123], self._masked))

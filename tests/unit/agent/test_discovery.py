@@ -199,3 +199,14 @@ def test_the_routers_up_are_those_whose_session_holds() -> None:
     assert book.routers_up() == ["r0", "r1"]
     book.went_down(second.id)
     assert book.routers_up() == ["r0"]  # what the heartbeats tell the routers
+
+
+def test_the_holder_of_a_router_is_the_entry_whose_session_has_it() -> None:
+    book = RouterBook([at("a:1"), at("b:1")])
+    first, second = book.entries
+    assert book.reached(first.id, ident("r")) == (Verdict.GO, [])
+    assert book.reached(second.id, ident("r")) == (Verdict.STANDBY, [])
+    assert book.holder(second.id) is first
+    assert book.holder(first.id) is None
+    book.went_down(first.id)
+    assert book.holder(second.id) is None

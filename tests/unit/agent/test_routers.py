@@ -139,3 +139,33 @@ async def test_a_pulse_wakes_every_session_not_only_the_first() -> None:
     assert await asyncio.gather(*waiters) == [True, True, True]
     assert await pulse.wait(seen, 5.0)  # one that was busy meanwhile still sees it
     assert not await pulse.wait(pulse.version, 0.01)  # nothing new: the timeout
+
+
+async def test_two_routers_under_one_router_id_are_named_in_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two router processes of one host that both call themselves by the hostname: the
+    # agent cannot tell them apart and registers with one only. It says so, once.
+    site = StandInSite()
+    site.router("127.0.0.1:50051", "gpu-box")
+    site.router("127.0.0.1:50052", "gpu-box")
+    routers = manager(site, "127.0.0.1:50051,127.0.0.1:50052")
+    with caplog.at_level(logging.INFO, logger="hivenet.agent"):
+        await run_until(routers, lambda: min(site.dialled.values(), default=0) >= 10)
+    warned = [r for r in caplog.records if "both answer as router ID" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    text = warned[0].getMessage()
+    assert "127.0.0.1:50051" in text and "127.0.0.1:50052" in text and "'gpu-box'" in text
+    assert "give each its own --router-id" in text
+
+
+async def test_routers_with_their_own_ids_raise_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    site = StandInSite()
+    site.router("127.0.0.1:50051", "gpu-box")
+    site.router("127.0.0.1:50052", "gpu-box-50052")
+    routers = manager(site, "127.0.0.1:50051,127.0.0.1:50052")
+    with caplog.at_level(logging.INFO, logger="hivenet.agent"):
+        await run_until(routers, lambda: min(site.dialled.values(), default=0) >= 5)
+    assert "both answer as router ID" not in caplog.text

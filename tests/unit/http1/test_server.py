@@ -517,3 +517,27 @@ async def test_trailers_too_large_fail_the_body(served: Served) -> None:
     assert status.startswith(b"HTTP/1.1 400") and b"trailers" in body
     assert await closed(reader)
     writer.close()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"GET /health", b"GET /health HTTP/0.9", b"GET /health HTTP/2.0", b"PRI * HTTP/2.0"],
+)
+async def test_a_request_line_without_http_1_is_malformed(served: Served, line: bytes) -> None:
+    # llhttp reads a request line without a version as HTTP/0.9, and takes HTTP/2.0.
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(line + b"\r\nHost: h\r\n\r\n")
+    status, _, body = await answer(reader)
+    assert status.startswith(b"HTTP/1.1 400") and body == b'{"status":400}'
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_http_1_0_is_still_answered(served: Served) -> None:
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"GET /old HTTP/1.0\r\n\r\n")
+    status, _, body = await answer(reader)
+    assert status == b"HTTP/1.1 200 OK" and body == b"GET /old {} "
+    writer.close()

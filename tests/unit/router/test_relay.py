@@ -78,3 +78,49 @@ async def test_a_client_that_stops_reading_cannot_hold_a_stream_past_its_deadlin
     finally:
         sock.close()
         await server.close()
+
+
+class Slow:
+    """A stream source that sends nothing after its first event until it is closed."""
+
+    def __init__(self) -> None:
+        self.closed: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    async def read(self) -> bytes | None:
+        await asyncio.Event().wait()
+        return None
+
+    def close(self, outcome: Outcome) -> None:
+        self.closed.set_result(outcome)
+
+
+async def test_a_stream_cut_at_shutdown_ends_its_body_after_the_error_event() -> None:
+    relay = Relay()
+    source = Slow()
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[object]] = []
+
+    async def app(request: http.Request) -> http.Answer:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.append(task)
+        ticket = Ticket("rid", "/v1/chat/completions", loop.time(), Observers([]))
+        ticket.deadline = loop.time() + 60
+        answer = Answer(200, [("content-type", "text/event-stream")], source, first=b"data: 1\n\n")
+        return await relay(request, ticket, answer)
+
+    server = HttpServer(app, Limits(), error_page=lambda status, message: b"{}")
+    await server.listen("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.ports[0])
+    try:
+        writer.write(b"POST /s HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")
+        await asyncio.wait_for(reader.readuntil(b"data: 1\n\n\r\n"), 5)
+        # What Edge.drain does when the grace is over.
+        relay.stopping = True
+        tasks[0].cancel()
+        rest = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5)
+        assert b"shutting down" in rest and rest.endswith(b"}\n\n\r\n0\r\n\r\n")
+        assert await asyncio.wait_for(source.closed, 5) is Outcome.BROKEN
+    finally:
+        writer.close()
+        await server.close()

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from aiohttp import web
 
-from hivenet_router.transport import frames
+from hivenet_router.transport import frames, websocket, ws_server
 from hivenet_router.transport.frames import FrameType
 from hivenet_router.transport.link import (
     INITIAL_WINDOW,
+    Link,
     LinkClosed,
     Stream,
     StreamReset,
     WriteTimeout,
 )
-from tests.linkpair import Handler, Pair, link_pair
+from tests.linkpair import Handler, Pair, dialled, link_pair, serve_ws, ws_url
 
 PROTO = "/test/1.0.0"
 
@@ -301,3 +305,67 @@ async def test_the_body_sent_with_a_head_is_bounded_by_the_write_timeout(
     async with pair.client.request(PROTO, "POST", "/", [], b"") as s:
         await s.response_head()  # and then read nothing
         assert isinstance(await asyncio.wait_for(outcome, 5), WriteTimeout)
+
+
+@contextlib.asynccontextmanager
+async def router_end() -> AsyncIterator[tuple[Link, websocket.WebSocketClient, list[Link]]]:
+    """An agent's link to a server end run as the router runs it: aiohttp cancels the
+    handler when the connection is lost, in the same turn as the WebSocket hears of it."""
+    server_links: list[Link] = []
+
+    async def accept(request: web.Request) -> web.StreamResponse:
+        response, ws = await ws_server.accept(request, max_size=frames.MAX_FRAME, heartbeat=None)
+        link = Link(ws, dialer=False, handlers={}, name="agent a")
+        server_links.append(link)
+        await link.run()
+        return response
+
+    runner = await serve_ws(accept, handler_cancellation=True)
+    try:
+        async with dialled(ws_url(runner), None, {}, "router r") as (client, ws, _):
+            while not server_links:
+                await asyncio.sleep(0.01)
+            yield client, ws, server_links
+    finally:
+        await runner.cleanup()
+
+
+def _reset(ws: websocket.WebSocketClient) -> None:
+    """Close the socket with a TCP reset, as a host that lost the process's state does."""
+    transport = ws._transport
+    assert transport is not None
+    sock = transport.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+@pytest.mark.parametrize(
+    ("end", "words"),
+    [
+        ("eof", "it closed the connection without a goodbye (as a killed process does)"),
+        ("reset", "its connection was reset (its process or host went away)"),
+        ("goodbye", "it said goodbye (WebSocket close code 1000)"),
+    ],
+)
+async def test_a_lost_link_says_why_in_words(end: str, words: str) -> None:
+    async with router_end() as (client, ws, server_links):
+        if end == "eof":  # a killed agent: its kernel closes the socket, no WebSocket close
+            assert ws._transport is not None
+            ws._transport.close()
+        elif end == "reset":
+            _reset(ws)
+        else:
+            await client.close("agent stopping")
+        server = server_links[0]
+        await asyncio.wait_for(server.wait_closed(), 5)
+        assert server.close_reason == words
+        if end == "goodbye":
+            assert client.close_reason == "agent stopping"
+
+
+async def test_a_link_stopped_by_its_own_side_says_so() -> None:
+    async with router_end() as (client, _, server_links):
+        await server_links[0].close("router shutting down")
+        await asyncio.wait_for(client.wait_closed(), 5)
+        assert server_links[0].close_reason == "router shutting down"
+        assert client.close_reason == "it said goodbye (WebSocket close code 1000)"

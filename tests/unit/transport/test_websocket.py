@@ -137,6 +137,7 @@ async def test_a_silent_server_is_given_up_after_the_heartbeat() -> None:
     )
     message = await asyncio.wait_for(ws.receive(), 5)
     assert message.type == ERROR and "ping" in str(message.data)
+    assert ws.ended.startswith("it sent nothing for 0.3s, not even the answer to a ping")
     await ws.close(timeout=0.1)
     done.set()
     server.close()
@@ -240,3 +241,18 @@ async def test_a_closed_client_holds_no_socket_when_the_server_goes_silent(
     finally:
         closed.set()
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        (None, "it closed the connection without a goodbye (as a killed process does)"),
+        (ConnectionResetError(104, "Connection reset by peer"), "its connection was reset"),
+        (TimeoutError(110, "Connection timed out"), "the connection timed out"),
+        (OSError(113, "No route to host"), "the connection failed: No route to host"),
+    ],
+)
+def test_a_lost_connection_is_described_in_words(error: OSError | None, words: str) -> None:
+    described = websocket.lost_words(error)
+    assert described.startswith(words)
+    assert "Error(" not in described

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # .venv remembers the interpreter that built it, and is built again for another one.
 BASE := $(VENV)/.base$(subst /,-,$(realpath $(shell command -v $(PYTHON) 2>/dev/null)))
 
-.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input bench-heavy-body soak docs clean
+.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input bench-heavy-body bench-stream-memory soak docs clean
 
 $(BASE):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -112,6 +112,10 @@ bench-bad-input: $(STAMP)
 ## Good requests' rate and latency while clients send 10 MiB bodies built to be slow (about a minute).
 bench-heavy-body: $(STAMP)
 	$(BIN)/python -m bench.heavybody $(ARGS)
+
+## The router's and the agent's memory per stream in flight, 0 to 1,000 streams held (about 2 minutes).
+bench-stream-memory: $(STAMP)
+	$(BIN)/python -m bench.stream_memory $(ARGS)
 
 ## One million requests; memory must stay flat and nothing held (about 10 minutes).
 soak: $(STAMP)

@@ -21,6 +21,36 @@ STATE = ROOT / ".run"
 BIN = Path(sys.executable).parent
 HTTP = os.environ.get("HIVENET_RUN_HTTP_PORT", "8080")
 MODEL = os.environ.get("HIVENET_RUN_MODEL", "sim-model")
+ENGINE_PORT = 8888
+# The engine as agentic clients need it: Claude Code, Codex CLI and opencode send about
+# 19,000 tokens of tools and system prompt and ask for up to 32,000 output tokens, which
+# the simulator's default 8,192-token context refuses (400 context_length_exceeded). A
+# 256k context with room in the KV cache for several such requests at once, and answers
+# that stop by themselves after 256 tokens (finish_reason "stop", about 4 s at the
+# simulator's pace) rather than run to 32,000. tests/integration/test_run_local.py
+# sends such a request to an engine started with these settings.
+ENGINE_OPTIONS = (
+    "--max-model-len",
+    "262144",
+    "--kv-cache-tokens",
+    "1000000",
+    "--answer-cap",
+    "256",
+)
+
+
+def engine_command(port: int = ENGINE_PORT, model: str = MODEL) -> list[str]:
+    """The simulator `make run` starts."""
+    return [
+        str(BIN / "hivenet-sim"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        *ENGINE_OPTIONS,
+    ]
 
 
 def _secret() -> Path:
@@ -58,7 +88,7 @@ def _wait_for_model(url: str, deadline: float) -> bool:
 def main() -> int:
     secret = _secret()
     commands = [
-        [str(BIN / "hivenet-sim"), "--host", "127.0.0.1", "--port", "8888", "--model", MODEL],
+        engine_command(),
         [
             str(BIN / "hivenet-router"),
             "--http-port",
@@ -81,7 +111,7 @@ def main() -> int:
             "--engine",
             "vllm",
             "--backend-url",
-            "http://127.0.0.1:8888",
+            f"http://127.0.0.1:{ENGINE_PORT}",
             "--router-grpc",
             "127.0.0.1:50051",
             "--jwt-secret-file",

@@ -9,6 +9,9 @@ same promises with plain attribute work when a slot is free:
 - a waiter cancelled after it was handed a slot passes the slot on, so none is lost.
 
 Use `if not slots.take(): await slots.wait()` on the hot path, `release()` once for each.
+`add` changes the number of slots while they are in use: lowered below the number taken, the
+count of free slots goes negative, nobody in use loses a slot, and releases pay the
+difference back before the next waiter gets one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class Slots:
 
     @property
     def free(self) -> int:
+        """Slots free now; negative while more are taken than there are slots."""
         return self._free
 
     def locked(self) -> bool:
@@ -65,10 +69,20 @@ class Slots:
             await self.wait()
 
     def release(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        if self._free >= 0:  # below 0, a slot given back pays off a lowered count first
+            waiters = self._waiters
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
         self._free += 1
+
+    def add(self, count: int) -> None:
+        """Add `count` slots, or take away -`count`. Taking away never takes a slot from
+        whoever holds one: new takers wait until enough have been given back."""
+        if count < 0:
+            self._free += count
+            return
+        for _ in range(count):
+            self.release()  # pays off a deficit first, then wakes waiters in order

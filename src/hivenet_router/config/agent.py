@@ -51,7 +51,8 @@ class AgentConfig:
         "vllm",
         parse=_engine,
         flag="--engine",
-        help="Engine adapter: vllm, sglang, llamacpp (or llama-cpp), ollama, infinity, custom",
+        help="Engine adapter: vllm, sglang, llamacpp (or llama-cpp), ollama, infinity, custom, "
+        "openai (any OpenAI-compatible server)",
     )
     backend_url: str = option(
         "http://localhost:8888",

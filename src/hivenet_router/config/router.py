@@ -132,11 +132,12 @@ class RouterConfig:
         help="Time an agent connection has to finish TLS and open its link, else it is closed",
     )
     queue_size: int = option(
-        100,
-        parse=v.positive_int,
+        0,
+        parse=v.non_negative_int,
         flag="--queue-size",
         env="HIVENET_ROUTER_QUEUE_SIZE",
-        help="Requests that may wait for a forwarding slot before new ones wait to enqueue",
+        help="Requests that may wait for a forwarding slot before new ones wait to enqueue; "
+        "0 follows the forwarding limit: as many as it, at least 100",
     )
     enqueue_timeout: float = duration_option(
         5.0,
@@ -152,10 +153,12 @@ class RouterConfig:
         help="Requests that may wait per model for an agent slot; 0 disables waiting",
     )
     max_concurrent: int = option(
-        50,
-        parse=v.positive_int,
+        0,
+        parse=v.non_negative_int,
         flag="--max-concurrent",
-        help="Most requests forwarded to agents at once by this router",
+        help="Most requests forwarded at once by this router, each held until its answer's "
+        "last byte; 0 follows the fleet: the registered agents' capacities plus "
+        "--queue-depth per model, at least 50 and at most --http-max-conns",
     )
     request_timeout: float = duration_option(
         60.0,

@@ -296,7 +296,7 @@ class StateCollector(Collector):
         occupancy: Callable[[], Iterable[tuple[str, int, int]]],
         limits: Callable[[], Iterable[tuple[str, tuple[int, int]]]],
         waiting: Callable[[], Iterable[tuple[str, int]]],
-        pending: Callable[[], tuple[int, int]],
+        pending: Callable[[], tuple[int, int, int]],
     ) -> None:
         self._occupancy = occupancy
         self._limits = limits
@@ -332,7 +332,7 @@ class StateCollector(Collector):
             backstop.add_metric([name], most)
         for name, waiting in self._waiting():
             depth.add_metric([name], waiting)
-        queued, forwarding = self._pending()
+        queued, forwarding, allowed = self._pending()
         global_queue = _gauge(
             "hivenet_router_pending_requests", "Requests waiting for a forwarding slot", ()
         )
@@ -341,7 +341,22 @@ class StateCollector(Collector):
             "hivenet_router_active_forwards", "Requests being forwarded to agents", ()
         )
         forwards.add_metric([], forwarding)
-        yield from (tokens, inflight, budget, backstop, depth, global_queue, forwards)
+        forward_limit = _gauge(
+            "hivenet_router_forwarding_limit",
+            "Requests this router may forward at once (--max-concurrent, or what the fleet runs)",
+            (),
+        )
+        forward_limit.add_metric([], allowed)
+        yield from (
+            tokens,
+            inflight,
+            budget,
+            backstop,
+            depth,
+            global_queue,
+            forwards,
+            forward_limit,
+        )
 
 
 class RequestsCollector(Collector):

@@ -118,7 +118,12 @@ class AdminApi:
                 "uptime_seconds": round(time.time() - self.started, 1),
                 "eligible_agents": sum(1 for a in agents if a.eligible),
                 "models": self._model_loads(),
-                "queue": {"waiting": pending.waiting, "forwarding": pending.forwarding},
+                "queue": {
+                    "waiting": pending.waiting,
+                    "forwarding": pending.forwarding,
+                    "size": pending.size,
+                    "limit": pending.limit,
+                },
                 "registration_stream": {
                     "subscribers": self.feed.subscribers,
                     "dropped": self.feed.dropped,

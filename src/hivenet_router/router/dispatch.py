@@ -14,7 +14,6 @@ import asyncio
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
@@ -28,6 +27,7 @@ from hivenet_router.policy.document import Policy, Provider, Step
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.store import PolicyStore
+from hivenet_router.router.forwarding import DispatchLimits, follow_fleet
 from hivenet_router.router.providers import ProviderRefused, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.routing_state import RoutingState, header_value, queue_cost
@@ -84,15 +84,6 @@ class _Retry(Exception):
         self.stale = stale
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchLimits:
-    queue_size: int
-    max_concurrent: int
-    enqueue_timeout: float
-    queue_depth: int
-    max_tries: int
-
-
 class Dispatcher:
     """The terminal of the request pipeline."""
 
@@ -113,7 +104,9 @@ class Dispatcher:
         self.routing = routing or RoutingState(clock, registry)
         self.clock = clock
         self.limits = limits
-        self.pending = PendingQueue(limits.queue_size, limits.max_concurrent)
+        self.pending = PendingQueue(*limits.sizes(registry.all()))
+        if not limits.max_concurrent:
+            follow_fleet(registry, limits, self.pending.resize)
         self.deadlines = Deadlines()  # each request's, on one timer per 50 ms
         self._queues: dict[str, CapacityQueue] = {}
         # Per model, when (on self.clock) an open breaker lets probes in, and the timer that

@@ -305,17 +305,26 @@ class CapacityQueue:
 class PendingQueue:
     """The global queue in front of the forwarding slots.
 
-    At most `size` requests may wait for one of the `max_concurrent` forwarding slots; when
-    that many already wait, a newcomer waits up to `enqueue_timeout` for room, then is
-    refused with queue_full.
+    At most `size` requests may wait for one of the `limit` forwarding slots; when that many
+    already wait, a newcomer waits up to `enqueue_timeout` for room, then is refused with
+    queue_full. `resize` changes both while requests are in flight: nobody who holds a slot
+    or a place loses it; below the number in use, newcomers wait until enough have left.
     """
 
-    def __init__(self, size: int, max_concurrent: int) -> None:
+    def __init__(self, size: int, limit: int) -> None:
         self.size = size
+        self.limit = limit
         self.waiting = 0
         self.forwarding = 0
         self._room = Slots(size)
-        self._slots = Slots(max_concurrent)
+        self._slots = Slots(limit)
+
+    def resize(self, size: int, limit: int) -> None:
+        if size < 1 or limit < 1:
+            raise ValueError(f"queue size {size} and limit {limit} must be at least 1")
+        self._room.add(size - self.size)
+        self._slots.add(limit - self.limit)
+        self.size, self.limit = size, limit
 
     async def enter(self, enqueue_timeout: float) -> bool:
         """Take a place in the queue; False when none freed up within the timeout."""

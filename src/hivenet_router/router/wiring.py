@@ -49,8 +49,9 @@ from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.cors import Cors
-from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
+from hivenet_router.router.dispatch import Dispatcher
 from hivenet_router.router.edge import Edge, build_app
+from hivenet_router.router.forwarding import DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
 from hivenet_router.router.history import HistoryKeeper
@@ -239,6 +240,7 @@ def dispatch_limits(config: RouterConfig) -> DispatchLimits:
         enqueue_timeout=config.enqueue_timeout,
         queue_depth=config.queue_depth,
         max_tries=config.max_tries_per_step,
+        ceiling=config.http_max_conns,
     )
 
 
@@ -409,7 +411,7 @@ def _collect(router: Router) -> None:
             occupancy=occupancy.levels if isinstance(occupancy, LocalPool) else lambda: (),
             limits=lambda: list(admission.limits.items()),
             waiting=router.dispatcher.waiting,
-            pending=lambda: (pending.waiting, pending.forwarding),
+            pending=lambda: (pending.waiting, pending.forwarding, pending.limit),
         )
     )
     routing = router.dispatcher.routing

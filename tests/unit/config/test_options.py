@@ -45,7 +45,9 @@ def test_defaults_match_the_documented_interface() -> None:
     assert config.metrics_port.port == 2112
     assert config.p2p_port == 9000
     assert config.p2p_listen_addr == "127.0.0.1"
-    assert (config.queue_size, config.queue_depth, config.max_concurrent) == (100, 30, 50)
+    # 0: the forwarding limit follows the fleet and the global queue the forwarding limit
+    # (the reference's fixed 50 and 100 are their floors: docs/api.md says why).
+    assert (config.queue_size, config.queue_depth, config.max_concurrent) == (0, 30, 0)
     assert config.request_timeout == 60.0
     assert (config.unhealthy_after, config.remove_after) == (15.0, 30.0)
     assert config.max_request_bytes == 10_485_760
@@ -67,7 +69,8 @@ def test_flag_beats_environment_beats_default() -> None:
     [
         (["--request-timeout", "five minutes"], {}, "--request-timeout"),
         ([], {"HIVENET_ROUTER_REQUEST_TIMEOUT": "five"}, "HIVENET_ROUTER_REQUEST_TIMEOUT"),
-        (["--queue-size", "0"], {}, "--queue-size"),
+        (["--queue-size", "-1"], {}, "--queue-size"),
+        (["--max-concurrent", "-1"], {}, "--max-concurrent"),
         (["--queue-depth", "-1"], {}, "--queue-depth"),
         (["--http-port", "8080"], {}, "--http-port"),
         (["--p2p-announce-addr", "router:9000"], {}, "--p2p-announce-addr"),

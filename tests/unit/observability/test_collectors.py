@@ -112,7 +112,7 @@ def test_state_and_requests_in_flight() -> None:
             occupancy=lambda: [("m", 120, 2)],
             limits=lambda: [("m", (900, 8))],
             waiting=lambda: [("m", 3)],
-            pending=lambda: (1, 5),
+            pending=lambda: (1, 5, 90),
         ),
         RequestsCollector(
             inflight=lambda: [("POST", "/v1/chat/completions")] * 2 + [("GET", "/v1/models")],
@@ -122,5 +122,6 @@ def test_state_and_requests_in_flight() -> None:
     assert metric(text, "hivenet_admission_occupancy_tokens", model="m") == 120
     assert metric(text, "hivenet_queue_depth", model="m") == 3
     assert metric(text, "hivenet_router_active_forwards") == 5
+    assert metric(text, "hivenet_router_forwarding_limit") == 90
     assert metric(text, "http_server_active_requests", method="POST") == 2
     assert metric(text, "hivenet_tenant_tokens_used_today", tenant_id="acme") == 15

@@ -26,7 +26,8 @@ from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import parse_policy
 from hivenet_router.policy.store import PolicySet, PolicyStore
-from hivenet_router.router.dispatch import Dispatcher, DispatchLimits
+from hivenet_router.router.dispatch import Dispatcher
+from hivenet_router.router.forwarding import DispatchLimits
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream

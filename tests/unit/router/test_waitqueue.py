@@ -473,7 +473,7 @@ def test_pending_queue_bounds_and_times_out() -> None:
     clock = ManualClock()
 
     async def run() -> None:
-        pending = PendingQueue(size=1, max_concurrent=1)
+        pending = PendingQueue(size=1, limit=1)
         assert await pending.enter(0.1)
         await pending.take_slot()
         assert await pending.enter(0.1)  # waits for a slot

@@ -219,7 +219,9 @@ class Site:
         try:
             async with asyncio.timeout(window_ms / 1000 + 5.0):
                 return await claim.live_holder(self.client, self.keys, self.me, window_ms)
-        except (ValkeyError, OSError, TimeoutError, BadReply) as error:
+        except (ValkeyError, OSError, TimeoutError, BadReply, ValueError, TypeError) as error:
+            # ValueError, TypeError: the client's own reply parsing (its TIME callback)
+            # failing on a store that answers garbage.
             log.warning(
                 "could not check in the site store that no other router process runs as "
                 "--router-id %s (%s); starting",

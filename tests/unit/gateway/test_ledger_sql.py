@@ -117,12 +117,20 @@ async def test_a_burst_on_a_healthy_database_is_refused_never_let_through(
         await until(lambda: ledger.up)
         await ledger.credit("acme", Decimal(1), USD, None)
         keys = [ledger.new_charge_id() for _ in range(1500)]
+        # The pool's one connection is taken first, as a long call would take it, so the
+        # burst finds it saturated on any machine (a fast one once served every hold in
+        # time); it is given back once the first hold has been refused as busy.
+        slots = ledger._db._slots
+        await slots.acquire()
         # One hold per event-loop turn, as requests arrive: holds of one turn share a
         # statement, so asked all in one turn they would never saturate the pool.
         holds = []
         for key in keys:
             holds.append(asyncio.create_task(ledger.hold(key, "r", "acme", USD, worst)))
             await asyncio.sleep(0)
+        done, _ = await asyncio.wait(holds, return_when=asyncio.FIRST_COMPLETED)
+        assert {task.result().status for task in done} == {"busy"}
+        slots.release()
         results = await asyncio.gather(*holds)
         statuses = {r.status for r in results}
         assert statuses <= {"held", "insufficient", "busy"} and "busy" in statuses, statuses

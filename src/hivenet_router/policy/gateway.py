@@ -17,18 +17,18 @@ from hivenet_router.gateway.settings import (
     check_cache,
     check_validator,
 )
-from hivenet_router.policy import options as step_options
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from hivenet_router.policy.document import Policy, _Reader
+    from hivenet_router.policy.document import Policy
+    from hivenet_router.policy.reader import Reader
 
 BLOCKS = ("prices", "response_cache", "stream_validator")
 _PRICE_FIELDS = ("input_per_million", "output_per_million")
 
 
-def _price(reader: _Reader, node: yaml.Node, path: str, items: dict[str, yaml.Node]) -> Price:
+def _price(reader: Reader, node: yaml.Node, path: str, items: dict[str, yaml.Node]) -> Price:
     values: list[Decimal] = []
     for name in _PRICE_FIELDS:
         if name not in items:
@@ -43,7 +43,7 @@ def _price(reader: _Reader, node: yaml.Node, path: str, items: dict[str, yaml.No
     return Price(values[0], values[1])
 
 
-def prices(reader: _Reader, node: yaml.Node) -> Prices:
+def prices(reader: Reader, node: yaml.Node) -> Prices:
     items = reader.mapping(node, "prices", ("currency", *_PRICE_FIELDS, "models"))
     currency = DEFAULT_CURRENCY
     if "currency" in items:
@@ -67,7 +67,7 @@ def prices(reader: _Reader, node: yaml.Node) -> Prices:
     return Prices(currency, default, tuple(models))
 
 
-def blocks(reader: _Reader, items: dict[str, yaml.Node]) -> dict[str, Any]:
+def blocks(reader: Reader, items: dict[str, yaml.Node]) -> dict[str, Any]:
     """The Policy fields the gateway blocks present in `items` set."""
     out: dict[str, Any] = {}
     if "prices" in items:
@@ -82,15 +82,13 @@ def blocks(reader: _Reader, items: dict[str, yaml.Node]) -> dict[str, Any]:
 
 
 def _switched_on(
-    reader: _Reader, node: yaml.Node, block: str, kind: Any, check: Any
+    reader: Reader, node: yaml.Node, block: str, kind: Any, check: Any
 ) -> CacheSettings | ValidatorSettings:
     """A settings block; the key alone (no value) takes every default, as `{}` does."""
     if isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~"):
         made: CacheSettings | ValidatorSettings = kind()
         return made
-    settings: CacheSettings | ValidatorSettings = step_options.settings(
-        reader, node, block, kind, check
-    )
+    settings: CacheSettings | ValidatorSettings = reader.settings(node, block, kind, check)
     return settings
 
 

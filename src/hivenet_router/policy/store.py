@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hivenet_router.policy.document import BUILT_IN, Policy, PolicyError, parse_policy
+from hivenet_router.policy.document import BUILT_IN, Policy, parse_policy
+from hivenet_router.policy.reader import PolicyError
 
 log = logging.getLogger("hivenet.policy")
 
@@ -147,8 +148,7 @@ class PolicyStore:
     def _global(self, path: Path, name: str, initial: bool, previous: Policy) -> Policy:
         """A global policy file: fatal when invalid at start, kept as it was on reload."""
         try:
-            policy = parse_policy(_read(path), str(path), name, require_models=False)
-            _check_provider(policy, self._providers)
+            policy = self.parse(_read(path), str(path), name, named=False)
         except PolicyError as exc:
             if initial:
                 raise
@@ -180,8 +180,7 @@ class PolicyStore:
                 continue
             name = path.stem
             try:
-                policy = parse_policy(_read(path), str(path), name, require_models=True)
-                _check_provider(policy, self._providers)
+                policy = self.parse(_read(path), str(path), name, named=True)
             except PolicyError as exc:
                 if initial:
                     raise

@@ -37,8 +37,8 @@ from hivenet_router.listeners import (
     start_site,
 )
 from hivenet_router.observability.connections import ConnectionsCollector
-from hivenet_router.policy.document import PolicyError
 from hivenet_router.policy.gateway import missing_prices
+from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.store import PolicySet, PolicyStore
 from hivenet_router.router.auth_grpc import GrpcAuthServer
 from hivenet_router.router.providers import ProviderConfig, Providers

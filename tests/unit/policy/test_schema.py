@@ -7,7 +7,8 @@ import jsonschema
 import pytest
 import yaml
 
-from hivenet_router.policy.document import PolicyError, parse_policy
+from hivenet_router.policy.document import parse_policy
+from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.schema import policy_schema
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "docs/examples/policies").glob("*.yaml"))

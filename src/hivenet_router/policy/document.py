@@ -4,18 +4,23 @@ Unknown keys, wrong types, negative limits, empty chains, unknown signals and op
 errors naming the file, the line and the field (`policy.yaml:14: routing_policy.exclude_if.
 sucess_rate: unknown signal ...`). The accepted shape is also published as a JSON Schema
 (docs/policy.schema.json) for editors.
+
+This module reads routing's own fields. A section another layer owns is a `Block` handed in
+by the caller (`policy/blocks.py`): parsed after routing's fields, in the order the blocks
+are given, and kept in `Policy.blocks`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import yaml
 
-from hivenet_router.gateway.settings import CacheSettings, Prices, ValidatorSettings
-from hivenet_router.policy import gateway as gateway_blocks
 from hivenet_router.policy import options as step_options
+from hivenet_router.policy.blocks import Block, check_names
 from hivenet_router.policy.gates import OPERATORS, ThresholdGate
 from hivenet_router.policy.plugins import Strategy
 from hivenet_router.policy.reader import PolicyError, Reader
@@ -26,6 +31,7 @@ from hivenet_router.routing.breaker import check_settings as check_breaker
 from hivenet_router.routing.vegas import VegasSettings
 from hivenet_router.routing.vegas import check_settings as check_vegas
 
+T = TypeVar("T")
 MATCH_FIELDS = ("region", "engine", "organization", "machine", "gpu_model", "deployment_id")
 STEP_FIELDS = (
     "name",
@@ -48,7 +54,6 @@ TOP_FIELDS = (
     "fallback_provider",
     "circuit_breaker",
     "adaptive_concurrency",
-    *gateway_blocks.BLOCKS,
 )
 PROVIDERS = ("openai", "anthropic")
 MODES = ("reserved", "serverless")
@@ -108,10 +113,20 @@ class Policy:
     breaker: BreakerSettings = BreakerSettings()
     adaptive: VegasSettings = VegasSettings()
     source: str = "built-in"
-    # Gateway stages: each None (off) unless the policy has its block.
-    prices: Prices | None = None
-    response_cache: CacheSettings | None = None
-    stream_validator: ValidatorSettings | None = None
+    # What the blocks handed to the parser read, by block name, for those in the document.
+    blocks: tuple[tuple[str, object], ...] = ()
+
+    def block(self, block: Block[T]) -> T:
+        """What `block` parsed from this policy's document, or its default."""
+        for name, value in self.blocks:
+            if name == block.name:
+                return cast("T", value)
+        return block.default()
+
+    def with_block(self, block: Block[T], value: T) -> Policy:
+        """This policy with `value` as what `block` holds (tests and built policies)."""
+        kept = tuple((name, held) for name, held in self.blocks if name != block.name)
+        return dataclasses.replace(self, blocks=(*kept, (block.name, value)))
 
 
 BUILT_IN = Policy(
@@ -191,7 +206,15 @@ class RoutingReader(Reader):
         )
 
 
-def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> Policy:
+def parse_policy(
+    text: str,
+    source: str,
+    name: str,
+    *,
+    require_models: bool,
+    blocks: Sequence[Block[Any]] = (),
+) -> Policy:
+    """One policy document; `blocks` are the other layers' sections it may carry."""
     reader = RoutingReader(source)
     try:
         root = yaml.compose(text)
@@ -203,7 +226,7 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         ) from None
     if root is None:
         raise PolicyError(f"{source}: empty policy document")
-    items = reader.mapping(root, "policy", TOP_FIELDS)
+    items = reader.mapping(root, "policy", (*TOP_FIELDS, *check_names(blocks, TOP_FIELDS)))
     models: tuple[str, ...] = ()
     if "models" in items:
         models = reader.strings(items["models"], "models")
@@ -257,5 +280,9 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         source=source,
         **limits,
         **tuning,
-        **gateway_blocks.blocks(reader, items),
+        blocks=tuple(
+            (block.name, block.parse(reader, items[block.name], block.name))
+            for block in blocks
+            if block.name in items
+        ),
     )

@@ -24,6 +24,7 @@ from typing import Any, Final
 from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.errors import ApiError
+from hivenet_router.gateway.blocks import CACHE
 from hivenet_router.gateway.cache_key import Directives, directives, request_key
 from hivenet_router.gateway.cache_store import MemoryStore, Stored, storable
 from hivenet_router.gateway.cache_valkey import LeaderLost, SharedCache
@@ -64,7 +65,7 @@ class ResponseCache:
         self._closed = False
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
-        settings = self.policy_for(ticket.model).response_cache
+        settings = self.policy_for(ticket.model).block(CACHE)
         if settings is None or ticket.job is None or self._closed:
             return await next(ticket)
         return await self._cached(ticket, next, settings)

@@ -1,6 +1,7 @@
 """What a policy says about the gateway stages: prices for wallets, the response cache, the
 stream-quality validator. Plain values, checked when the policy is read; a leaf module (it
-imports nothing of ours), so the policy parser and the stages can both use it.
+imports nothing of ours), so the gateway's policy blocks (gateway/blocks.py) and the stages
+can both use it.
 """
 
 from __future__ import annotations

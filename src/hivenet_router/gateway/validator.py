@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Usage
+from hivenet_router.gateway.blocks import VALIDATOR
 from hivenet_router.gateway.degenerate import Detector, judge
 from hivenet_router.gateway.settings import ValidatorSettings
 from hivenet_router.gateway.sse_text import SseText, body_text
@@ -59,7 +60,7 @@ class StreamValidator:
         if job is None or job.capability != "llm":
             return await next(ticket)
         policy = self.policy_for(job.model)
-        settings = policy.stream_validator
+        settings = policy.block(VALIDATOR)
         if settings is None:
             return await next(ticket)
         answer = await next(ticket)

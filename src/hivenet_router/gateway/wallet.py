@@ -27,6 +27,7 @@ from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
 from hivenet_router.domain.usage import DataLines
+from hivenet_router.gateway.blocks import PRICES
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.pending import Charge
 from hivenet_router.gateway.settings import Price
@@ -123,7 +124,7 @@ class WalletStage:
 
     def _price(self, model: str) -> tuple[Price, str]:
         policy = self.policy_for(model)
-        prices = policy.prices
+        prices = policy.block(PRICES)
         price = prices.for_model(model) if prices is not None else None
         if price is None or prices is None:
             self.ledger.stats.refused["no_price"] += 1

@@ -4,21 +4,26 @@ Unknown keys, wrong types, negative limits, empty chains, unknown signals and op
 errors naming the file, the line and the field (`policy.yaml:14: routing_policy.exclude_if.
 sucess_rate: unknown signal ...`). The accepted shape is also published as a JSON Schema
 (docs/policy.schema.json) for editors.
+
+This module reads routing's own fields. A section another layer owns is a `Block` handed in
+by the caller (`policy/blocks.py`): parsed after routing's fields, in the order the blocks
+are given, and kept in `Policy.blocks`.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import yaml
 
-from hivenet_router.gateway.settings import CacheSettings, Prices, ValidatorSettings
-from hivenet_router.policy import gateway as gateway_blocks
 from hivenet_router.policy import options as step_options
+from hivenet_router.policy.blocks import Block, check_names
 from hivenet_router.policy.gates import OPERATORS, ThresholdGate
 from hivenet_router.policy.plugins import Strategy
+from hivenet_router.policy.reader import PolicyError, Reader
 from hivenet_router.policy.signals import SHED_SIGNALS, SIGNALS, AgentFacts
 from hivenet_router.policy.strategies import NAMES, Options, build
 from hivenet_router.routing.breaker import BreakerSettings
@@ -26,7 +31,7 @@ from hivenet_router.routing.breaker import check_settings as check_breaker
 from hivenet_router.routing.vegas import VegasSettings
 from hivenet_router.routing.vegas import check_settings as check_vegas
 
-MAX_COUNT = 10**15
+T = TypeVar("T")
 MATCH_FIELDS = ("region", "engine", "organization", "machine", "gpu_model", "deployment_id")
 STEP_FIELDS = (
     "name",
@@ -49,14 +54,9 @@ TOP_FIELDS = (
     "fallback_provider",
     "circuit_breaker",
     "adaptive_concurrency",
-    *gateway_blocks.BLOCKS,
 )
 PROVIDERS = ("openai", "anthropic")
 MODES = ("reserved", "serverless")
-
-
-class PolicyError(Exception):
-    """A policy document that cannot be used; the message names file, line and field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +113,20 @@ class Policy:
     breaker: BreakerSettings = BreakerSettings()
     adaptive: VegasSettings = VegasSettings()
     source: str = "built-in"
-    # Gateway stages: each None (off) unless the policy has its block.
-    prices: Prices | None = None
-    response_cache: CacheSettings | None = None
-    stream_validator: ValidatorSettings | None = None
+    # What the blocks handed to the parser read, by block name, for those in the document.
+    blocks: tuple[tuple[str, object], ...] = ()
+
+    def block(self, block: Block[T]) -> T:
+        """What `block` parsed from this policy's document, or its default."""
+        for name, value in self.blocks:
+            if name == block.name:
+                return cast("T", value)
+        return block.default()
+
+    def with_block(self, block: Block[T], value: T) -> Policy:
+        """This policy with `value` as what `block` holds (tests and built policies)."""
+        kept = tuple((name, held) for name, held in self.blocks if name != block.name)
+        return dataclasses.replace(self, blocks=(*kept, (block.name, value)))
 
 
 BUILT_IN = Policy(
@@ -126,84 +136,8 @@ BUILT_IN = Policy(
 )
 
 
-class _Reader:
-    """Walks the YAML node tree so every error can name its line."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, node: yaml.Node | None, path: str, message: str) -> PolicyError:
-        line = f":{node.start_mark.line + 1}" if node is not None else ""
-        return PolicyError(f"{self.source}{line}: {path}: {message}")
-
-    def mapping(self, node: yaml.Node, path: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node]:
-        if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, path, "must be a mapping")
-        out: dict[str, yaml.Node] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            if not isinstance(key, str):
-                raise self.fail(key_node, path, "keys must be strings")
-            if key in out:
-                raise self.fail(key_node, f"{path}.{key}", "appears twice")
-            if allowed and key not in allowed:
-                raise self.fail(
-                    key_node, f"{path}.{key}", f"unknown field (allowed: {', '.join(allowed)})"
-                )
-            out[key] = value_node
-        return out
-
-    def scalar(self, node: yaml.Node, path: str) -> Any:
-        if not isinstance(node, yaml.ScalarNode):
-            raise self.fail(node, path, "must be a single value")
-        try:
-            return yaml.safe_load(yaml.serialize(node))
-        except (yaml.YAMLError, ValueError, OverflowError) as exc:
-            # A tag the safe loader refuses (`!!python/name:...`) or one it cannot apply
-            # (`!!int two`): a policy error with its line, never a traceback.
-            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise self.fail(node, path, f"is not a plain value ({problem})") from None
-
-    def string(self, node: yaml.Node, path: str, allow_empty: bool = True) -> str:
-        value = self.scalar(node, path)
-        if not isinstance(value, str) or (not allow_empty and not value):
-            raise self.fail(
-                node, path, "must be a non-empty string" if not allow_empty else "must be a string"
-            )
-        return value
-
-    def count(self, node: yaml.Node, path: str) -> int:
-        value = self.scalar(node, path)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(node, path, "must be an integer")
-        if value < 0:
-            raise self.fail(node, path, "must not be negative")
-        if value > MAX_COUNT:
-            # Counts meet floats in the gates (a 400-digit budget overflowed on every
-            # request); no token budget or limit comes near this.
-            raise self.fail(node, path, f"is out of range (at most {MAX_COUNT:.0e})")
-        return value
-
-    def number(self, node: yaml.Node, path: str) -> float:
-        value = self.scalar(node, path)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(node, path, "must be a number")
-        try:
-            number = float(value)
-        except OverflowError:
-            number = math.inf
-        if not math.isfinite(number):
-            # A .nan threshold compares false with everything: a gate that never fires.
-            raise self.fail(node, path, "must be a finite number")
-        return number
-
-    def strings(self, node: yaml.Node, path: str) -> tuple[str, ...]:
-        if not isinstance(node, yaml.SequenceNode):
-            raise self.fail(node, path, "must be a list of strings")
-        return tuple(
-            self.string(item, f"{path}[{i}]", allow_empty=False)
-            for i, item in enumerate(node.value)
-        )
+class RoutingReader(Reader):
+    """The reader with routing's own sections: steps, their match and their gates."""
 
     def gates(
         self, node: yaml.Node, path: str, allowed: tuple[str, ...]
@@ -231,6 +165,18 @@ class _Reader:
                 if text:
                     fields.append((key, text))
         return Match(tuple(fields), tags)
+
+    def provider(self, node: yaml.Node, path: str) -> Provider:
+        fields = self.mapping(node, path, ("engine", "model"))
+        for required in ("engine", "model"):
+            if required not in fields:
+                raise self.fail(node, f"{path}.{required}", "is required")
+        engine = self.string(fields["engine"], f"{path}.engine")
+        if engine not in PROVIDERS:
+            raise self.fail(
+                fields["engine"], f"{path}.engine", f"must be one of {', '.join(PROVIDERS)}"
+            )
+        return Provider(engine, self.string(fields["model"], f"{path}.model", allow_empty=False))
 
     def step(self, node: yaml.Node, path: str, default_name: str) -> Step:
         items = self.mapping(node, path, STEP_FIELDS)
@@ -260,8 +206,16 @@ class _Reader:
         )
 
 
-def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> Policy:
-    reader = _Reader(source)
+def parse_policy(
+    text: str,
+    source: str,
+    name: str,
+    *,
+    require_models: bool,
+    blocks: Sequence[Block[Any]] = (),
+) -> Policy:
+    """One policy document; `blocks` are the other layers' sections it may carry."""
+    reader = RoutingReader(source)
     try:
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
@@ -272,7 +226,7 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         ) from None
     if root is None:
         raise PolicyError(f"{source}: empty policy document")
-    items = reader.mapping(root, "policy", TOP_FIELDS)
+    items = reader.mapping(root, "policy", (*TOP_FIELDS, *check_names(blocks, TOP_FIELDS)))
     models: tuple[str, ...] = ()
     if "models" in items:
         models = reader.strings(items["models"], "models")
@@ -292,24 +246,7 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         raise reader.fail(items["mode"], "mode", f"must be one of {', '.join(MODES)}")
     provider = None
     if "fallback_provider" in items:
-        fields = reader.mapping(
-            items["fallback_provider"], "fallback_provider", ("engine", "model")
-        )
-        for required in ("engine", "model"):
-            if required not in fields:
-                raise reader.fail(
-                    items["fallback_provider"], f"fallback_provider.{required}", "is required"
-                )
-        engine = reader.string(fields["engine"], "fallback_provider.engine")
-        if engine not in PROVIDERS:
-            raise reader.fail(
-                fields["engine"],
-                "fallback_provider.engine",
-                f"must be one of {', '.join(PROVIDERS)}",
-            )
-        provider = Provider(
-            engine, reader.string(fields["model"], "fallback_provider.model", allow_empty=False)
-        )
+        provider = reader.provider(items["fallback_provider"], "fallback_provider")
     limits: dict[str, Any] = {
         key: reader.count(items[key], key)
         for key in ("max_input_tokens", "images_max", "admit_budget_tokens", "max_inflight")
@@ -318,8 +255,7 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
     shed = reader.gates(items["shed_if"], "shed_if", SHED_SIGNALS) if "shed_if" in items else ()
     tuning: dict[str, Any] = {}
     if "circuit_breaker" in items:
-        tuning["breaker"] = step_options.settings(
-            reader,
+        tuning["breaker"] = reader.settings(
             items["circuit_breaker"],
             "circuit_breaker",
             BreakerSettings,
@@ -327,8 +263,7 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
             step_options.complete_breaker,
         )
     if "adaptive_concurrency" in items:
-        tuning["adaptive"] = step_options.settings(
-            reader,
+        tuning["adaptive"] = reader.settings(
             items["adaptive_concurrency"],
             "adaptive_concurrency",
             VegasSettings,
@@ -345,5 +280,9 @@ def parse_policy(text: str, source: str, name: str, *, require_models: bool) -> 
         source=source,
         **limits,
         **tuning,
-        **gateway_blocks.blocks(reader, items),
+        blocks=tuple(
+            (block.name, block.parse(reader, items[block.name], block.name))
+            for block in blocks
+            if block.name in items
+        ),
     )

@@ -1,4 +1,5 @@
-"""Reading a step's strategy options and a policy's breaker and concurrency settings.
+"""Reading a step's strategy options, and the defaults of a policy's breaker and concurrency
+settings that follow what was set (the settings themselves are read by `Reader.settings`).
 
 Each value is checked where it is read, so a mistake is refused at start and at reload with
 the file, line and field: an unknown scorer, a negative weight, a temperature of zero, a
@@ -7,17 +8,15 @@ breaker window of one.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from hivenet_router.policy.strategies import PRESETS, SCORERS, CostRule, Options
 
 if TYPE_CHECKING:
-    from hivenet_router.policy.document import _Reader
+    from hivenet_router.policy.document import RoutingReader
 
 # Option blocks a step may carry, and the strategies that read each.
 BLOCKS = ("affinity", "hash", "scoring")
@@ -27,7 +26,7 @@ MAX_WEIGHT = 1000.0
 MAX_TEMPERATURE = 100.0
 
 
-def parse(reader: _Reader, items: dict[str, yaml.Node], path: str, strategy: str) -> Options:
+def parse(reader: RoutingReader, items: dict[str, yaml.Node], path: str, strategy: str) -> Options:
     values: dict[str, Any] = {}
     for block in BLOCKS:
         if block not in items:
@@ -41,7 +40,13 @@ def parse(reader: _Reader, items: dict[str, yaml.Node], path: str, strategy: str
 
 
 def _bounded(
-    reader: _Reader, node: yaml.Node, path: str, low: float, high: float, *, above: bool = False
+    reader: RoutingReader,
+    node: yaml.Node,
+    path: str,
+    low: float,
+    high: float,
+    *,
+    above: bool = False,
 ) -> float:
     value = reader.number(node, path)
     if math.isnan(value) or value > high or value < low or (above and value <= low):
@@ -50,7 +55,7 @@ def _bounded(
     return value
 
 
-def _affinity(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+def _affinity(reader: RoutingReader, node: yaml.Node, path: str) -> dict[str, Any]:
     fields = reader.mapping(node, path, ("min_match", "max_imbalance"))
     out: dict[str, Any] = {}
     if "min_match" in fields:
@@ -63,7 +68,7 @@ def _affinity(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
     return out
 
 
-def _hash(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+def _hash(reader: RoutingReader, node: yaml.Node, path: str) -> dict[str, Any]:
     fields = reader.mapping(node, path, ("key", "header", "load_factor"))
     out: dict[str, Any] = {}
     if "key" in fields:
@@ -85,7 +90,7 @@ def _hash(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
     return out
 
 
-def _scoring(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
+def _scoring(reader: RoutingReader, node: yaml.Node, path: str) -> dict[str, Any]:
     fields = reader.mapping(node, path, ("preset", "weights", "temperature", "costs"))
     out: dict[str, Any] = {}
     preset = "load-balanced"
@@ -120,7 +125,7 @@ def _scoring(reader: _Reader, node: yaml.Node, path: str) -> dict[str, Any]:
     return out
 
 
-def _costs(reader: _Reader, node: yaml.Node, path: str) -> tuple[CostRule, ...]:
+def _costs(reader: RoutingReader, node: yaml.Node, path: str) -> tuple[CostRule, ...]:
     if not isinstance(node, yaml.SequenceNode):
         raise reader.fail(node, path, "must be a list of {match, usd_per_million_tokens}")
     rules = []
@@ -138,47 +143,6 @@ def _costs(reader: _Reader, node: yaml.Node, path: str) -> tuple[CostRule, ...]:
 
 
 _BLOCK_PARSERS = {"affinity": _affinity, "hash": _hash, "scoring": _scoring}
-
-
-S = TypeVar("S")
-
-
-def settings(
-    reader: _Reader,
-    node: yaml.Node,
-    path: str,
-    kind: type[S],
-    check: Callable[[S], str | None],
-    complete: Callable[[dict[str, Any]], None] | None = None,
-) -> S:
-    """A frozen settings dataclass from a mapping of its fields, range-checked by `check`
-    (which names the first bad field as `<block>.<field>: <why>`)."""
-    declared = {f.name: f for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
-    items = reader.mapping(node, path, tuple(declared))
-    values: dict[str, Any] = {}
-    for name, value in items.items():
-        where = f"{path}.{name}"
-        wanted = declared[name].type
-        raw = reader.scalar(value, where)
-        if wanted == "bool":
-            if not isinstance(raw, bool):
-                raise reader.fail(value, where, "must be true or false")
-            values[name] = raw
-        elif wanted == "int":
-            if isinstance(raw, bool) or not isinstance(raw, int):
-                raise reader.fail(value, where, "must be an integer")
-            values[name] = raw
-        else:
-            values[name] = reader.number(value, where)
-    if complete is not None:
-        complete(values)  # defaults that follow what was set (a window smaller than 10)
-    made = kind(**values)
-    problem = check(made)
-    if problem:
-        field, _, why = problem.partition(": ")
-        name = field.rpartition(".")[2]
-        raise reader.fail(items.get(name, node), f"{path}.{name}", why)
-    return made
 
 
 def complete_breaker(values: dict[str, Any]) -> None:

@@ -1,11 +1,17 @@
 """The policy format as a JSON Schema (draft 2020-12), built from the same tables the
-loader validates with, so editors and the router agree."""
+loader validates with, so editors and the router agree.
+
+Routing's fields are described here; each block handed in (`policy/blocks.py`) describes
+its own, appended in the order given (docs/policy.schema.json is built with the router's
+blocks by scripts/gen_policy_schema.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from hivenet_router.gateway import settings as gateway
+from hivenet_router.policy.blocks import Block
 from hivenet_router.policy.document import MATCH_FIELDS, MODES, PROVIDERS
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.options import HASH_KEYS, MAX_TEMPERATURE, MAX_WEIGHT
@@ -75,48 +81,7 @@ def _options() -> dict[str, Any]:
     }
 
 
-def _gateway_block(kind: Any, ranges: Any) -> dict[str, Any]:
-    """A gateway settings block: its ranged numbers, and its switches as booleans."""
-    properties: dict[str, Any] = {}
-    for name in kind.__dataclass_fields__:
-        if name in ranges:
-            low, high = ranges[name]
-            integer = isinstance(getattr(kind(), name), int)
-            properties[name] = {
-                "type": "integer" if integer else "number",
-                "minimum": low,
-                "maximum": high,
-            }
-        else:
-            properties[name] = {"type": "boolean"}
-    return {"type": ["object", "null"], "properties": properties, "additionalProperties": False}
-
-
-def _prices() -> dict[str, Any]:
-    amount = {"type": "number", "minimum": 0}
-    price = {
-        "type": "object",
-        "properties": {"input_per_million": amount, "output_per_million": amount},
-        "required": ["input_per_million", "output_per_million"],
-        "additionalProperties": False,
-    }
-    return {
-        "type": "object",
-        "properties": {
-            "currency": {"enum": sorted(gateway.CURRENCIES)},
-            "input_per_million": amount,
-            "output_per_million": amount,
-            "models": {"type": "object", "additionalProperties": price},
-        },
-        "dependentRequired": {
-            "input_per_million": ["output_per_million"],
-            "output_per_million": ["input_per_million"],
-        },
-        "additionalProperties": False,
-    }
-
-
-def policy_schema() -> dict[str, Any]:
+def policy_schema(blocks: Sequence[Block[Any]] = ()) -> dict[str, Any]:
     rule = {
         "type": "object",
         "properties": {op: {"type": "number"} for op in OPERATORS},
@@ -187,9 +152,7 @@ def policy_schema() -> dict[str, Any]:
             "adaptive_concurrency": _settings(
                 vegas.RANGES, vegas.OPEN_BOUNDS, frozenset({"initial_limit", "rebase_samples"})
             ),
-            "prices": _prices(),
-            "response_cache": _gateway_block(gateway.CacheSettings, gateway.CACHE_RANGES),
-            "stream_validator": _gateway_block(gateway.ValidatorSettings, gateway.VALIDATOR_RANGES),
+            **{block.name: block.schema() for block in blocks},
         },
         "required": ["routing_policy"],
         "additionalProperties": False,

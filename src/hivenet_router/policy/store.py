@@ -11,11 +11,14 @@ changes live in memory only, until the next reload or restart rebuilds the set f
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from hivenet_router.policy.document import BUILT_IN, Policy, PolicyError, parse_policy
+from hivenet_router.policy.blocks import Block, check_names
+from hivenet_router.policy.document import BUILT_IN, TOP_FIELDS, Policy, parse_policy
+from hivenet_router.policy.reader import PolicyError
 
 log = logging.getLogger("hivenet.policy")
 
@@ -60,9 +63,18 @@ def _read(path: Path) -> str:
 
 
 class PolicyStore:
+    """The active policies; `blocks` are the sections other layers own (`policy/blocks.py`),
+    parsed from every document this store reads."""
+
     def __init__(
-        self, policy_file: str = "", model_dir: str = "", providers: frozenset[str] = frozenset()
+        self,
+        policy_file: str = "",
+        model_dir: str = "",
+        providers: frozenset[str] = frozenset(),
+        blocks: Sequence[Block[Any]] = (),
     ) -> None:
+        check_names(blocks, TOP_FIELDS)  # a clash is refused at start, not at the first load
+        self.blocks = tuple(blocks)
         self._providers = providers
         self._file = Path(policy_file) if policy_file else None
         self._dir = Path(model_dir) if model_dir else None
@@ -100,7 +112,7 @@ class PolicyStore:
     def parse(self, text: str, source: str, name: str, *, named: bool) -> Policy:
         """Validate one document exactly as a policy file is validated; changes nothing.
         Pure, so it may run off the event loop. Raises PolicyError."""
-        policy = parse_policy(text, source, name, require_models=named)
+        policy = parse_policy(text, source, name, require_models=named, blocks=self.blocks)
         _check_provider(policy, self._providers)
         return policy
 
@@ -147,8 +159,7 @@ class PolicyStore:
     def _global(self, path: Path, name: str, initial: bool, previous: Policy) -> Policy:
         """A global policy file: fatal when invalid at start, kept as it was on reload."""
         try:
-            policy = parse_policy(_read(path), str(path), name, require_models=False)
-            _check_provider(policy, self._providers)
+            policy = self.parse(_read(path), str(path), name, named=False)
         except PolicyError as exc:
             if initial:
                 raise
@@ -180,8 +191,7 @@ class PolicyStore:
                 continue
             name = path.stem
             try:
-                policy = parse_policy(_read(path), str(path), name, require_models=True)
-                _check_provider(policy, self._providers)
+                policy = self.parse(_read(path), str(path), name, named=True)
             except PolicyError as exc:
                 if initial:
                     raise

@@ -19,7 +19,8 @@ import orjson
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.http1.messages import Answer, Request, Response
-from hivenet_router.policy.document import Policy, PolicyError, Step
+from hivenet_router.policy.document import Policy, Step
+from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.store import PolicyConflict, PolicyStore
 from hivenet_router.router.requests import read_body
 

@@ -24,6 +24,7 @@ from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.gateway.blocks import missing_prices
 from hivenet_router.gateway.ledger_dsn import dsn_problem
 from hivenet_router.http1.guard import ConnectionGuard, address_prefix
 from hivenet_router.http1.server import HttpServer, Limits
@@ -37,14 +38,13 @@ from hivenet_router.listeners import (
     start_site,
 )
 from hivenet_router.observability.connections import ConnectionsCollector
-from hivenet_router.policy.document import PolicyError
-from hivenet_router.policy.gateway import missing_prices
+from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.store import PolicySet, PolicyStore
 from hivenet_router.router.auth_grpc import GrpcAuthServer
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord
 from hivenet_router.router.requests import MAX_HEADER_BYTES
-from hivenet_router.router.wiring import Router, Shared, assemble, check_names
+from hivenet_router.router.wiring import POLICY_BLOCKS, Router, Shared, assemble, check_names
 from hivenet_router.storage.history import SqliteHistory, StoreInUse
 from hivenet_router.transport import trust
 from hivenet_router.transport.identity import peer_id_of
@@ -111,7 +111,9 @@ class RouterProcess:
         except trust.TrustError as exc:
             raise ConfigError(str(exc)) from None
         providers = Providers(provider_configs(config))
-        policies = PolicyStore(config.policy_file, config.policy_model_dir, providers.available)
+        policies = PolicyStore(
+            config.policy_file, config.policy_model_dir, providers.available, POLICY_BLOCKS
+        )
         try:
             policies.load()
         except PolicyError as exc:

@@ -19,6 +19,7 @@ from hivenet_router.clock import Clock
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter, default_router_id
+from hivenet_router.gateway.blocks import GATEWAY_BLOCKS
 from hivenet_router.gateway.cache import ResponseCache
 from hivenet_router.gateway.validator import StreamValidator
 from hivenet_router.http1.messages import Answer, App, Request
@@ -166,6 +167,9 @@ OBSERVERS: dict[str, Callable[[Router, RouterConfig], RequestObserver | None]] =
     "audit": _audit,
     "access": _access,
 }
+# Policy sections other layers own (policy/blocks.py), in the order they are parsed and
+# published; handed to the policy store at start (router/process.py).
+POLICY_BLOCKS = (*GATEWAY_BLOCKS,)
 
 
 # Stages whose order decides what is billed: the wallet must hold before the cache serves

@@ -5,7 +5,6 @@ cached or shared is not."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 import orjson
@@ -16,6 +15,7 @@ from hivenet_router.clock import ManualClock
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job, RequestFacts
+from hivenet_router.gateway.blocks import CACHE
 from hivenet_router.gateway.cache import ResponseCache
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.events import Observers
@@ -93,7 +93,7 @@ DEFAULTS = CacheSettings()
 
 
 def stage(settings: CacheSettings | None = DEFAULTS, **kw: Any) -> ResponseCache:
-    policy: Policy = dataclasses.replace(BUILT_IN, response_cache=settings)
+    policy: Policy = BUILT_IN.with_block(CACHE, settings)
     return ResponseCache(lambda model: policy, ManualClock(), **kw)
 
 

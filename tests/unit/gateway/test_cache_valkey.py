@@ -6,7 +6,6 @@ leader nobody reads gives up before its head, and close() releases what the stag
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
 import subprocess
 import time
@@ -25,6 +24,7 @@ from hivenet_router.clock import SystemClock
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.gateway import cache_valkey
+from hivenet_router.gateway.blocks import CACHE
 from hivenet_router.gateway.cache import ResponseCache
 from hivenet_router.gateway.cache_key import request_key
 from hivenet_router.gateway.cache_store import Stored, encode
@@ -94,7 +94,7 @@ async def router(client: Any) -> AsyncIterator[Router]:
     made: list[ResponseCache] = []
 
     def make(client: Any, prefix: str) -> ResponseCache:
-        policy = dataclasses.replace(BUILT_IN, response_cache=CacheSettings())
+        policy = BUILT_IN.with_block(CACHE, CacheSettings())
         made.append(ResponseCache(lambda model: policy, SystemClock(), client, prefix))
         return made[-1]
 

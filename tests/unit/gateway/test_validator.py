@@ -17,6 +17,7 @@ from hivenet_router.clock import ManualClock, run_in_virtual_time
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
+from hivenet_router.gateway.blocks import VALIDATOR
 from hivenet_router.gateway.settings import ValidatorSettings
 from hivenet_router.gateway.validator import StreamValidator
 from hivenet_router.observability.events import Observers
@@ -159,8 +160,8 @@ class Cloud:
 
 def policy(settings: ValidatorSettings | None = SETTINGS, provider: bool = True) -> Policy:
     fallback = Provider("openai", "cloud-model") if provider else None
-    return Policy(
-        "p", ("m",), BUILT_IN.steps, stream_validator=settings, fallback_provider=fallback
+    return Policy("p", ("m",), BUILT_IN.steps, fallback_provider=fallback).with_block(
+        VALIDATOR, settings
     )
 
 

@@ -16,6 +16,7 @@ from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts
+from hivenet_router.gateway.blocks import PRICES
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.settings import Price, Prices
 from hivenet_router.gateway.wallet import WalletStage, worst_case
@@ -27,7 +28,7 @@ from tests.postgres import Postgres
 
 # 0.001 per input token, 0.002 per output token
 PRICE = Price(Decimal(1000), Decimal(2000))
-PRICED = dataclasses.replace(BUILT_IN, name="priced", prices=Prices("USD", PRICE))
+PRICED = dataclasses.replace(BUILT_IN, name="priced").with_block(PRICES, Prices("USD", PRICE))
 USAGE = b'{"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}'
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from hivenet_router.domain.agent import EngineSnapshot, HardwareSnapshot
-from hivenet_router.policy.document import PolicyError, parse_policy
+from hivenet_router.policy.document import parse_policy
+from hivenet_router.policy.reader import PolicyError
 from tests.unit.policy.agents import Agent, agent
 
 FULL = """\

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hivenet_router.policy.document import PolicyError
+from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.store import PolicyConflict, PolicyStore
 
 BASE = "routing_policy: {strategy: least-loaded}\n"

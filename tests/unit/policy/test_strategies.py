@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hivenet_router.domain.request import RequestFacts
-from hivenet_router.policy.document import PolicyError, Step, parse_policy
+from hivenet_router.policy.document import Step, parse_policy
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
+from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.strategies import NAMES
 from hivenet_router.routing.prefix import PrefixIndex
 from tests.unit.policy.agents import Agent, agent

@@ -270,8 +270,11 @@ class Dispatcher:
     def _blame(self, ticket: Ticket) -> bool | None:
         """How an attempt cut short before its answer's head counts: a failure of the agent
         (or provider) when the request's deadline ran out waiting for it, neither when the
-        client went away or the router is stopping."""
-        return False if self.clock.monotonic() >= ticket.deadline else None
+        client went away or the router is stopping. The deadline is on the event loop's
+        clock, whose timers enforce it: read that clock, not another one beside it (under
+        uvloop the loop's clock is its own, in whole milliseconds; in tests both are the
+        injected ManualClock, clock.VirtualTimeLoop)."""
+        return False if asyncio.get_running_loop().time() >= ticket.deadline else None
 
     def _exhausted(
         self, ticket: Ticket, job: Job, policy: Policy, last: ApiError | None, full: bool

@@ -21,8 +21,8 @@ from bench.site_fleet import Store
 from hivenet_router.clock import SystemClock
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
-from hivenet_router.router.admission import Ports
 from hivenet_router.router.wiring import local_ports
+from hivenet_router.state.ports import Ports
 from hivenet_router.sync.site import Site
 
 RATE_LIMIT = 1_000_000  # per minute: never refuses in a run

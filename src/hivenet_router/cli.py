@@ -6,7 +6,8 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from hivenet_router.config.options import ConfigError, load, parse_args
 from hivenet_router.runtime import run, setup_logging
@@ -130,51 +131,67 @@ def router_main(argv: Sequence[str] | None = None) -> int:
     from hivenet_router.config.router import RouterConfig
     from hivenet_router.router.process import RouterProcess
 
-    args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["gen-secret"]:
-        return _gen_secret(args[1:])
-    if args[:1] == ["keygen"]:
-        return _keygen(args[1:])
-    try:
-        config = load(
-            RouterConfig,
-            args,
-            os.environ,
-            "hivenet-router",
-            "Route OpenAI and Anthropic requests to agents.",
-        )
-        setup_logging(config.log_level, config.log_format)
-        process = RouterProcess.build(config)
-    except ConfigError as exc:
-        return _fail("hivenet-router", str(exc))
-
-    async def main(stop: asyncio.Event) -> int:
-        return await process.serve(stop)
-
-    return run(main)
+    return _serve(
+        "hivenet-router",
+        "Route OpenAI and Anthropic requests to agents.",
+        RouterConfig,
+        RouterProcess.build,
+        argv,
+        {"gen-secret": _gen_secret, "keygen": _keygen},
+    )
 
 
 def agent_main(argv: Sequence[str] | None = None) -> int:
     from hivenet_router.agent.process import AgentProcess
     from hivenet_router.config.agent import AgentConfig
 
+    return _serve(
+        "hivenet-agent",
+        "Connect one inference engine to a Hivenet router.",
+        AgentConfig,
+        AgentProcess.build,
+        argv,
+        {"peer-id": _peer_id},
+    )
+
+
+class _Logs(Protocol):
+    """What a process's config says about its logs."""
+
+    @property
+    def log_level(self) -> str: ...
+
+    @property
+    def log_format(self) -> str: ...
+
+
+class _Serves(Protocol):
+    async def serve(self, stop: asyncio.Event) -> int: ...
+
+
+L = TypeVar("L", bound=_Logs)
+
+
+def _serve(
+    program: str,
+    description: str,
+    config_type: type[L],
+    build: Callable[[L], _Serves],
+    argv: Sequence[str] | None,
+    commands: Mapping[str, Callable[[Sequence[str]], int]],
+) -> int:
+    """A long-running program: a subcommand when the first argument names one; else load
+    the config (flag > environment > default), set up logging, build the process and serve
+    it on uvloop until SIGINT or SIGTERM. A ConfigError, from loading or building, exits 2
+    with one line naming the problem; otherwise the exit status is the process's."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["peer-id"]:
-        return _peer_id(args[1:])
+    command = commands.get(args[0]) if args else None
+    if command is not None:
+        return command(args[1:])
     try:
-        config = load(
-            AgentConfig,
-            args,
-            os.environ,
-            "hivenet-agent",
-            "Connect one inference engine to a Hivenet router.",
-        )
+        config = load(config_type, args, os.environ, program, description)
         setup_logging(config.log_level, config.log_format)
-        process = AgentProcess.build(config)
+        process = build(config)
     except ConfigError as exc:
-        return _fail("hivenet-agent", str(exc))
-
-    async def main(stop: asyncio.Event) -> int:
-        return await process.serve(stop)
-
-    return run(main)
+        return _fail(program, str(exc))
+    return run(process.serve)

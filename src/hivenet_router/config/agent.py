@@ -11,6 +11,13 @@ from hivenet_router.config.options import (
     option,
     read_secret_file,
 )
+from hivenet_router.config.shared import (
+    check_log_format,
+    jwt_secret_file_option,
+    jwt_secret_option,
+    log_format_option,
+    log_level_option,
+)
 
 ENGINES = ("vllm", "sglang", "llamacpp", "llama-cpp", "ollama", "infinity", "custom", "openai")
 CAPABILITIES = ("llm", "embedding", "reranker")
@@ -119,19 +126,8 @@ class AgentConfig:
         flag="--identity-path",
         help="Persistent Ed25519 identity file; created with mode 0600 if missing",
     )
-    jwt_secret_file: str = option(
-        "",
-        parse=v.text,
-        flag="--jwt-secret-file",
-        help="File holding the secret shared with the router",
-    )
-    jwt_secret: str = option(
-        "",
-        parse=v.text,
-        env="HIVENET_ROUTER_JWT_SECRET",
-        secret=True,
-        help="The shared secret itself, when no --jwt-secret-file is given",
-    )
+    jwt_secret_file: str = jwt_secret_file_option("the router")
+    jwt_secret: str = jwt_secret_option("shared secret")
     backend_api_key_file: str = option(
         "",
         parse=v.text,
@@ -248,21 +244,8 @@ class AgentConfig:
         help="Human-readable model name",
     )
     llm_info: str = option("", parse=v.text, flag="--llm-info", help="Short model description")
-    log_level: str = option(
-        "info",
-        parse=v.log_level,
-        flag="--log-level",
-        env="GOLOG_LOG_LEVEL",
-        help="Log level: debug, info, warn or error, or per subsystem "
-        "(agent=debug,p2p=info); any other value stops the agent",
-    )
-    log_format: str = option(
-        "text",
-        parse=v.text,
-        flag="--log-format",
-        env="GOLOG_LOG_FMT",
-        help="Log format: text or json",
-    )
+    log_level: str = log_level_option("agent", "agent=debug,p2p=info")
+    log_format: str = log_format_option()
 
     @property
     def router_addresses(self) -> tuple[v.ListenAddress, ...]:
@@ -274,8 +257,7 @@ class AgentConfig:
             raise ConfigError("--engine custom needs both --model and --health-url")
         if self.engine == "ollama" and self.capability == "reranker":
             raise ConfigError("--engine ollama cannot serve --capability reranker")
-        if self.log_format not in {"text", "json"}:
-            raise ConfigError(f"--log-format must be text or json, not {self.log_format!r}")
+        check_log_format(self.log_format)
 
 
 def load_backend_api_key(config: AgentConfig) -> str:

@@ -7,6 +7,12 @@ from dataclasses import dataclass
 from hivenet_router.config import values as v
 from hivenet_router.config.options import duration_option, option
 from hivenet_router.config.router_checks import check
+from hivenet_router.config.shared import (
+    jwt_secret_file_option,
+    jwt_secret_option,
+    log_format_option,
+    log_level_option,
+)
 
 # The client API modes HIVENET_ROUTER_AUTH_MODE takes: auth.yaml's api.mode values
 # (auth/config.py API_MODES; not imported, so that configuration does not load the auth
@@ -310,19 +316,8 @@ class RouterConfig:
         help="Delete this router's database files in --disk-db-path before opening it (not "
         "while another process holds them)",
     )
-    jwt_secret_file: str = option(
-        "",
-        parse=v.text,
-        flag="--jwt-secret-file",
-        help="File holding the secret shared with agents (at least 32 bytes)",
-    )
-    jwt_secret: str = option(
-        "",
-        parse=v.text,
-        env="HIVENET_ROUTER_JWT_SECRET",
-        secret=True,
-        help="The shared agent secret itself, when no --jwt-secret-file is given",
-    )
+    jwt_secret_file: str = jwt_secret_file_option("agents (at least 32 bytes)")
+    jwt_secret: str = jwt_secret_option("shared agent secret")
     auth_config_file: str = option(
         "",
         parse=v.text,
@@ -547,21 +542,8 @@ class RouterConfig:
         help="Browser origins allowed to call the API (CORS), comma-separated, or * for any; "
         "none by default",
     )
-    log_level: str = option(
-        "info",
-        parse=v.log_level,
-        flag="--log-level",
-        env="GOLOG_LOG_LEVEL",
-        help="Log level: debug, info, warn or error, or per subsystem "
-        "(router=debug,policy=info); any other value stops the router",
-    )
-    log_format: str = option(
-        "text",
-        parse=v.text,
-        flag="--log-format",
-        env="GOLOG_LOG_FMT",
-        help="Log format: text or json",
-    )
+    log_level: str = log_level_option("router", "router=debug,policy=info")
+    log_format: str = log_format_option()
 
     def validate(self) -> None:
         check(self)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from hivenet_router.config import values as v
 from hivenet_router.config.options import ConfigError
+from hivenet_router.config.shared import check_log_format
 
 if TYPE_CHECKING:
     from hivenet_router.config.router import RouterConfig
@@ -31,8 +32,7 @@ def check(cfg: RouterConfig) -> None:
             f"(got {cfg.heartbeat_interval:g}s, {cfg.unhealthy_after:g}s, "
             f"{cfg.remove_after:g}s)"
         )
-    if cfg.log_format not in {"text", "json"}:
-        raise ConfigError(f"--log-format must be text or json, not {cfg.log_format!r}")
+    check_log_format(cfg.log_format)
     if cfg.quota_backend not in {"memory", "badger"}:
         raise ConfigError(
             f"HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, not {cfg.quota_backend!r}"

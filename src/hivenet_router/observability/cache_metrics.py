@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
+
+from hivenet_router.observability.layer_metrics import (
+    SnapshotCollector,
+    counter,
+    counters,
+    counts_by,
+    gauge,
+)
 
 RESULTS = ("hit", "miss", "dedup", "bypass")
 
@@ -21,43 +28,29 @@ class CacheSnapshot:
     store_errors: dict[str, int] = field(default_factory=dict)  # site store failures by kind
 
 
-class CacheCollector(Collector):
-    def __init__(self, snapshot: Callable[[], CacheSnapshot]) -> None:
-        self._snapshot = snapshot
-
-    def collect(self) -> Iterable[Metric]:
-        now = self._snapshot()
-        requests = CounterMetricFamily(
+class CacheCollector(SnapshotCollector[CacheSnapshot]):
+    def families(self, now: CacheSnapshot) -> Iterable[Metric]:
+        yield counters(
             "hivenet_cache_requests",
             "Requests of a model whose policy has a response cache, by what the cache did",
-            labels=["result"],
+            ("result",),
+            (((result,), now.results.get(result, 0)) for result in RESULTS),
         )
-        for result in RESULTS:
-            requests.add_metric([result], now.results.get(result, 0))
-        yield requests
-        yield GaugeMetricFamily(
-            "hivenet_cache_entries", "Answers stored in this router's memory", value=now.entries
+        yield gauge("hivenet_cache_entries", "Answers stored in this router's memory", now.entries)
+        yield gauge(
+            "hivenet_cache_bytes", "Bytes of the answers stored in this router's memory", now.bytes
         )
-        yield GaugeMetricFamily(
-            "hivenet_cache_bytes",
-            "Bytes of the answers stored in this router's memory",
-            value=now.bytes,
-        )
-        yield CounterMetricFamily(
+        yield counter(
             "hivenet_cache_evictions",
             "Stored answers pushed out by the entry or byte bound",
-            value=now.evictions,
+            now.evictions,
         )
-        yield GaugeMetricFamily(
-            "hivenet_cache_flights",
-            "Answers in flight that identical requests share",
-            value=now.flights,
+        yield gauge(
+            "hivenet_cache_flights", "Answers in flight that identical requests share", now.flights
         )
-        errors = CounterMetricFamily(
+        yield counts_by(
             "hivenet_cache_store_errors",
             "Failed calls to the site store by the response cache, by kind",
-            labels=["kind"],
+            "kind",
+            now.store_errors,
         )
-        for kind, count in sorted(now.store_errors.items()):
-            errors.add_metric([kind], count)
-        yield errors

@@ -5,51 +5,59 @@ names and model names the router registered, never a client's value."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
+
+from hivenet_router.observability.layer_metrics import SnapshotCollector, counters, gauges
 
 # Gauge values of hivenet_circuit_breaker_state.
 STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 
-BreakerRows = Callable[[], Iterable[tuple[str, str, str, dict[str, int]]]]
+Breaker = tuple[str, str, str, dict[str, int]]  # kind, target, state, transitions by state
+BreakerRows = Callable[[], Iterable[Breaker]]
 Pairs = Callable[[], Iterable[tuple[str, int]]]
 
 
-class RoutingCollector(Collector):
-    def __init__(self, breakers: BreakerRows, limits: Pairs, prefixes: Pairs) -> None:
-        self._breakers = breakers  # (kind, target, state, transitions by state entered)
-        self._limits = limits  # (peer ID, adaptive limit)
-        self._prefixes = prefixes  # (model, blocks indexed)
+@dataclass(frozen=True, slots=True)
+class RoutingSnapshot:
+    breakers: list[Breaker]
+    limits: list[tuple[str, int]]  # (peer ID, adaptive limit)
+    prefixes: list[tuple[str, int]]  # (model, blocks indexed)
 
-    def collect(self) -> Iterable[Metric]:
-        labels = ["kind", "target"]
-        state = GaugeMetricFamily(
+
+class RoutingCollector(SnapshotCollector[RoutingSnapshot]):
+    def __init__(self, breakers: BreakerRows, limits: Pairs, prefixes: Pairs) -> None:
+        super().__init__(
+            lambda: RoutingSnapshot(list(breakers()), list(limits()), list(prefixes()))
+        )
+
+    def families(self, now: RoutingSnapshot) -> Iterable[Metric]:
+        yield gauges(
             "hivenet_circuit_breaker_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open",
-            labels=labels,
+            ("kind", "target"),
+            (((kind, target), STATE_VALUES[state]) for kind, target, state, _ in now.breakers),
         )
-        entered = CounterMetricFamily(
+        yield counters(
             "hivenet_circuit_breaker_transitions",
             "Times a circuit breaker entered a state",
-            labels=[*labels, "state"],
+            ("kind", "target", "state"),
+            (
+                ((kind, target, name), count)
+                for kind, target, _, transitions in now.breakers
+                for name, count in transitions.items()
+            ),
         )
-        for kind, target, now, transitions in self._breakers():
-            state.add_metric([kind, target], STATE_VALUES[now])
-            for name, count in transitions.items():
-                entered.add_metric([kind, target, name], count)
-        limit = GaugeMetricFamily(
+        yield gauges(
             "hivenet_agent_concurrency_limit",
             "Adaptive (Vegas) concurrency limit of an agent",
-            labels=["peer_id"],
+            ("peer_id",),
+            (((peer,), value) for peer, value in now.limits),
         )
-        for peer, value in self._limits():
-            limit.add_metric([peer], value)
-        blocks = GaugeMetricFamily(
+        yield gauges(
             "hivenet_prefix_index_blocks",
             "Prompt-prefix blocks the affinity index holds for a model, over all agents",
-            labels=["model"],
+            ("model",),
+            (((model,), value) for model, value in now.prefixes),
         )
-        for model, value in self._prefixes():
-            blocks.add_metric([model], value)
-        yield from (state, entered, limit, blocks)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
+from prometheus_client.core import HistogramMetricFamily, Metric
+
+from hivenet_router.observability.layer_metrics import (
+    SnapshotCollector,
+    counter,
+    counts_by,
+    gauge,
+    gauges,
 )
-from prometheus_client.registry import Collector
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,59 +34,53 @@ class SyncSnapshot:
     store_losses: int = 0
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value)
-
-
-class SyncCollector(Collector):
-    def __init__(self, snapshot: Callable[[], SyncSnapshot]) -> None:
-        self._snapshot = snapshot
-
-    def collect(self) -> Iterable[Metric]:
-        now = self._snapshot()
-        yield _gauge("hivenet_sync_peers", "Other routers of the site seen live", now.peers)
-        yield _gauge(
+class SyncCollector(SnapshotCollector[SyncSnapshot]):
+    def families(self, now: SyncSnapshot) -> Iterable[Metric]:
+        yield gauge("hivenet_sync_peers", "Other routers of the site seen live", now.peers)
+        yield gauge(
             "hivenet_sync_min_routers", "--sync-min-routers of this router", now.min_routers
         )
-        yield _gauge(
+        yield gauge(
             "hivenet_sync_store_up", "1 when the last sync round reached the store", now.store_up
         )
-        yield _gauge(
+        yield gauge(
             "hivenet_sync_settling", "1 during the settle window after a store loss", now.settling
         )
-        yield _gauge("hivenet_sync_lag_seconds", "Seconds since the last good sync round", now.lag)
-        cumulative, buckets = 0, []
-        for bound, count in zip((*now.bounds, float("inf")), now.durations, strict=True):
-            cumulative += count
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-        yield HistogramMetricFamily(
-            "hivenet_sync_round_duration_seconds",
-            "Duration of one sync round with the store",
-            buckets=buckets,
-            sum_value=now.duration_sum,
+        yield gauge("hivenet_sync_lag_seconds", "Seconds since the last good sync round", now.lag)
+        yield _rounds(now)
+        yield counts_by(
+            "hivenet_sync_store_errors", "Failed store calls by kind", "kind", now.errors
         )
-        for name, doc, label, values in (
-            ("hivenet_sync_store_errors", "Failed store calls by kind", "kind", now.errors),
-            ("hivenet_sync_grants", "Occupancy credit grants by result", "result", now.grants),
-            ("hivenet_sync_grant_acks", "Grants a replica acknowledged or not", "result", now.acks),
-        ):
-            counter = CounterMetricFamily(name, doc, labels=[label])
-            for key, count in sorted(values.items()):
-                counter.add_metric([key], count)
-            yield counter
-        held = GaugeMetricFamily(
+        yield counts_by(
+            "hivenet_sync_grants", "Occupancy credit grants by result", "result", now.grants
+        )
+        yield counts_by(
+            "hivenet_sync_grant_acks", "Grants a replica acknowledged or not", "result", now.acks
+        )
+        yield gauges(
             "hivenet_sync_held_credits",
             "Occupancy credits (tokens) this router holds for a model",
-            labels=["model"],
+            ("model",),
+            (((model,), value) for model, value in now.held),
         )
-        for model, value in now.held:
-            held.add_metric([model], value)
-        yield held
-        yield CounterMetricFamily(
-            "hivenet_sync_given_up", "Times the other routers gave this one up", value=now.given_up
+        yield counter(
+            "hivenet_sync_given_up", "Times the other routers gave this one up", now.given_up
         )
-        yield CounterMetricFamily(
+        yield counter(
             "hivenet_sync_store_losses",
             "Times the store was found to have lost its data",
-            value=now.store_losses,
+            now.store_losses,
         )
+
+
+def _rounds(now: SyncSnapshot) -> HistogramMetricFamily:
+    cumulative, buckets = 0, []
+    for bound, count in zip((*now.bounds, float("inf")), now.durations, strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+    return HistogramMetricFamily(
+        "hivenet_sync_round_duration_seconds",
+        "Duration of one sync round with the store",
+        buckets=buckets,
+        sum_value=now.duration_sum,
+    )

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from typing import Final
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
+from hivenet_router.observability.layer_metrics import SnapshotCollector
 from hivenet_router.observability.series import CounterSeries, HistogramSeries
 
 RESULTS: Final = ("clean", "degenerate", "late_degenerate")
@@ -60,12 +60,14 @@ class ValidatorMetrics:
         self.hold.observe((), seconds)
 
 
-class ValidatorCollector(Collector):
-    def __init__(self, metrics: ValidatorMetrics) -> None:
-        self._metrics = metrics
+class ValidatorCollector(SnapshotCollector[ValidatorMetrics]):
+    """The stage counts into series as it goes (the counts are its snapshot), so a
+    scrape hands them over as they stand."""
 
-    def collect(self) -> Iterable[Metric]:
-        m = self._metrics
-        yield m.streams.family()
-        yield m.fallbacks.family()
-        yield m.hold.family()
+    def __init__(self, metrics: ValidatorMetrics) -> None:
+        super().__init__(lambda: metrics)
+
+    def families(self, now: ValidatorMetrics) -> Iterable[Metric]:
+        yield now.streams.family()
+        yield now.fallbacks.family()
+        yield now.hold.family()

@@ -6,11 +6,17 @@ formats them when Prometheus asks. Nothing here names the database (its DSN is a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
+
+from hivenet_router.observability.layer_metrics import (
+    SnapshotCollector,
+    counter,
+    counts_by,
+    gauge,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,54 +32,39 @@ class WalletSnapshot:
     lost: int = 0  # charges neither billed nor kept (the disk refused them at shutdown)
 
 
-def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, doc, labels=[label])
-    for key, count in sorted(values.items()):
-        family.add_metric([key], count)
-    return family
-
-
-class WalletCollector(Collector):
-    def __init__(self, snapshot: Callable[[], WalletSnapshot]) -> None:
-        self._snapshot = snapshot
-
-    def collect(self) -> Iterable[Metric]:
-        now = self._snapshot()
-        yield GaugeMetricFamily(
-            "hivenet_ledger_up", "1 when the wallet ledger (PostgreSQL) answers", value=now.up
-        )
-        yield GaugeMetricFamily(
+class WalletCollector(SnapshotCollector[WalletSnapshot]):
+    def families(self, now: WalletSnapshot) -> Iterable[Metric]:
+        yield gauge("hivenet_ledger_up", "1 when the wallet ledger (PostgreSQL) answers", now.up)
+        yield gauge(
             "hivenet_wallet_pending_charges",
             "Charges kept on local disk until the ledger can take them",
-            value=now.pending,
+            now.pending,
         )
-        yield GaugeMetricFamily(
+        yield gauge(
             "hivenet_wallet_dead_charges",
             "Charges the ledger refused for their own data: kept on local disk, never retried",
-            value=now.dead,
+            now.dead,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "hivenet_wallet_lost_charges",
             "Charges neither billed nor kept on disk (the disk refused them at shutdown)",
-            value=now.lost,
+            now.lost,
         )
-        yield CounterMetricFamily(
+        yield counter(
             "hivenet_wallet_unbilled",
             "Requests let through without a balance check while the ledger was unreachable",
-            value=now.unbilled,
+            now.unbilled,
         )
-        yield CounterMetricFamily(
-            "hivenet_wallet_charges", "Charges written to the ledger", value=now.charges
-        )
-        yield CounterMetricFamily(
+        yield counter("hivenet_wallet_charges", "Charges written to the ledger", now.charges)
+        yield counter(
             "hivenet_wallet_holds_expired",
             "Holds released because their request never settled (its router died)",
-            value=now.holds_expired,
+            now.holds_expired,
         )
-        yield _counter(
+        yield counts_by(
             "hivenet_wallet_refused",
             "Requests refused by the wallet stage, by reason",
             "reason",
             now.refused,
         )
-        yield _counter("hivenet_ledger_errors", "Failed ledger calls, by kind", "kind", now.errors)
+        yield counts_by("hivenet_ledger_errors", "Failed ledger calls, by kind", "kind", now.errors)

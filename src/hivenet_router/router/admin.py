@@ -205,8 +205,7 @@ class AdminApi:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
-        if not record.draining:
-            record.draining = True  # no new requests; those in flight finish
+        if record.drain(True):  # no new requests; those in flight finish
             self.registry.announce("drained", record)
         return _json(
             {"peer_id": record.peer_id, "draining": True, "active_requests": record.active}
@@ -216,8 +215,7 @@ class AdminApi:
         record = self._record(request)
         if record is None:
             return _json({"error": "no such agent"}, 404)
-        if record.draining:
-            record.draining = False
+        if record.drain(False):
             self.registry.announce("undrained", record)
         self.registry.changed(record.model)
         return _json({"peer_id": record.peer_id, "draining": False})

@@ -27,7 +27,7 @@ from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
-from hivenet_router.state.ports import Budget, Counter, Lease, Pool
+from hivenet_router.state.ports import Lease, Ports
 
 START_TOKENS_PER_BYTE = 1 / 3.2
 MESSAGE_OVERHEAD = 4  # tokens of role and framing per message, text or not
@@ -59,18 +59,6 @@ class Estimator:
         observed = (exact_input - MESSAGE_OVERHEAD * messages) / text_bytes
         observed = min(max(observed, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
         self._ratio[model] = (1 - LEARN_WEIGHT) * self.ratio(model) + LEARN_WEIGHT * observed
-
-
-@dataclass(frozen=True, slots=True)
-class Ports:
-    """Where admission keeps its counts."""
-
-    rates: Counter  # requests per minute, per owner (or owner and model)
-    daily: Budget  # tokens per UTC day, per budget key
-    input_rates: Counter  # serverless input tokens per minute, per key and model
-    output_rates: Counter  # serverless output tokens per minute, per key and model
-    occupancy: Pool  # B2: token-weighted work in flight per model
-    shares: Pool  # B4: each key's share of it, per key and model
 
 
 def budget_for(tenant: str, quota: Quota, model: str) -> tuple[str, int]:

@@ -21,8 +21,6 @@ from aiohttp import web
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.agent import (
-    EngineSnapshot,
-    HardwareSnapshot,
     Heartbeat,
     Registration,
     Renewal,
@@ -140,8 +138,7 @@ class ControlPlane:
                     request.remote,
                     link.close_reason,
                 )
-                record.disconnected_at = self.clock.monotonic()
-                record.disconnects += 1
+                record.disconnected(self.clock.monotonic())
                 self.observers.on_agent(AgentEvent("disconnected", record.peer_id, record.model))
                 self.registry.announce("disconnected", record)
         return response
@@ -256,23 +253,12 @@ class ControlPlane:
         record = self._current(binding)
         if record is None:
             return 409, {"error": "not registered"}
-        record.last_heartbeat = self.clock.monotonic()
         was_healthy = record.process_healthy and record.backend_healthy
         if not record.process_healthy:
             log.info("agent %s healthy again", record.peer_id)
-        record.process_healthy = True
-        if record.backend_healthy and not beat.backend_healthy:
+        if record.heard(beat, self.clock.monotonic(), self.clock.wall()):
             log.warning("agent %s reports its backend unhealthy", record.peer_id)
-            record.backend_failures += 1
             self.observers.on_agent(AgentEvent("backend_down", record.peer_id, record.model))
-        record.backend_healthy = beat.backend_healthy
-        # What every router has in flight on it; routing takes the larger of this and its own.
-        record.reported = beat.inflight_total or 0
-        record.routers_up = tuple(beat.routers_up) if beat.routers_up is not None else None
-        self._snapshots(record, beat.engine, beat.hardware)
-        if beat.histograms is not None:
-            record.histograms = beat.histograms
-        record.last_seen_wall = self.clock.wall()
         if was_healthy != (record.process_healthy and record.backend_healthy):
             self.registry.announce("unhealthy" if was_healthy else "healthy", record)
         if record.eligible:
@@ -286,19 +272,8 @@ class ControlPlane:
         if record is None:
             return 409, {"error": "not registered"}
         # Routing signals never count as liveness: only heartbeats do.
-        self._snapshots(record, signal.engine, signal.hardware)
+        record.sampled(signal.engine, signal.hardware)
         return 200, {"ok": True}
-
-    @staticmethod
-    def _snapshots(
-        record: AgentRecord,
-        engine: EngineSnapshot | None,
-        hardware: HardwareSnapshot | None,
-    ) -> None:
-        if engine is not None:
-            record.engine = engine
-        if hardware is not None:
-            record.hardware = hardware
 
 
 def _refuse(status: int, message: str) -> web.Response:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
@@ -26,6 +26,7 @@ from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Provider, Step
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
+from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.forwarding import DispatchLimits, follow_fleet
 from hivenet_router.router.providers import ProviderRefused, Providers
@@ -228,7 +229,6 @@ class Dispatcher:
                     sent = self.clock.monotonic()
                     answer = await self._attempt(ticket, job, agent, policy, breaker)
                 except _Retry as retry:
-                    agent.finished(False, None, None)
                     routing.settled(agent, policy, False, None, None, job.stream, breaker)
                     self._release(agent)
                     failed.add(agent.peer_id)
@@ -254,8 +254,7 @@ class Dispatcher:
                     tries += 1
                     continue
                 except BaseException:
-                    blame = self._blame(ticket)
-                    routing.settled(agent, policy, blame, None, None, job.stream, breaker)
+                    routing.cut_short(agent, policy, self._blame(ticket), breaker)
                     self._release(agent)
                     raise
                 ticket.origin, ticket.agent = agent.peer_id, agent.reg
@@ -271,8 +270,11 @@ class Dispatcher:
     def _blame(self, ticket: Ticket) -> bool | None:
         """How an attempt cut short before its answer's head counts: a failure of the agent
         (or provider) when the request's deadline ran out waiting for it, neither when the
-        client went away or the router is stopping."""
-        return False if self.clock.monotonic() >= ticket.deadline else None
+        client went away or the router is stopping. The deadline is on the event loop's
+        clock, whose timers enforce it: read that clock, not another one beside it (under
+        uvloop the loop's clock is its own, in whole milliseconds; in tests both are the
+        injected ManualClock, clock.VirtualTimeLoop)."""
+        return False if asyncio.get_running_loop().time() >= ticket.deadline else None
 
     def _exhausted(
         self, ticket: Ticket, job: Job, policy: Policy, last: ApiError | None, full: bool
@@ -315,69 +317,81 @@ class Dispatcher:
         the model's queue, where tenants take turns by their share of tokens. (None, full)
         when the step can do nothing more: full says its candidates were all busy and the
         queue was full or disabled."""
-        facts = inp.facts
-        place: Place | None = None
-        waited_from: float | None = None
-        routing = self.routing
+        model = inp.facts.model
+        place: Place | None = None  # in the model's queue, from the first time all were full
+        waited_from = 0.0
         while True:
-            agents = self.registry.for_model(facts.model)
-            if not agents:
-                raise ApiError(
-                    ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {facts.model}"
-                )
-            routing.adapt(policy, agents)
-            inp.now = self.clock.monotonic()
-            admits = routing.admits(policy)
+            agents = self._agents_for(model)
+            admits = self.routing.prepare(inp, policy, agents)
             choice = run_step(step, inp, agents, failed, admits)
             # Choice and take happen in one synchronous step: no other request can take
             # the slot in between.
             if choice.agent is not None and choice.agent.try_acquire():
                 if place is not None:
-                    self._queue(facts.model).served(place)
-                if waited_from is not None:
+                    self._queue(model).served(place)
                     ticket.emit(Queued(self.clock.monotonic() - waited_from))
                 return choice.agent, False
             if not choice.full:
                 if place is not None:
                     # Woken for a slot this step can no longer use (its candidates were
                     # drained, fell ill or are excluded now): pass the wake-up on.
-                    self._queue(facts.model).wake_one()
+                    self._queue(model).wake_one()
                 return None, False
-            if waited_from is None:
-                for agent in agents:  # each full candidate turned this request away once
-                    if agent.eligible and agent.active >= agent.limit:
-                        agent.rejected += 1
-            queue = self._queue(facts.model)
+            if place is None:
+                _turn_away(agents)
+            queue = self._queue(model)
             if self.limits.queue_depth == 0 or (place is None and queue.full):
                 return None, True
-            elif any(
-                a.eligible
-                and a.active < a.limit
-                and a.reg.capability == facts.capability
-                and admits(a)
-                for a in agents
-            ):
-                # A free slot this request cannot use (an agent it failed on or avoids, or
-                # one its step's match or gates leave out): the others look again, or one
-                # that could use it would sleep until the next release. Not for an agent
-                # nobody here can use (another capability, its breaker open): that would
-                # wake the whole queue at every release while it idles.
-                queue.pass_on()
-            probe = routing.next_probe(
-                policy,
-                (a for a in agents if a.eligible and a.reg.capability == facts.capability),
-            )
-            if probe is not None:
-                self._wake_at_probe(facts.model, probe)
+            self._before_waiting(queue, inp, policy, agents, admits)
             if place is None:
                 waited_from = self.clock.monotonic()
-                principal = ticket.principal
-                place = queue.place(
-                    principal.tenant if principal is not None else "",
-                    principal.quota.queue_weight if principal is not None else 1.0,
-                    queue_cost(ticket),
-                )
+                place = self._place(queue, ticket)
             await queue.wait(place)
+
+    def _agents_for(self, model: str) -> list[AgentRecord]:
+        agents = self.registry.for_model(model)
+        if not agents:
+            raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {model}")
+        return agents
+
+    def _before_waiting(
+        self,
+        queue: CapacityQueue,
+        inp: RouteInput,
+        policy: Policy,
+        agents: list[AgentRecord],
+        admits: Callable[[AgentFacts], bool],
+    ) -> None:
+        """Before a request sleeps in the queue, make sure something will wake it or the
+        others: a free slot it cannot use, or a breaker that will let probes in."""
+        facts = inp.facts
+        if any(
+            a.eligible and a.active < a.limit and a.reg.capability == facts.capability and admits(a)
+            for a in agents
+        ):
+            # A free slot this request cannot use (an agent it failed on or avoids, or
+            # one its step's match or gates leave out): the others look again, or one
+            # that could use it would sleep until the next release. Not for an agent
+            # nobody here can use (another capability, its breaker open): that would
+            # wake the whole queue at every release while it idles.
+            queue.pass_on()
+        probe = self.routing.next_probe(
+            policy,
+            (a for a in agents if a.eligible and a.reg.capability == facts.capability),
+        )
+        if probe is not None:
+            self._wake_at_probe(facts.model, probe)
+
+    @staticmethod
+    def _place(queue: CapacityQueue, ticket: Ticket) -> Place:
+        """The request's place in the model's queue: its tenant's turn, weighted by the
+        tenant's share and the request's estimated tokens."""
+        principal = ticket.principal
+        return queue.place(
+            principal.tenant if principal is not None else "",
+            principal.quota.queue_weight if principal is not None else 1.0,
+            queue_cost(ticket),
+        )
 
     def _release(self, agent: AgentRecord) -> None:
         self.registry.release(agent)
@@ -461,7 +475,6 @@ class Dispatcher:
                 ok = None
             else:
                 ok = outcome is Outcome.OK
-            agent.finished(ok, rtt_ms if ok else None, usage)
             self.routing.settled(agent, policy, ok, rtt_ms, usage, stream, breaker)
             self._release(agent)
 
@@ -557,6 +570,13 @@ class Dispatcher:
             AnswerHead(provider.engine, provider=True, seconds=self.clock.monotonic() - sent)
         )
         return answer
+
+
+def _turn_away(agents: list[AgentRecord]) -> None:
+    """Each full candidate turned this request away, once per request."""
+    for agent in agents:
+        if agent.eligible and agent.active >= agent.limit:
+            agent.turned_away()
 
 
 def _step_header(step: Step) -> str | None:

@@ -48,10 +48,9 @@ class HealthMonitor:
                     silent,
                 )
                 self.registry.remove(record.peer_id)
-                if record.disconnected_at is None:
+                if record.removed_silent():
                     # Silent on a connection that is still open; a dropped connection was
                     # counted when it dropped, and must not be counted again here.
-                    record.disconnects += 1
                     self.observers.on_agent(
                         AgentEvent("disconnected", record.peer_id, record.model)
                     )
@@ -63,8 +62,7 @@ class HealthMonitor:
                     record.model,
                     silent,
                 )
-                record.process_healthy = False
-                record.health_failures += 1
+                record.went_silent()
                 self.observers.on_agent(AgentEvent("unhealthy", record.peer_id, record.model))
                 if record.backend_healthy:  # else it was unhealthy already
                     self.registry.announce("unhealthy", record)

@@ -4,7 +4,8 @@ The registry knows nothing of who waits for agents: whoever does (dispatch) subs
 `watch` and is told which model gained room (an agent joined, recovered or was undrained).
 Whoever follows registrations (the admin registration stream) subscribes with `listen` and
 is told each change by name (`announce`); parts that change an agent's state (the control
-plane, the health monitor, the admin API) announce it here.
+plane, the health monitor, the admin API, routing) do it through its record's methods, the
+only writers of a record, and announce it here.
 Metrics read the records at scrape time; nothing here counts for them.
 """
 
@@ -19,6 +20,7 @@ from hivenet_router.domain.agent import (
     EngineHistograms,
     EngineSnapshot,
     HardwareSnapshot,
+    Heartbeat,
     Registration,
 )
 from hivenet_router.domain.request import Usage
@@ -197,7 +199,7 @@ class AgentRecord:
         """Take one slot if the agent has one free. Synchronous, so check and take are
         atomic."""
         if self.active >= self.limit:
-            self.rejected += 1
+            self.turned_away()
             return False
         self.held += 1
         self.last_assigned = next(_order)
@@ -207,6 +209,69 @@ class AgentRecord:
         if self.held <= 0:
             raise RuntimeError(f"slot released twice on agent {self.peer_id}")
         self.held -= 1
+
+    def turned_away(self) -> None:
+        """A request wanted a slot while the agent was full."""
+        self.rejected += 1
+
+    def limit_slots(self, limit: int) -> None:
+        """Adaptive concurrency's limit below the capacity; 0 gives the whole capacity."""
+        self.slot_limit = limit
+
+    # -- what the control plane, the health monitor and the admin API learn ----------------
+
+    def heard(self, beat: Heartbeat, now: float, wall: float) -> bool:
+        """A heartbeat at `now` (monotonic; `wall` for people): the agent is alive, and says
+        how its backend is, what every router has in flight on it, the routers it has a
+        session with and its engine's snapshots. True when its backend just went down."""
+        self.last_heartbeat = now
+        self.process_healthy = True
+        went_down = self.backend_healthy and not beat.backend_healthy
+        if went_down:
+            self.backend_failures += 1
+        self.backend_healthy = beat.backend_healthy
+        # What every router has in flight on it; routing takes the larger of this and its own.
+        self.reported = beat.inflight_total or 0
+        self.routers_up = tuple(beat.routers_up) if beat.routers_up is not None else None
+        self.sampled(beat.engine, beat.hardware)
+        if beat.histograms is not None:
+            self.histograms = beat.histograms
+        self.last_seen_wall = wall
+        return went_down
+
+    def sampled(self, engine: EngineSnapshot | None, hardware: HardwareSnapshot | None) -> None:
+        """The engine's and the host's latest samples (from a heartbeat or a routing
+        signal); a part the agent did not send keeps its last value."""
+        if engine is not None:
+            self.engine = engine
+        if hardware is not None:
+            self.hardware = hardware
+
+    def went_silent(self) -> None:
+        """No heartbeat for too long: unhealthy until the next one."""
+        self.process_healthy = False
+        self.health_failures += 1
+
+    def disconnected(self, now: float) -> None:
+        """Its connection dropped at `now`."""
+        self.disconnected_at = now
+        self.disconnects += 1
+
+    def removed_silent(self) -> bool:
+        """Removed for silence: a disconnection, unless its connection's drop was counted
+        already. True when this one counts."""
+        if self.disconnected_at is not None:
+            return False
+        self.disconnects += 1
+        return True
+
+    def drain(self, draining: bool) -> bool:
+        """An operator drains the agent (no new requests; those in flight finish) or lets
+        it serve again. True when that changed something."""
+        if self.draining == draining:
+            return False
+        self.draining = draining
+        return True
 
 
 Watcher = Callable[[str], None]

@@ -3,8 +3,9 @@ adaptive (Vegas) concurrency limit per agent, and each model's index of the prom
 prefixes sent to each agent.
 
 Dispatch tells it three things and asks it one: `input` builds a request's routing input,
-`chosen` records where a request went, `settled` how it ended, and `admits` says whether
-an agent's breaker lets a request through. The settings come with the policy of the
+`chosen` records where a request went, `settled` (or `cut_short`) how it ended, and
+`prepare` readies a pick: the agents' adaptive limits, and whether each one's breaker lets
+a request through. The settings come with the policy of the
 request's model at each call, so a policy reload takes effect on the next request.
 Everything here is in-process and per router.
 """
@@ -79,11 +80,21 @@ class RoutingState:
             health=lambda peer: self._health(peer, now, settings),
         )
 
-    def admits(self, policy: Policy) -> Callable[[AgentFacts], bool]:
+    def prepare(
+        self, inp: RouteInput, policy: Policy, agents: list[AgentRecord]
+    ) -> Callable[[AgentFacts], bool]:
+        """Before a step picks among `agents`: their adaptive limits, the time the pick
+        sees, and who the breakers let through (`adapt` and `admits`, in one call)."""
+        self.adapt(policy, agents)
+        inp.now = now = self.clock.monotonic()
+        return self.admits(policy, now)
+
+    def admits(self, policy: Policy, now: float | None = None) -> Callable[[AgentFacts], bool]:
         settings = policy.breaker
         if not settings.enabled or not self._agents:
             return _everyone
-        now = self.clock.monotonic()
+        if now is None:
+            now = self.clock.monotonic()
         targets = self._agents
 
         def admits(agent: AgentFacts) -> bool:
@@ -103,9 +114,9 @@ class RoutingState:
                 limiter = self._limiters.get(agent.peer_id)
                 if limiter is None:
                     limiter = self._limiters[agent.peer_id] = VegasLimiter(agent.capacity, settings)
-                agent.slot_limit = limiter.limit
+                agent.limit_slots(limiter.limit)
             elif agent.slot_limit:
-                agent.slot_limit = 0
+                agent.limit_slots(0)
 
     def chosen(self, inp: RouteInput, step: Step, agent: AgentRecord, policy: Policy) -> int:
         """The request goes to `agent`: note it, and return the breaker's ticket."""
@@ -134,7 +145,26 @@ class RoutingState:
         ticket: int,
     ) -> None:
         """How a request sent to `agent` ended: `ok` None when it was the client's doing.
-        `latency_ms` is the time to the answer's head (with a stream's first chunk)."""
+        `latency_ms` is the time to the answer's head (with a stream's first chunk). The
+        agent's own statistics count it (`AgentRecord.finished`), and routing learns."""
+        agent.finished(ok, latency_ms if ok else None, usage)
+        self._learn(agent, policy, ok, latency_ms, stream, ticket)
+
+    def cut_short(self, agent: AgentRecord, policy: Policy, ok: bool | None, ticket: int) -> None:
+        """An attempt on `agent` stopped before its answer's head by a cancel (the client
+        went away, the router stops) or the deadline (`ok` False): routing learns, and the
+        agent's statistics count nothing."""
+        self._learn(agent, policy, ok, None, False, ticket)
+
+    def _learn(
+        self,
+        agent: AgentRecord,
+        policy: Policy,
+        ok: bool | None,
+        latency_ms: float | None,
+        stream: bool,
+        ticket: int,
+    ) -> None:
         agent.served(ok)
         if policy.breaker.enabled:
             self._record(self._agents, agent.peer_id, ok, policy.breaker, ticket)
@@ -142,15 +172,15 @@ class RoutingState:
         limiter = self._limiters.get(agent.peer_id)
         if limiter is None or not settings.enabled:
             if agent.slot_limit:
-                agent.slot_limit = 0
+                agent.limit_slots(0)
             return
         if ok is False:
-            agent.slot_limit = limiter.dropped(agent.capacity, settings)
+            agent.limit_slots(limiter.dropped(agent.capacity, settings))
         elif ok and latency_ms is not None and stream:
             # Only streams' time to the first chunk: it measures queueing and prefill alone,
             # where a whole answer's time also grows with its length (one limiter fed both
             # would compare milliseconds per token with milliseconds per request).
-            agent.slot_limit = limiter.sample(latency_ms, agent.active, agent.capacity, settings)
+            agent.limit_slots(limiter.sample(latency_ms, agent.active, agent.capacity, settings))
 
     def all_open(self, policy: Policy, agents: list[AgentRecord]) -> float | None:
         """Seconds until the first of these agents' breakers lets a probe through, when

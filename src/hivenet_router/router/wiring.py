@@ -45,7 +45,7 @@ from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.admin import AdminApi
-from hivenet_router.router.admission import Admission, Ports
+from hivenet_router.router.admission import Admission
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
 from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.control import ControlPlane
@@ -60,6 +60,7 @@ from hivenet_router.router.providers import Providers
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.relay import Relay
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
+from hivenet_router.state.ports import Ports
 from hivenet_router.storage.history import HistoryStore
 
 if TYPE_CHECKING:  # imported where they are built: a router without wallets or a site of

@@ -9,6 +9,9 @@ Valkey) without touching a gate:
   one atomic step;
 - a `Pool` holds work in flight (token-weighted occupancy); `reserve` returns a `Lease`,
   which has one owner, grows with streamed output, and is released exactly once.
+
+`Ports` bundles the six a router hands admission: in-process ones (router/wiring.py) or a
+site's (sync/site.py), which is why it lives here and not beside admission.
 """
 
 from __future__ import annotations
@@ -86,3 +89,15 @@ class Pool(Protocol):
         reservations (0: no count limit), waiting up to `wait` seconds in line for room.
         None when it did not fit in time."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """Where admission keeps its counts."""
+
+    rates: Counter  # requests per minute, per owner (or owner and model)
+    daily: Budget  # tokens per UTC day, per budget key
+    input_rates: Counter  # serverless input tokens per minute, per key and model
+    output_rates: Counter  # serverless output tokens per minute, per key and model
+    occupancy: Pool  # B2: token-weighted work in flight per model
+    shares: Pool  # B4: each key's share of it, per key and model

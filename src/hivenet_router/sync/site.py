@@ -34,7 +34,7 @@ from hivenet_router.clock import Clock
 from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
 from hivenet_router.observability.sync_metrics import SyncSnapshot
-from hivenet_router.router.admission import Ports
+from hivenet_router.state.ports import Ports
 from hivenet_router.sync import claim, store
 from hivenet_router.sync.credits import CreditPool, Grant
 from hivenet_router.sync.daily import IN_FLIGHT, DailyWrite, SiteDaily

@@ -27,9 +27,10 @@ from hivenet_router.domain.request import Job, RequestFacts
 from hivenet_router.observability.events import Event, Observers, Refused
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN, Policy, parse_policy
-from hivenet_router.router.admission import Admission, Estimator, Ports
+from hivenet_router.router.admission import Admission, Estimator
 from hivenet_router.router.bodies import parse
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
+from hivenet_router.state.ports import Ports
 
 CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 320 + b'"}]'
 ROUTE = "/v1/chat/completions"

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hivenet_router.domain.agent import Registration
+from hivenet_router.domain.agent import EngineSnapshot, Heartbeat, Registration
 from hivenet_router.domain.request import Usage
 from hivenet_router.router.registry import AgentRecord, Registry, smooth_rtt
 from hivenet_router.storage.history import AgentHistory
@@ -154,3 +154,35 @@ def test_a_drained_agent_stays_drained_when_it_reconnects() -> None:
     new = record()
     registry.upsert(new)  # its connection dropped and it came back
     assert new.draining and not new.eligible
+
+
+def test_what_the_control_plane_and_the_health_monitor_learn() -> None:
+    agent = record()
+    agent.went_silent()
+    assert not agent.process_healthy and agent.health_failures == 1
+    engine = EngineSnapshot(kv_cache_tokens=100)
+    went_down = agent.heard(
+        Heartbeat(backend_healthy=False, inflight_total=3, routers_up=["r1"], engine=engine),
+        now=5.0,
+        wall=1_700_000_005.0,
+    )
+    assert went_down and agent.backend_failures == 1
+    assert agent.process_healthy and not agent.backend_healthy
+    assert (agent.last_heartbeat, agent.last_seen_wall) == (5.0, 1_700_000_005.0)
+    assert agent.reported == 3 and agent.routers_up == ("r1",) and agent.engine is engine
+    # Down already: a second report is not a second failure; absent parts keep their value.
+    assert not agent.heard(Heartbeat(backend_healthy=False), now=6.0, wall=0.0)
+    assert agent.backend_failures == 1 and agent.engine is engine and agent.reported == 0
+    agent.disconnected(7.0)
+    assert agent.disconnected_at == 7.0 and agent.disconnects == 1
+    assert not agent.removed_silent()  # its drop was counted when it dropped
+    silent = record("b")
+    assert silent.removed_silent() and silent.disconnects == 1
+
+
+def test_a_drain_reports_only_a_change() -> None:
+    agent = record()
+    assert agent.drain(True) and agent.draining
+    assert not agent.drain(True)
+    assert agent.drain(False) and not agent.draining
+    assert not agent.drain(False)

@@ -195,3 +195,28 @@ def test_session_header_and_queue_cost() -> None:
     assert state.input(ticket(), rules, "x-session-id").session is None
     assert queue_cost(ticket()) == 400 / 4 + 64
     assert queue_cost(ticket(max_out=None)) == 400 / 4 + 256
+
+
+def test_an_attempt_cut_short_teaches_routing_but_counts_nothing_for_the_agent() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy("circuit_breaker: {consecutive_failures: 1, open_seconds: 5}\n")
+    agent = record(registry, "a")
+    inp = state.input(ticket(), rules, None)
+    state.cut_short(agent, rules, False, state.chosen(inp, rules.steps[0], agent, rules))
+    assert (agent.successes, agent.failures) == (0, 0)
+    assert not state.admits(rules)(agent)  # the deadline ran out on it: its breaker opened
+    other = record(registry, "b")
+    state.settled(other, rules, True, 20.0, Usage(3, 4), True, 0)
+    assert (other.successes, other.srtt_ms, other.output_tokens) == (1, 20.0, 4)
+
+
+def test_prepare_sets_limits_and_the_time_the_pick_sees() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    on = policy("adaptive_concurrency: {enabled: true, initial_limit: 4}\n")
+    agent = record(registry, "a", capacity=8)
+    inp = state.input(ticket(), on, None)
+    clock.advance(3.0)
+    admits = state.prepare(inp, on, [agent])
+    assert agent.limit == 4 and inp.now == clock.monotonic() and admits(agent)

@@ -32,7 +32,6 @@ from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.cache_metrics import RESULTS, CacheSnapshot
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
-from hivenet_router.policy.document import Policy
 
 ORIGIN: Final = "cache"  # who answered a hit or a follower, as the audit record says
 HEADER: Final = "X-Hivenet-Cache"  # hit, dedup or miss, on the response
@@ -46,14 +45,7 @@ CLOSE_WAIT: Final = 2.0  # seconds close() gives the pumps, then the site publis
 class ResponseCache:
     name = "cache"
 
-    def __init__(
-        self,
-        policy_for: Callable[[str], Policy],
-        clock: Clock,
-        valkey: Any = None,
-        prefix: str = "",
-    ) -> None:
-        self.policy_for = policy_for
+    def __init__(self, clock: Clock, valkey: Any = None, prefix: str = "") -> None:
         self.clock = clock
         self.memory = MemoryStore(clock)
         self.flights = Flights()
@@ -64,7 +56,7 @@ class ResponseCache:
         self._closed = False
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
-        settings = self.policy_for(ticket.model).response_cache
+        settings = ticket.policy.response_cache
         if settings is None or ticket.job is None or self._closed:
             return await next(ticket)
         return await self._cached(ticket, next, settings)

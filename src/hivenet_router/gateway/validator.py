@@ -44,13 +44,7 @@ Read = asyncio.Future[bytes | None]
 class StreamValidator:
     name = "validator"
 
-    def __init__(
-        self,
-        policy_for: Callable[[str], Policy],
-        provider: Fallback,
-        metrics: ValidatorMetrics | None = None,
-    ) -> None:
-        self.policy_for = policy_for
+    def __init__(self, provider: Fallback, metrics: ValidatorMetrics | None = None) -> None:
         self.provider = provider  # the policy's cloud provider for this ticket
         self.metrics = metrics if metrics is not None else ValidatorMetrics()
 
@@ -58,7 +52,7 @@ class StreamValidator:
         job = ticket.job
         if job is None or job.capability != "llm":
             return await next(ticket)
-        policy = self.policy_for(job.model)
+        policy = ticket.policy
         settings = policy.stream_validator
         if settings is None:
             return await next(ticket)

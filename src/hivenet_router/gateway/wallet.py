@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Final
@@ -66,9 +65,8 @@ def estimated_input(facts: RequestFacts) -> int:
 class WalletStage:
     name = "wallet"
 
-    def __init__(self, ledger: Ledger, policy_for: Callable[[str], Policy]) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.policy_for = policy_for
         self._unpriced: set[str] = set()  # models already logged as having no price
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
@@ -77,7 +75,7 @@ class WalletStage:
             return await next(ticket)
         principal = ticket.principal
         tenant = str(principal.tenant) if principal is not None else "default"
-        price, currency = self._price(facts.model)
+        price, currency = self._price(ticket.policy, facts.model)
         base = Charge(
             self.ledger.new_charge_id(),
             ticket.request_id,
@@ -121,8 +119,7 @@ class WalletStage:
         )
         return answer
 
-    def _price(self, model: str) -> tuple[Price, str]:
-        policy = self.policy_for(model)
+    def _price(self, policy: Policy, model: str) -> tuple[Price, str]:
         prices = policy.prices
         price = prices.for_model(model) if prices is not None else None
         if price is None or prices is None:

@@ -14,6 +14,7 @@ from hivenet_router.domain.agent import Registration
 from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import Job, RequestFacts, Usage
+from hivenet_router.policy.document import BUILT_IN, Policy
 
 if TYPE_CHECKING:
     from hivenet_router.observability.events import Event, Observers
@@ -44,6 +45,7 @@ class Ticket:
         "origin",
         "outcome",
         "phase",
+        "policy",
         "principal",
         "provider",
         "replaced",
@@ -69,6 +71,9 @@ class Ticket:
         self.principal: Any = None  # who is calling (auth.providers.Principal)
         self.facts: RequestFacts | None = None
         self.job: Job | None = None
+        # The model's policy, resolved once when the model is known (before the first
+        # stage), so that every stage and dispatch see one version across a reload.
+        self.policy: Policy = BUILT_IN
         self.deadline = 0.0  # event-loop time by which the whole request must be done
         self.phase = "queue"  # where the request is, so a deadline can say where it expired
         self.admitted = False  # admission let it through: it counts for its tenant

@@ -172,7 +172,6 @@ class Admission:
     def __init__(
         self,
         clock: Clock,
-        policy_for: Callable[[str], Policy],
         healthy: Callable[[str], list[AgentFacts]],
         ports: Ports,
         admit_fraction: float = 0.9,
@@ -184,7 +183,6 @@ class Admission:
         self.limits: dict[str, tuple[int, int]] = {}  # last effective (budget, backstop)
         self.estimator = Estimator()
         self._clock = clock
-        self._policy_for = policy_for
         self._healthy = healthy
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
@@ -218,7 +216,7 @@ class Admission:
             return None
         model = facts.model
         estimate = self.estimator.estimate(model, facts.text_bytes, facts.messages)
-        policy = self._policy_for(model)
+        policy = ticket.policy
         self._caps(ticket, policy, facts, estimate)
         worst = estimate + (facts.max_output_tokens or 0)
         hold = Hold(self, facts, estimate, facts.max_output_tokens is None)

@@ -178,7 +178,7 @@ class Dispatcher:
                         raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
                     await pending.take_slot()
                     forwarding = True
-                    policy = self.policies.current.for_model(job.model)
+                    policy = ticket.policy
                     try:
                         answer = await self._route(ticket, job, policy)
                     except ApiError as exc:
@@ -505,7 +505,7 @@ class Dispatcher:
         as the fallback at the end of the local steps is."""
         job = ticket.job
         assert job is not None
-        policy = self.policies.current.for_model(job.model)
+        policy = ticket.policy
         provider = policy.fallback_provider
         if (
             provider is None

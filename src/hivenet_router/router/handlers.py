@@ -14,6 +14,7 @@ from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.observability.events import Refused
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.policy.document import Policy
 from hivenet_router.router import catalog
 from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.registry import Registry
@@ -85,8 +86,11 @@ class Handlers:
         body_timeout: float = 30.0,
         warming: Callable[[], bool] = lambda: False,
         reader: BodyReader | None = None,
+        *,
+        policy_for: Callable[[str], Policy],
     ) -> None:
         self.pipeline = pipeline
+        self.policy_for = policy_for  # the policy in force now for a model
         self.reader = reader or BodyReader()
         self.relay = relay
         self.registry = registry
@@ -175,6 +179,9 @@ class Handlers:
             # occupancy pools or metric series.
             raise self._unknown(ticket, model)
         ticket.deadline = ticket.started + self.request_timeout
+        # Once for the whole request: every stage and dispatch read this snapshot, whatever
+        # a reload does meanwhile.
+        ticket.policy = self.policy_for(model)
         answer = await self.pipeline(ticket)
         return await self.relay(request, ticket, answer)
 

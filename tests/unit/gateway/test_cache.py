@@ -19,6 +19,7 @@ from hivenet_router.domain.request import Job, RequestFacts
 from hivenet_router.gateway.cache import ResponseCache
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.events import Observers
+from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN, Policy
 
@@ -92,9 +93,22 @@ BODY = {"model": "m", "stream": True, "temperature": 0, "messages": [{"role": "u
 DEFAULTS = CacheSettings()
 
 
+class Cache(ResponseCache):
+    """The stage as a request meets it: with the model's policy already on the ticket (the
+    handlers resolve it before the first stage)."""
+
+    def __init__(self, policy: Policy, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.policy = policy
+
+    async def __call__(self, ticket: Ticket, next: Next) -> Answer:
+        ticket.policy = self.policy
+        return await super().__call__(ticket, next)
+
+
 def stage(settings: CacheSettings | None = DEFAULTS, **kw: Any) -> ResponseCache:
     policy: Policy = dataclasses.replace(BUILT_IN, response_cache=settings)
-    return ResponseCache(lambda model: policy, ManualClock(), **kw)
+    return Cache(policy, ManualClock(), **kw)
 
 
 async def read(answer: Answer, outcome: Outcome = Outcome.OK) -> bytes:

@@ -21,6 +21,7 @@ from hivenet_router.gateway.settings import ValidatorSettings
 from hivenet_router.gateway.validator import StreamValidator
 from hivenet_router.observability.events import Observers
 from hivenet_router.observability.validator_metrics import ValidatorCollector, ValidatorMetrics
+from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN, Policy, Provider
 from hivenet_router.sim.text import Corpus
@@ -170,8 +171,21 @@ def ticket(stream: bool = True) -> Ticket:
     return t
 
 
+class Validator(StreamValidator):
+    """The stage as a request meets it: with the model's policy already on the ticket (the
+    handlers resolve it before the first stage)."""
+
+    def __init__(self, policy: Policy, *args: Any) -> None:
+        super().__init__(*args)
+        self.policy = policy
+
+    async def __call__(self, ticket: Ticket, next: Next) -> Answer:
+        ticket.policy = self.policy
+        return await super().__call__(ticket, next)
+
+
 def stage(p: Policy, cloud: Callable[[Ticket], Awaitable[Answer]]) -> StreamValidator:
-    return StreamValidator(lambda model: p, cloud, ValidatorMetrics())
+    return Validator(p, cloud, ValidatorMetrics())
 
 
 async def relay(answer: Answer) -> tuple[bytes, Outcome]:

@@ -22,7 +22,7 @@ from hivenet_router.gateway.wallet import WalletStage, worst_case
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
-from hivenet_router.policy.document import BUILT_IN
+from hivenet_router.policy.document import BUILT_IN, Policy
 from tests.postgres import Postgres
 
 # 0.001 per input token, 0.002 per output token
@@ -55,6 +55,19 @@ def ticket(tenant: str = "acme", route: str = "/v1/chat/completions") -> Ticket:
     return t
 
 
+class Wallet(WalletStage):
+    """The stage as a request meets it: with the model's policy already on the ticket (the
+    handlers resolve it before the first stage)."""
+
+    def __init__(self, policy: Policy, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.policy = policy
+
+    async def __call__(self, ticket: Ticket, next: Next) -> Answer:
+        ticket.policy = self.policy
+        return await super().__call__(ticket, next)
+
+
 def whole(body: bytes = USAGE, status: int = 200) -> Next:
     async def next(t: Ticket) -> Answer:
         return Answer(status, [], Whole(), body=body)
@@ -82,7 +95,7 @@ async def serve(stage: WalletStage, t: Ticket, next: Next, outcome: Outcome = Ou
 
 
 async def test_an_unfunded_tenant_is_refused_with_402(ledger: Ledger) -> None:
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     with pytest.raises(ApiError) as refused:
         await stage(ticket(), whole())
     assert refused.value.code is ErrorCode.INSUFFICIENT_BALANCE
@@ -103,7 +116,7 @@ async def test_an_unfunded_tenant_is_refused_with_402(ledger: Ledger) -> None:
 
 async def test_a_served_request_is_charged_its_reported_usage_once(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     t = ticket()
     await serve(stage, t, whole())
     assert t.charge == Decimal("0.02")  # 10 x 0.001 + 5 x 0.002
@@ -117,7 +130,7 @@ async def test_a_served_request_is_charged_its_reported_usage_once(ledger: Ledge
 
 async def test_a_failed_request_gives_its_hold_back_without_a_charge(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
 
     async def failing(t: Ticket) -> Answer:
         wallet = await ledger.wallet("acme")
@@ -134,7 +147,7 @@ async def test_a_failed_request_gives_its_hold_back_without_a_charge(ledger: Led
 
 async def test_a_stream_without_usage_is_charged_what_was_metered(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     event = b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
 
     async def streaming(t: Ticket) -> Answer:
@@ -151,7 +164,7 @@ async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was
     ledger: Ledger,
 ) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     start = (
         b'event: message_start\ndata: {"type": "message_start", "message":'
         b' {"usage": {"input_tokens": 25, "output_tokens": 1}}}\n\n'
@@ -170,7 +183,7 @@ async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was
 
 async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     failed = ticket()
     await serve(stage, failed, whole(b'{"error": {"message": "bad"}}', status=500))
     hit = ticket()
@@ -186,7 +199,7 @@ async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger
 async def test_a_model_without_a_price_is_refused_and_named(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    stage = WalletStage(ledger, lambda model: BUILT_IN)
+    stage = Wallet(BUILT_IN, ledger)
     for _ in range(2):
         with pytest.raises(ApiError) as refused:
             await stage(ticket(), whole())
@@ -198,13 +211,13 @@ async def test_a_model_without_a_price_is_refused_and_named(
 
 async def test_a_wallet_in_another_currency_is_refused_naming_both(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(5), "EUR", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     with pytest.raises(ApiError, match="in EUR but this model is priced in USD"):
         await stage(ticket(), whole())
 
 
 async def test_count_tokens_is_free_and_never_checked(ledger: Ledger) -> None:
-    stage = WalletStage(ledger, lambda model: BUILT_IN)  # no price, no wallet: still served
+    stage = Wallet(BUILT_IN, ledger)  # no price, no wallet: still served
     t = ticket(route="/v1/messages/count_tokens")
     await serve(stage, t, whole(b'{"input_tokens": 3}'))
     assert t.charge is None
@@ -215,7 +228,7 @@ async def test_without_its_database_the_stage_fails_open_and_keeps_the_charge(
 ) -> None:
     ledger = Ledger("postgresql://u:p@127.0.0.1:1/db", tmp_path, 0.2)  # never reached
     try:
-        stage = WalletStage(ledger, lambda model: PRICED)
+        stage = Wallet(PRICED, ledger)
         t = ticket(tenant="nobody")
         await serve(stage, t, whole())
         assert t.charge == Decimal("0.02")
@@ -237,7 +250,7 @@ def test_the_worst_case_counts_every_prompt_byte_and_the_declared_output() -> No
 async def test_the_meter_counts_data_lines_not_the_word_data(ledger: Ledger) -> None:
     """Text that says "data:" or "[DONE]" is no event; an event split across chunks is one."""
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     tricky = b'data: {"choices": [{"delta": {"content": "data: x data: [DONE]"}}]}\n\n'
     chunks = [tricky, b"da", b'ta: {"choices": []}\r', b"\n\r\n", b"data: [DO", b"NE]\n\n"]
 
@@ -256,7 +269,7 @@ async def test_a_busy_ledger_refuses_with_503_rather_than_let_through(
         return HoldResult("busy")
 
     monkeypatch.setattr(ledger, "hold", busy)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     with pytest.raises(ApiError) as refused:
         await stage(ticket(), whole())
     assert refused.value.code is ErrorCode.BACKEND_UNAVAILABLE and "busy" in refused.value.message

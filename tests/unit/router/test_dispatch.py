@@ -106,6 +106,7 @@ class Fleet:
         ticket.facts = RequestFacts(ROUTE, model, "llm", False, None)
         ticket.job = Job(ROUTE, model, "llm", False, b"{}", [])
         ticket.deadline = asyncio.get_running_loop().time() + 5
+        ticket.policy = self.store.current.for_model(model)  # resolved before the stages
         ticket.leave_pool = lambda: self.left.append("left")
         return ticket
 

@@ -31,7 +31,7 @@ from hivenet_router.gateway.flight import SHARED_HEADERS, Flight, Flights, OwnEr
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.cache_metrics import RESULTS, CacheSnapshot
 from hivenet_router.pipeline.stage import Next
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Key, Note, Ticket
 
 ORIGIN: Final = "cache"  # who answered a hit or a follower, as the audit record says
 HEADER: Final = "X-Hivenet-Cache"  # hit, dedup or miss, on the response
@@ -40,6 +40,14 @@ HEADER: Final = "X-Hivenet-Cache"  # hit, dedup or miss, on the response
 LEADER_GRACE: Final = 1.0
 FOLLOW_TRIES: Final = 2  # flights joined whose leader was refused for its own reasons
 CLOSE_WAIT: Final = 2.0  # seconds close() gives the pumps, then the site publishers
+
+# Whether this request's answer is billed: not when a cache served it and its policy does not
+# bill hits (the wallet stage charges it nothing). The cache decides; the wallet reads it.
+BILLED: Final = Key[bool]("bill", lambda: True)
+# The audit record's marks: how the cache served it ("hit": a stored answer, "dedup": a
+# running identical request's answer), and `billed: false` for an answer not billed.
+SERVED: Final = Note[str]("cache", place=10)
+UNBILLED: Final = Note[bool]("billed", place=30)
 
 
 class ResponseCache:
@@ -143,12 +151,12 @@ class ResponseCache:
     async def _follow(self, ticket: Ticket, flight: Flight, settings: CacheSettings) -> Answer:
         # Set before the answer: reading a whole one may already decide that this follower
         # pays for the call (_bill_once).
-        ticket.bill = settings.bill_hits
+        _bill(ticket, settings.bill_hits)
         reader = flight.join(deadline=ticket.deadline, on_bill=_bill_once(ticket, settings))
         try:
             answer = await reader.answer(ticket.deadline, origin=ORIGIN)
         except ApiError:
-            ticket.bill = True  # refused, or about to lead a call of its own
+            _bill(ticket, True)  # refused, or about to lead a call of its own
             ticket.headers_out.update(flight.refusal_headers)
             raise
         self._mark(ticket, "dedup", settings, set_bill=False)
@@ -158,10 +166,10 @@ class ResponseCache:
         self, ticket: Ticket, result: str, settings: CacheSettings, set_bill: bool = True
     ) -> None:
         self.results[result] += 1
-        ticket.cache = result
+        ticket.note(SERVED, result)
         ticket.origin = ORIGIN
         if set_bill:
-            ticket.bill = settings.bill_hits
+            _bill(ticket, settings.bill_hits)
         ticket.headers_out[HEADER] = result
 
     async def _lead(
@@ -263,4 +271,9 @@ def _bill_once(ticket: Ticket, settings: CacheSettings) -> Callable[[bool], None
     asking twice and hanging up the first made the call free."""
     if settings.bill_hits:
         return None  # every reader pays in full anyway
-    return functools.partial(setattr, ticket, "bill")
+    return functools.partial(_bill, ticket)
+
+
+def _bill(ticket: Ticket, billed: bool) -> None:
+    ticket.put(BILLED, billed)
+    ticket.note(UNBILLED, None if billed else False)

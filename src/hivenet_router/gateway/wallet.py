@@ -26,11 +26,12 @@ from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
 from hivenet_router.domain.usage import DataLines
+from hivenet_router.gateway.cache import BILLED
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.pending import Charge
 from hivenet_router.gateway.settings import Price
 from hivenet_router.pipeline.stage import Next
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Note, Ticket
 from hivenet_router.policy.document import Policy
 
 log = logging.getLogger("hivenet.router")
@@ -43,6 +44,8 @@ MESSAGE_OVERHEAD: Final = 4  # tokens of role and framing per message
 IMAGE_TOKENS: Final = 1600  # held per image (a large image in most vision models)
 ESTIMATE_TOKENS_PER_BYTE: Final = 1 / 3.2  # the metered input when no usage was reported
 _LOGGED_MODELS_MAX: Final = 1000
+# What the tenant's wallet was charged, in the price's currency, on the audit record.
+CHARGED: Final = Note[str]("charge", place=20)
 
 
 def worst_case(price: Price, facts: RequestFacts) -> Decimal:
@@ -158,8 +161,8 @@ class WalletStage:
         else:
             tokens_in = estimated_input(facts)
             tokens_out = meter.events if facts.route in GENERATING_ROUTES else 0
-        cost = price.cost(tokens_in, tokens_out) if ticket.bill else Decimal(0)
-        ticket.charge = cost
+        cost = price.cost(tokens_in, tokens_out) if ticket.get(BILLED) else Decimal(0)
+        ticket.note(CHARGED, str(cost))
         self.ledger.settle_soon(
             replace(base, amount=cost, input_tokens=tokens_in, output_tokens=tokens_out)
         )

@@ -27,6 +27,7 @@ from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
+from hivenet_router.router.dispatch import LEAVE_POOL
 from hivenet_router.state.ports import Budget, Counter, Lease, Pool
 
 START_TOKENS_PER_BYTE = 1 / 3.2
@@ -195,7 +196,7 @@ class Admission:
             return await next(ticket)
         async with hold:
             ticket.emit(Admitted())
-            ticket.leave_pool = hold.leave_pool
+            ticket.put(LEAVE_POOL, hold.leave_pool)
             answer = await next(ticket)
             hold.hand_to(answer)
         return answer

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Final
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
@@ -21,8 +22,9 @@ from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
 from hivenet_router.expiry import Deadlines
+from hivenet_router.gateway.validator import AVOID
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Key, Ticket
 from hivenet_router.policy.document import Policy, Provider, Step
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
@@ -46,6 +48,15 @@ _TIMEOUT_MESSAGES = {
     "forward": "Request deadline exceeded while contacting agent",
     "provider": "Request deadline exceeded while contacting provider",
 }
+
+
+def _stay() -> None:
+    return None
+
+
+# What gives back the local capacity a request holds when routing leaves the local pool
+# (provider fallback): a stage that holds some puts its release here.
+LEAVE_POOL: Final = Key[Callable[[], None]]("leave_pool", lambda: _stay)
 
 
 class AgentSource:
@@ -211,7 +222,8 @@ class Dispatcher:
                 # A later step may key its sessions on a header of its own.
                 header = keyed
                 inp.session = header_value(job.headers, header)
-            failed: set[str] = set(ticket.avoid)
+            avoid = ticket.get(AVOID)
+            failed = set(avoid)
             tries = 0
             budget = step.max_tries or self.limits.max_tries
             while tries < budget:
@@ -529,7 +541,7 @@ class Dispatcher:
         self, ticket: Ticket, job: Job, policy: Policy, provider: Provider
     ) -> Answer:
         routing = self.routing
-        ticket.leave_pool()  # the provider does not use the local pool's occupancy
+        ticket.get(LEAVE_POOL)()  # the provider does not use the local pool's occupancy
         ticket.provider, ticket.origin = True, provider.engine
         ticket.phase = "provider"
         sent = self.clock.monotonic()

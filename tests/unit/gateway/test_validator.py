@@ -18,7 +18,7 @@ from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
 from hivenet_router.gateway.settings import ValidatorSettings
-from hivenet_router.gateway.validator import StreamValidator
+from hivenet_router.gateway.validator import AVOID, REPLACED, StreamValidator
 from hivenet_router.observability.events import Observers
 from hivenet_router.observability.validator_metrics import ValidatorCollector, ValidatorMetrics
 from hivenet_router.pipeline.stage import Next
@@ -137,7 +137,7 @@ class Dispatch:
         self.calls: list[frozenset[str]] = []
 
     async def __call__(self, ticket: Ticket) -> Answer:
-        self.calls.append(ticket.avoid)
+        self.calls.append(ticket.get(AVOID))
         item = self.answers.pop(0)
         if isinstance(item, ApiError):
             raise item
@@ -246,7 +246,7 @@ async def test_a_clean_stream_is_held_by_chunks_then_relayed_byte_for_byte() -> 
     body, outcome = await relay(answer)
     assert body == local.bytes and outcome is Outcome.OK
     assert local.closed_once(Outcome.OK)
-    assert answer.usage == Usage(3, 40) and t.replaced == ""
+    assert answer.usage == Usage(3, 40) and t.noted(REPLACED) is None
     assert count(validator, "streams", "clean") == 1
     assert validator.metrics.hold.values[()][-1] >= 0  # one hold observed
     assert sum(validator.metrics.hold.values[()][:-1]) == 1
@@ -307,7 +307,7 @@ async def test_a_loop_goes_to_the_provider() -> None:
     assert answer is cloud.result and cloud.calls == 1 and len(dispatch.calls) == 1
     assert local.closed_once(Outcome.BROKEN)  # the engine's stream reset, a failure
     assert local.script.reads < 14  # the verdict came before the window was full
-    assert t.replaced == "degenerate" and t.agent is None and t.origin == "openai"
+    assert t.noted(REPLACED) == "degenerate" and t.agent is None and t.origin == "openai"
     assert count(validator, "streams", "degenerate") == 1
     assert count(validator, "fallbacks", "provider", "ok") == 1
     body, _ = await relay(answer)
@@ -325,7 +325,7 @@ async def test_without_a_provider_another_agent_serves() -> None:
     body, outcome = await relay(answer)
     assert body == good.bytes and outcome is Outcome.OK
     assert good.closed_once(Outcome.OK)
-    assert t.replaced == "degenerate" and t.origin == "peer-b"
+    assert t.noted(REPLACED) == "degenerate" and t.origin == "peer-b"
     assert count(validator, "fallbacks", "agent", "ok") == 1
 
 

@@ -99,8 +99,7 @@ class ResponseCache:
         job = ticket.job
         assert job is not None
         want = directives(job.headers)
-        principal = ticket.principal
-        tenant = None if settings.shared else (principal.tenant if principal is not None else "")
+        tenant = None if settings.shared else ticket.caller.tenant
         key = None
         if not want.no_store:
             key = request_key(job.route, job.model, tenant, job.body, job.headers)

@@ -76,8 +76,7 @@ class WalletStage:
         facts = ticket.facts
         if facts is None or facts.route in FREE_ROUTES:
             return await next(ticket)
-        principal = ticket.principal
-        tenant = str(principal.tenant) if principal is not None else "default"
+        tenant = ticket.caller.tenant
         price, currency = self._price(ticket.policy, facts.model)
         base = Charge(
             self.ledger.new_charge_id(),

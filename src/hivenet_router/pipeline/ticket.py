@@ -11,7 +11,7 @@ never a field here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Final, Generic, TypeVar, cast
 
 from hivenet_router.domain.agent import Registration
 from hivenet_router.domain.answer import Outcome
@@ -20,6 +20,7 @@ from hivenet_router.domain.request import Job, RequestFacts, Usage
 from hivenet_router.policy.document import BUILT_IN, Policy
 
 if TYPE_CHECKING:
+    from hivenet_router.auth.providers import Principal
     from hivenet_router.observability.events import Event, Observers
 
 T = TypeVar("T")
@@ -104,7 +105,7 @@ class Ticket:
         self.method = "GET"  # the HTTP method, one of a fixed few (metrics label it)
         self.source_ip = ""  # the client's address, as the connection gave it
         self.trace_id = ""  # the trace this request belongs to, when tracing is on
-        self.principal: Any = None  # who is calling (auth.providers.Principal)
+        self.principal: Principal | None = None  # who is calling, once the edge knows
         self.facts: RequestFacts | None = None
         self.job: Job | None = None
         # The model's policy, resolved once when the model is known (before the first
@@ -131,6 +132,16 @@ class Ticket:
     @property
     def model(self) -> str:
         return self.facts.model if self.facts is not None else ""
+
+    @property
+    def caller(self) -> Principal:
+        """Who is calling, for the parts that run after the edge authenticated the request
+        (handlers, stages, dispatch). Observers also see requests refused before that, and
+        read `principal`, which is None for them."""
+        principal = self.principal
+        if principal is None:
+            raise RuntimeError(f"request {self.request_id} has no authenticated caller")
+        return principal
 
     def emit(self, event: Event) -> None:
         self.observers.on_event(self, event)

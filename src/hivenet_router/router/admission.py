@@ -189,7 +189,7 @@ class Admission:
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
         facts = ticket.facts
         assert facts is not None
-        hold = await self.admit(ticket, ticket.principal, facts)
+        hold = await self.admit(ticket, ticket.caller, facts)
         ticket.admitted = True
         if hold is None:
             ticket.emit(Admitted())

@@ -383,12 +383,8 @@ class Dispatcher:
                 self._wake_at_probe(facts.model, probe)
             if place is None:
                 waited_from = self.clock.monotonic()
-                principal = ticket.principal
-                place = queue.place(
-                    principal.tenant if principal is not None else "",
-                    principal.quota.queue_weight if principal is not None else 1.0,
-                    queue_cost(ticket),
-                )
+                caller = ticket.caller
+                place = queue.place(caller.tenant, caller.quota.queue_weight, queue_cost(ticket))
             await queue.wait(place)
 
     def _release(self, agent: AgentRecord) -> None:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import orjson
 
-from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job
 from hivenet_router.http1.messages import Answer, Request, Response
@@ -111,7 +110,7 @@ class Handlers:
         return catalog.model_object(model, agents, detail=detail)
 
     async def models(self, request: Request) -> Answer:
-        principal: Principal = request.ticket.principal
+        principal = request.ticket.caller
         data = [
             obj
             for model in sorted(self.registry.models())
@@ -124,7 +123,7 @@ class Handlers:
 
     async def model(self, request: Request) -> Answer:
         model = request.match_info["model"]
-        principal: Principal = request.ticket.principal
+        principal = request.ticket.caller
         obj = self._model_object(model, detail=True) if principal.sees(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
@@ -139,7 +138,7 @@ class Handlers:
         route = request.path
         body = await read_body(request, self.body_timeout)
         headers = forward_headers(request, ticket.request_id)  # after the body: its trailers
-        principal: Principal = ticket.principal
+        principal = ticket.caller
         facts = await self.reader.parse(route, body, principal.tenant)
         ticket.facts = facts  # the model is known from here on (audit records name it)
         model = facts.model

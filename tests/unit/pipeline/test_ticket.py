@@ -1,8 +1,11 @@
-"""The ticket: per-stage state under keys, notes for the audit record in their places and
-the policy snapshot."""
+"""The ticket: per-stage state under keys, notes for the audit record in their places, the
+caller after authentication and the policy snapshot."""
 
 from __future__ import annotations
 
+import pytest
+
+from hivenet_router.auth.providers import ANONYMOUS
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import MAX_NOTES, Key, Note, Ticket
 from hivenet_router.policy.document import BUILT_IN
@@ -68,6 +71,14 @@ def test_notes_are_bounded() -> None:
     assert len(t.notes()) == MAX_NOTES and t.noted(many[-1]) is None
     t.note(many[0], 99)  # one already there may still change
     assert t.noted(many[0]) == 99
+
+
+def test_the_caller_is_there_only_once_authenticated() -> None:
+    t = ticket()
+    with pytest.raises(RuntimeError, match="rid has no authenticated caller"):
+        _ = t.caller
+    t.principal = ANONYMOUS
+    assert t.caller is ANONYMOUS
 
 
 def test_the_policy_is_the_built_in_one_until_the_model_is_known() -> None:

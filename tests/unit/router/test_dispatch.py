@@ -17,6 +17,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
+from hivenet_router.auth.providers import ANONYMOUS
 from hivenet_router.clock import Clock, ManualClock, SystemClock, run_in_virtual_time
 from hivenet_router.domain.agent import EngineSnapshot, Registration
 from hivenet_router.domain.answer import Answer, Outcome
@@ -107,6 +108,7 @@ class Fleet:
         ticket.facts = RequestFacts(ROUTE, model, "llm", False, None)
         ticket.job = Job(ROUTE, model, "llm", False, b"{}", [])
         ticket.deadline = asyncio.get_running_loop().time() + 5
+        ticket.principal = ANONYMOUS  # the edge authenticated it
         ticket.policy = self.store.current.for_model(model)  # resolved before the stages
         ticket.put(LEAVE_POOL, lambda: self.left.append("left"))
         return ticket

@@ -32,8 +32,7 @@ from hivenet_router.gateway.flight import SHARED_HEADERS, Flight, Flights, OwnEr
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.cache_metrics import RESULTS, CacheSnapshot
 from hivenet_router.pipeline.stage import Next
-from hivenet_router.pipeline.ticket import Ticket
-from hivenet_router.policy.document import Policy
+from hivenet_router.pipeline.ticket import Key, Note, Ticket
 
 ORIGIN: Final = "cache"  # who answered a hit or a follower, as the audit record says
 HEADER: Final = "X-Hivenet-Cache"  # hit, dedup or miss, on the response
@@ -43,18 +42,19 @@ LEADER_GRACE: Final = 1.0
 FOLLOW_TRIES: Final = 2  # flights joined whose leader was refused for its own reasons
 CLOSE_WAIT: Final = 2.0  # seconds close() gives the pumps, then the site publishers
 
+# Whether this request's answer is billed: not when a cache served it and its policy does not
+# bill hits (the wallet stage charges it nothing). The cache decides; the wallet reads it.
+BILLED: Final = Key[bool]("bill", lambda: True)
+# The audit record's marks: how the cache served it ("hit": a stored answer, "dedup": a
+# running identical request's answer), and `billed: false` for an answer not billed.
+SERVED: Final = Note[str]("cache", place=10)
+UNBILLED: Final = Note[bool]("billed", place=30)
+
 
 class ResponseCache:
     name = "cache"
 
-    def __init__(
-        self,
-        policy_for: Callable[[str], Policy],
-        clock: Clock,
-        valkey: Any = None,
-        prefix: str = "",
-    ) -> None:
-        self.policy_for = policy_for
+    def __init__(self, clock: Clock, valkey: Any = None, prefix: str = "") -> None:
         self.clock = clock
         self.memory = MemoryStore(clock)
         self.flights = Flights()
@@ -65,7 +65,7 @@ class ResponseCache:
         self._closed = False
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
-        settings = self.policy_for(ticket.model).block(CACHE)
+        settings = ticket.policy.block(CACHE)
         if settings is None or ticket.job is None or self._closed:
             return await next(ticket)
         return await self._cached(ticket, next, settings)
@@ -100,8 +100,7 @@ class ResponseCache:
         job = ticket.job
         assert job is not None
         want = directives(job.headers)
-        principal = ticket.principal
-        tenant = None if settings.shared else (principal.tenant if principal is not None else "")
+        tenant = None if settings.shared else ticket.caller.tenant
         key = None
         if not want.no_store:
             key = request_key(job.route, job.model, tenant, job.body, job.headers)
@@ -152,12 +151,12 @@ class ResponseCache:
     async def _follow(self, ticket: Ticket, flight: Flight, settings: CacheSettings) -> Answer:
         # Set before the answer: reading a whole one may already decide that this follower
         # pays for the call (_bill_once).
-        ticket.bill = settings.bill_hits
+        _bill(ticket, settings.bill_hits)
         reader = flight.join(deadline=ticket.deadline, on_bill=_bill_once(ticket, settings))
         try:
             answer = await reader.answer(ticket.deadline, origin=ORIGIN)
         except ApiError:
-            ticket.bill = True  # refused, or about to lead a call of its own
+            _bill(ticket, True)  # refused, or about to lead a call of its own
             ticket.headers_out.update(flight.refusal_headers)
             raise
         self._mark(ticket, "dedup", settings, set_bill=False)
@@ -167,10 +166,10 @@ class ResponseCache:
         self, ticket: Ticket, result: str, settings: CacheSettings, set_bill: bool = True
     ) -> None:
         self.results[result] += 1
-        ticket.cache = result
+        ticket.note(SERVED, result)
         ticket.origin = ORIGIN
         if set_bill:
-            ticket.bill = settings.bill_hits
+            _bill(ticket, settings.bill_hits)
         ticket.headers_out[HEADER] = result
 
     async def _lead(
@@ -272,4 +271,9 @@ def _bill_once(ticket: Ticket, settings: CacheSettings) -> Callable[[bool], None
     asking twice and hanging up the first made the call free."""
     if settings.bill_hits:
         return None  # every reader pays in full anyway
-    return functools.partial(setattr, ticket, "bill")
+    return functools.partial(_bill, ticket)
+
+
+def _bill(ticket: Ticket, billed: bool) -> None:
+    ticket.put(BILLED, billed)
+    ticket.note(UNBILLED, None if billed else False)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
@@ -35,23 +36,23 @@ from hivenet_router.gateway.settings import ValidatorSettings
 from hivenet_router.gateway.sse_text import SseText, body_text
 from hivenet_router.observability.validator_metrics import ValidatorMetrics
 from hivenet_router.pipeline.stage import Next
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Key, Note, Ticket
 from hivenet_router.policy.document import Policy
 
 Fallback = Callable[[Ticket], Awaitable[Answer]]
 Read = asyncio.Future[bytes | None]
 
+# Agents dispatch skips for this request: peer IDs whose answer to it already looped.
+# Dispatch reads it (it cannot be declared there: the gateway stands below the router).
+AVOID: Final = Key[frozenset[str]]("avoid", frozenset)
+# Why the local answer was replaced, on the audit record: "degenerate".
+REPLACED: Final = Note[str]("replaced", place=40)
+
 
 class StreamValidator:
     name = "validator"
 
-    def __init__(
-        self,
-        policy_for: Callable[[str], Policy],
-        provider: Fallback,
-        metrics: ValidatorMetrics | None = None,
-    ) -> None:
-        self.policy_for = policy_for
+    def __init__(self, provider: Fallback, metrics: ValidatorMetrics | None = None) -> None:
         self.provider = provider  # the policy's cloud provider for this ticket
         self.metrics = metrics if metrics is not None else ValidatorMetrics()
 
@@ -59,7 +60,7 @@ class StreamValidator:
         job = ticket.job
         if job is None or job.capability != "llm":
             return await next(ticket)
-        policy = self.policy_for(job.model)
+        policy = ticket.policy
         settings = policy.block(VALIDATOR)
         if settings is None:
             return await next(ticket)
@@ -142,7 +143,7 @@ class StreamValidator:
         retry: bool,
     ) -> Answer:
         """Another answer for a request whose local answer was degenerate."""
-        ticket.replaced = "degenerate"
+        ticket.note(REPLACED, "degenerate")
         ticket.agent, ticket.origin = None, ""  # the failed agent answered nothing
         if policy.fallback_provider is not None:
             return await self._to_provider(ticket)
@@ -151,7 +152,7 @@ class StreamValidator:
                 ErrorCode.DEGENERATE_OUTPUT,
                 "the model's answer degenerated into repetition on two agents",
             )
-        ticket.avoid = ticket.avoid | {failed}
+        ticket.put(AVOID, ticket.get(AVOID) | {failed})
         try:
             answer = await next(ticket)
         except ApiError as exc:

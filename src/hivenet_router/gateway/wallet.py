@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Final
@@ -28,11 +27,12 @@ from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
 from hivenet_router.domain.usage import DataLines
 from hivenet_router.gateway.blocks import PRICES
+from hivenet_router.gateway.cache import BILLED
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.pending import Charge
 from hivenet_router.gateway.settings import Price
 from hivenet_router.pipeline.stage import Next
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Note, Ticket
 from hivenet_router.policy.document import Policy
 
 log = logging.getLogger("hivenet.router")
@@ -45,6 +45,8 @@ MESSAGE_OVERHEAD: Final = 4  # tokens of role and framing per message
 IMAGE_TOKENS: Final = 1600  # held per image (a large image in most vision models)
 ESTIMATE_TOKENS_PER_BYTE: Final = 1 / 3.2  # the metered input when no usage was reported
 _LOGGED_MODELS_MAX: Final = 1000
+# What the tenant's wallet was charged, in the price's currency, on the audit record.
+CHARGED: Final = Note[str]("charge", place=20)
 
 
 def worst_case(price: Price, facts: RequestFacts) -> Decimal:
@@ -67,18 +69,16 @@ def estimated_input(facts: RequestFacts) -> int:
 class WalletStage:
     name = "wallet"
 
-    def __init__(self, ledger: Ledger, policy_for: Callable[[str], Policy]) -> None:
+    def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.policy_for = policy_for
         self._unpriced: set[str] = set()  # models already logged as having no price
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
         facts = ticket.facts
         if facts is None or facts.route in FREE_ROUTES:
             return await next(ticket)
-        principal = ticket.principal
-        tenant = str(principal.tenant) if principal is not None else "default"
-        price, currency = self._price(facts.model)
+        tenant = ticket.caller.tenant
+        price, currency = self._price(ticket.policy, facts.model)
         base = Charge(
             self.ledger.new_charge_id(),
             ticket.request_id,
@@ -122,8 +122,7 @@ class WalletStage:
         )
         return answer
 
-    def _price(self, model: str) -> tuple[Price, str]:
-        policy = self.policy_for(model)
+    def _price(self, policy: Policy, model: str) -> tuple[Price, str]:
         prices = policy.block(PRICES)
         price = prices.for_model(model) if prices is not None else None
         if price is None or prices is None:
@@ -162,8 +161,8 @@ class WalletStage:
         else:
             tokens_in = estimated_input(facts)
             tokens_out = meter.events if facts.route in GENERATING_ROUTES else 0
-        cost = price.cost(tokens_in, tokens_out) if ticket.bill else Decimal(0)
-        ticket.charge = cost
+        cost = price.cost(tokens_in, tokens_out) if ticket.get(BILLED) else Decimal(0)
+        ticket.note(CHARGED, str(cost))
         self.ledger.settle_soon(
             replace(base, amount=cost, input_tokens=tokens_in, output_tokens=tokens_out)
         )

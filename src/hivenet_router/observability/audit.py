@@ -2,7 +2,8 @@
 
 The record carries who asked (tenant, key, source address), for what (model), how it ended
 (status, error code, tokens, who answered) and how long it took, in the reference's field
-names. It never carries a prompt, an answer, a header or a credential. Liveness probes are
+names, then the notes stages left (`Ticket.note`: a cache result, a charge), in their
+places. It never carries a prompt, an answer, a header or a credential. Liveness probes are
 not audited. Lines are written by a LineWriter thread, so the request path only builds one
 small JSON object.
 """
@@ -107,14 +108,8 @@ def record(ticket: Ticket, event: Ended, now: float) -> bytes:
         "source_ip": ticket.source_ip,
         "ts": start_time(event.seconds, now),
     }
-    # Gateway stages add their marks only when they acted, so a record of a request that
-    # met none of them has exactly the reference's fields.
-    if ticket.cache:
-        fields["cache"] = ticket.cache
-    if ticket.charge is not None:
-        fields["charge"] = str(ticket.charge)
-    if not ticket.bill:
-        fields["billed"] = False
-    if ticket.replaced:
-        fields["replaced"] = ticket.replaced
+    # Stages note only what they did, so a record of a request that met none of them has
+    # exactly the reference's fields; a note never replaces one of those.
+    for name, value in ticket.notes():
+        fields.setdefault(name, value)
     return orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -37,6 +37,9 @@ from hivenet_router.observability.events import (
 )
 from hivenet_router.observability.series import CounterSeries, HistogramSeries, SeriesCollector
 from hivenet_router.pipeline.ticket import Ticket
+
+if TYPE_CHECKING:
+    from hivenet_router.auth.providers import Principal
 
 _TENANT = ("tenant_id", "key_id", "deployment_id", "model")
 ROWS = 10_000  # kinds of finished request whose series cells are kept at hand
@@ -197,19 +200,19 @@ class MetricsObserver:
             self.policy_fallback.inc((ticket.model, event.step_name))
 
     @staticmethod
-    def _key(ticket: Ticket) -> tuple[str, str]:
-        principal = ticket.principal
+    def _key(principal: Principal) -> tuple[str, str]:
         return principal.tenant, principal.key_id or "anonymous"
 
     def _refused(self, ticket: Ticket, event: Refused) -> None:
         if event.reason != "daily":
             self.admission_rejections.inc((event.reason, ticket.model))
-        if ticket.principal is None:
+        principal = ticket.principal
+        if principal is None:
             return
         if event.reason == "b4_rpm":
-            self.tenant_rate_limited.inc(self._key(ticket))
+            self.tenant_rate_limited.inc(self._key(principal))
         elif event.code is ErrorCode.TOKEN_LIMIT_EXCEEDED:
-            self.tenant_token_limited.inc((*self._key(ticket), UNSET, "input"))
+            self.tenant_token_limited.inc((*self._key(principal), UNSET, "input"))
 
     def _ended(self, ticket: Ticket, event: Ended) -> None:
         principal = ticket.principal

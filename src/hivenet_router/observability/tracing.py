@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -55,7 +55,7 @@ from hivenet_router.observability.spans import (
     traceparent,
 )
 from hivenet_router.pipeline.stage import Next
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Key, Ticket
 
 
 class _Trace:
@@ -101,6 +101,11 @@ class _Trace:
         return span_id
 
 
+# The tracer's own record of a request: its spans while it runs (sampled), the traceparent
+# the stage hands the agent (unsampled), or None (not traced, or already handed on).
+TRACE: Final = Key[_Trace | str | None]("trace", lambda: None)
+
+
 class Tracing(Spans):
     """The stage, the observer and the edge's hook in one. A request's timings are kept as
     plain tuples while it runs and become finished spans when it ends."""
@@ -126,24 +131,24 @@ class Tracing(Spans):
             value = traceparent(trace_id, new_span_id(), False)
             ticket.trace_id = f"{trace_id:032x}"
             ticket.headers_out["traceparent"] = value
-            ticket.trace = value  # a string: what the stage hands the agent
+            ticket.put(TRACE, value)  # a string: what the stage hands the agent
             return
         state = _Trace(
             trace_id, found[1] if found is not None else 0, f"{method} {ticket.endpoint}"
         )
-        ticket.trace = state
+        ticket.put(TRACE, state)
         ticket.trace_id = f"{trace_id:032x}"
         ticket.headers_out["traceparent"] = traceparent(trace_id, state.root_id, True)
 
     # -- the stage: before admission ----------------------------------------------------------
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
-        state = ticket.trace
+        state = ticket.get(TRACE)
         if isinstance(state, _Trace):
             state.admission_from = time.time_ns()
         elif state is not None and ticket.job is not None:
             hand_on(ticket.job.headers, state)  # unsampled: the agent sees flags 00
-            ticket.trace = None
+            ticket.put(TRACE, None)
         return await next(ticket)
 
     # -- the observer -------------------------------------------------------------------------
@@ -152,7 +157,7 @@ class Tracing(Spans):
         return None
 
     def on_event(self, ticket: Ticket, event: Event) -> None:
-        state = ticket.trace
+        state = ticket.get(TRACE)
         if not isinstance(state, _Trace):
             return
         now = time.time_ns()
@@ -195,7 +200,7 @@ class Tracing(Spans):
             state.children.append(("routing", span_id, state.root_id, start, now, 0, {}, error))
 
     def _ended(self, ticket: Ticket, state: _Trace, event: Ended, now: int) -> None:
-        ticket.trace = None
+        ticket.put(TRACE, None)
         code = event.code.value if event.code is not None else ""
         self._end_routing(state, now, code)
         attributes: dict[str, Any] = {

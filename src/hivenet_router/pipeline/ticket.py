@@ -1,36 +1,78 @@
 """A Ticket: one request's record from the edge to its last byte.
 
 The edge makes it; stages and dispatch read and fill it; observers receive it with every
-event. It is the per-request scratch object plug-ins and stages share, so that none of them
-needs to know the others.
+event. The class holds only what every request has (its IDs, route, times, caller, facts,
+deadline, how it ended) and the one policy snapshot every stage reads. What a stage keeps
+for itself, or hands to one other stage, lives under a `Key` its own module declares; what
+it wants the audit record to show, it leaves as a `Note`. So a new stage adds a module,
+never a field here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Final, Generic, TypeVar, cast
 
 from hivenet_router.domain.agent import Registration
 from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import Job, RequestFacts, Usage
+from hivenet_router.policy.document import BUILT_IN, Policy
 
 if TYPE_CHECKING:
+    from hivenet_router.auth.providers import Principal
     from hivenet_router.observability.events import Event, Observers
 
+T = TypeVar("T")
+Value = str | int | float | bool  # what a note may hold: a JSON scalar
+V = TypeVar("V", bound=Value)
+V_co = TypeVar("V_co", bound=Value, covariant=True)
+MAX_NOTES: Final = 16  # notes one request keeps; past that a new one is dropped
+_ABSENT: Final = object()
 
-def _nothing() -> None:
-    return None
+
+class Key(Generic[T]):
+    """One stage's state for one request, e.g. `AVOID = Key("avoid", frozenset)`.
+
+    Declared once, at module level, by the stage that owns the state; a stage that reads it
+    imports the key from its owner. Keys compare by identity, so two stages cannot collide
+    by choosing one name. `default` makes the value of a key nobody put; `get` does not
+    store it, so a stage that changes a mutable value puts it back."""
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, name: str, default: Callable[[], T]) -> None:
+        self.name = name
+        self.default = default
+
+    def __repr__(self) -> str:
+        return f"Key({self.name!r})"
+
+
+class Note(Generic[V_co]):
+    """A field a stage leaves for the audit record, e.g. `Note[str]("cache", place=10)`.
+
+    `place` orders the notes after the record's fixed fields (lower first, then in the
+    order they were left), so that a record's bytes do not depend on when during the
+    request each stage had its say. Each declaration states its place: a new note takes
+    one after those in use (search the source for `Note[`)."""
+
+    __slots__ = ("name", "place")
+
+    def __init__(self, name: str, place: int) -> None:
+        self.name = name
+        self.place = place
+
+    def __repr__(self) -> str:
+        return f"Note({self.name!r})"
 
 
 class Ticket:
     __slots__ = (
+        "_notes",
+        "_state",
         "admitted",
         "agent",
-        "avoid",
-        "bill",
-        "cache",
-        "charge",
         "deadline",
         "dispatched",
         "endpoint",
@@ -38,19 +80,17 @@ class Ticket:
         "failure",
         "headers_out",
         "job",
-        "leave_pool",
         "method",
         "observers",
         "origin",
         "outcome",
         "phase",
+        "policy",
         "principal",
         "provider",
-        "replaced",
         "request_id",
         "source_ip",
         "started",
-        "trace",
         "trace_id",
         "usage",
     )
@@ -65,10 +105,12 @@ class Ticket:
         self.method = "GET"  # the HTTP method, one of a fixed few (metrics label it)
         self.source_ip = ""  # the client's address, as the connection gave it
         self.trace_id = ""  # the trace this request belongs to, when tracing is on
-        self.trace: Any = None  # the tracer's own record of the request's spans
-        self.principal: Any = None  # who is calling (auth.providers.Principal)
+        self.principal: Principal | None = None  # who is calling, once the edge knows
         self.facts: RequestFacts | None = None
         self.job: Job | None = None
+        # The model's policy, resolved once when the model is known (before the first
+        # stage), so that every stage and dispatch see one version across a reload.
+        self.policy: Policy = BUILT_IN
         self.deadline = 0.0  # event-loop time by which the whole request must be done
         self.phase = "queue"  # where the request is, so a deadline can say where it expired
         self.admitted = False  # admission let it through: it counts for its tenant
@@ -83,23 +125,72 @@ class Ticket:
         self.usage: Usage | None = None
         # Response headers the client gets whatever happens (rate-limit figures).
         self.headers_out: dict[str, str] = {}
-        # Called when routing leaves the local pool (provider fallback): stages that hold
-        # local capacity give it back early.
-        self.leave_pool: Callable[[], None] = _nothing
-        # Gateway stages. How a cache served it: "" (it did not), "hit" (a stored answer)
-        # or "dedup" (a running identical request's answer); whether its wallet is charged;
-        # what was charged (a Decimal, once settled); why its local answer was replaced
-        # ("degenerate": the stream validator sent it elsewhere); agents dispatch skips
-        # (peer IDs that already failed this request).
-        self.cache = ""
-        self.bill = True
-        self.charge: Any = None
-        self.replaced = ""
-        self.avoid: frozenset[str] = frozenset()
+        # Made on the first put or note: most requests never need them.
+        self._state: dict[object, object] | None = None
+        self._notes: dict[Note[Value], Value] | None = None
 
     @property
     def model(self) -> str:
         return self.facts.model if self.facts is not None else ""
 
+    @property
+    def caller(self) -> Principal:
+        """Who is calling, for the parts that run after the edge authenticated the request
+        (handlers, stages, dispatch). Observers also see requests refused before that, and
+        read `principal`, which is None for them."""
+        principal = self.principal
+        if principal is None:
+            raise RuntimeError(f"request {self.request_id} has no authenticated caller")
+        return principal
+
     def emit(self, event: Event) -> None:
         self.observers.on_event(self, event)
+
+    # -- per-stage state ----------------------------------------------------------------------
+
+    def get(self, key: Key[T]) -> T:
+        state = self._state
+        if state is not None:
+            value = state.get(key, _ABSENT)
+            if value is not _ABSENT:
+                return cast(T, value)
+        return key.default()
+
+    def put(self, key: Key[T], value: T) -> None:
+        state = self._state
+        if state is None:
+            self._state = {key: value}
+        else:
+            state[key] = value
+
+    # -- notes for the audit record ---------------------------------------------------------
+
+    def note(self, note: Note[V], value: V | None) -> None:
+        """Leave `value` under the note's name in the audit record, replacing what this
+        note held; None takes it back (the record then has no such field)."""
+        notes = self._notes
+        if value is None:
+            if notes is not None:
+                notes.pop(note, None)
+            return
+        if notes is None:
+            self._notes = {note: value}
+        elif note in notes or len(notes) < MAX_NOTES:
+            notes[note] = value
+
+    def noted(self, note: Note[V]) -> V | None:
+        """What the note holds now, or None."""
+        notes = self._notes
+        return None if notes is None else cast("V | None", notes.get(note))
+
+    def notes(self) -> list[tuple[str, Value]]:
+        """The notes as (name, value), in their places."""
+        notes = self._notes
+        if not notes:
+            return []
+        ordered = sorted(notes, key=_place) if len(notes) > 1 else list(notes)
+        return [(note.name, notes[note]) for note in ordered]
+
+
+def _place(note: Note[Value]) -> int:
+    return note.place

@@ -27,6 +27,7 @@ from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
+from hivenet_router.router.dispatch import LEAVE_POOL
 from hivenet_router.state.ports import Lease, Ports
 
 START_TOKENS_PER_BYTE = 1 / 3.2
@@ -160,7 +161,6 @@ class Admission:
     def __init__(
         self,
         clock: Clock,
-        policy_for: Callable[[str], Policy],
         healthy: Callable[[str], list[AgentFacts]],
         ports: Ports,
         admit_fraction: float = 0.9,
@@ -172,20 +172,19 @@ class Admission:
         self.limits: dict[str, tuple[int, int]] = {}  # last effective (budget, backstop)
         self.estimator = Estimator()
         self._clock = clock
-        self._policy_for = policy_for
         self._healthy = healthy
 
     async def __call__(self, ticket: Ticket, next: Next) -> Answer:
         facts = ticket.facts
         assert facts is not None
-        hold = await self.admit(ticket, ticket.principal, facts)
+        hold = await self.admit(ticket, ticket.caller, facts)
         ticket.admitted = True
         if hold is None:
             ticket.emit(Admitted())
             return await next(ticket)
         async with hold:
             ticket.emit(Admitted())
-            ticket.leave_pool = hold.leave_pool
+            ticket.put(LEAVE_POOL, hold.leave_pool)
             answer = await next(ticket)
             hold.hand_to(answer)
         return answer
@@ -206,7 +205,7 @@ class Admission:
             return None
         model = facts.model
         estimate = self.estimator.estimate(model, facts.text_bytes, facts.messages)
-        policy = self._policy_for(model)
+        policy = ticket.policy
         self._caps(ticket, policy, facts, estimate)
         worst = estimate + (facts.max_output_tokens or 0)
         hold = Hold(self, facts, estimate, facts.max_output_tokens is None)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
@@ -21,8 +22,9 @@ from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
 from hivenet_router.expiry import Deadlines
+from hivenet_router.gateway.validator import AVOID
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Key, Ticket
 from hivenet_router.policy.document import Policy, Provider, Step
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
@@ -47,6 +49,15 @@ _TIMEOUT_MESSAGES = {
     "forward": "Request deadline exceeded while contacting agent",
     "provider": "Request deadline exceeded while contacting provider",
 }
+
+
+def _stay() -> None:
+    return None
+
+
+# What gives back the local capacity a request holds when routing leaves the local pool
+# (provider fallback): a stage that holds some puts its release here.
+LEAVE_POOL: Final = Key[Callable[[], None]]("leave_pool", lambda: _stay)
 
 
 class AgentSource:
@@ -179,7 +190,7 @@ class Dispatcher:
                         raise ApiError(ErrorCode.QUEUE_FULL, "Request queue is full, please retry")
                     await pending.take_slot()
                     forwarding = True
-                    policy = self.policies.current.for_model(job.model)
+                    policy = ticket.policy
                     try:
                         answer = await self._route(ticket, job, policy)
                     except ApiError as exc:
@@ -212,7 +223,8 @@ class Dispatcher:
                 # A later step may key its sessions on a header of its own.
                 header = keyed
                 inp.session = header_value(job.headers, header)
-            failed: set[str] = set(ticket.avoid)
+            avoid = ticket.get(AVOID)
+            failed = set(avoid)
             tries = 0
             budget = step.max_tries or self.limits.max_tries
             while tries < budget:
@@ -386,12 +398,8 @@ class Dispatcher:
     def _place(queue: CapacityQueue, ticket: Ticket) -> Place:
         """The request's place in the model's queue: its tenant's turn, weighted by the
         tenant's share and the request's estimated tokens."""
-        principal = ticket.principal
-        return queue.place(
-            principal.tenant if principal is not None else "",
-            principal.quota.queue_weight if principal is not None else 1.0,
-            queue_cost(ticket),
-        )
+        caller = ticket.caller
+        return queue.place(caller.tenant, caller.quota.queue_weight, queue_cost(ticket))
 
     def _release(self, agent: AgentRecord) -> None:
         self.registry.release(agent)
@@ -518,7 +526,7 @@ class Dispatcher:
         as the fallback at the end of the local steps is."""
         job = ticket.job
         assert job is not None
-        policy = self.policies.current.for_model(job.model)
+        policy = ticket.policy
         provider = policy.fallback_provider
         if (
             provider is None
@@ -542,7 +550,7 @@ class Dispatcher:
         self, ticket: Ticket, job: Job, policy: Policy, provider: Provider
     ) -> Answer:
         routing = self.routing
-        ticket.leave_pool()  # the provider does not use the local pool's occupancy
+        ticket.get(LEAVE_POOL)()  # the provider does not use the local pool's occupancy
         ticket.provider, ticket.origin = True, provider.engine
         ticket.phase = "provider"
         sent = self.clock.monotonic()

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import orjson
 
-from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job
 from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.observability.events import Refused
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.policy.document import Policy
 from hivenet_router.router import catalog
 from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.registry import Registry
@@ -85,8 +85,11 @@ class Handlers:
         body_timeout: float = 30.0,
         warming: Callable[[], bool] = lambda: False,
         reader: BodyReader | None = None,
+        *,
+        policy_for: Callable[[str], Policy],
     ) -> None:
         self.pipeline = pipeline
+        self.policy_for = policy_for  # the policy in force now for a model
         self.reader = reader or BodyReader()
         self.relay = relay
         self.registry = registry
@@ -107,7 +110,7 @@ class Handlers:
         return catalog.model_object(model, agents, detail=detail)
 
     async def models(self, request: Request) -> Answer:
-        principal: Principal = request.ticket.principal
+        principal = request.ticket.caller
         data = [
             obj
             for model in sorted(self.registry.models())
@@ -120,7 +123,7 @@ class Handlers:
 
     async def model(self, request: Request) -> Answer:
         model = request.match_info["model"]
-        principal: Principal = request.ticket.principal
+        principal = request.ticket.caller
         obj = self._model_object(model, detail=True) if principal.sees(model) else None
         if obj is None:
             raise ApiError(ErrorCode.MODEL_NOT_FOUND, f"model {model} is not registered")
@@ -135,7 +138,7 @@ class Handlers:
         route = request.path
         body = await read_body(request, self.body_timeout)
         headers = forward_headers(request, ticket.request_id)  # after the body: its trailers
-        principal: Principal = ticket.principal
+        principal = ticket.caller
         facts = await self.reader.parse(route, body, principal.tenant)
         ticket.facts = facts  # the model is known from here on (audit records name it)
         model = facts.model
@@ -175,6 +178,9 @@ class Handlers:
             # occupancy pools or metric series.
             raise self._unknown(ticket, model)
         ticket.deadline = ticket.started + self.request_timeout
+        # Once for the whole request: every stage and dispatch read this snapshot, whatever
+        # a reload does meanwhile.
+        ticket.policy = self.policy_for(model)
         answer = await self.pipeline(ticket)
         return await self.relay(request, ticket, answer)
 

@@ -138,21 +138,19 @@ def _wallet(router: Router) -> Stage | None:
         return None  # no --ledger-dsn: wallets are off
     from hivenet_router.gateway.wallet import WalletStage  # noqa: PLC0415 (see TYPE_CHECKING)
 
-    return WalletStage(router.ledger, router.policy_for)
+    return WalletStage(router.ledger)
 
 
 def _cache(router: Router) -> Stage:
     site = router.site
     extra = (site.client, site.keys.prefix) if site is not None else ()
-    stage = router.cache = ResponseCache(router.policy_for, router.dispatcher.clock, *extra)
+    stage = router.cache = ResponseCache(router.dispatcher.clock, *extra)
     router.metrics.add(CacheCollector(stage.snapshot))
     return stage
 
 
 def _validator(router: Router) -> Stage:
-    return StreamValidator(
-        router.policy_for, router.dispatcher.to_provider, metrics=router.validator_metrics
-    )
+    return StreamValidator(router.dispatcher.to_provider, metrics=router.validator_metrics)
 
 
 # Stages and observers by the names configuration uses for them. A factory may return None:
@@ -273,9 +271,7 @@ def assemble(
         return [agent for agent in registry.for_model(model) if agent.eligible]
 
     directory, site, ports, daily = _state(shared, registry)
-    admission = Admission(
-        clock, policy_for, healthy, ports, cfg.admit_fraction, cfg.admit_park_timeout
-    )
+    admission = Admission(clock, healthy, ports, cfg.admit_fraction, cfg.admit_park_timeout)
     dispatcher = Dispatcher(registry, clock, dispatch_limits(cfg), policies, shared.providers)
     relay = Relay()
     sessions = Sessions(clock, cfg.session_ttl)
@@ -338,8 +334,8 @@ def assemble(
 
 
 def _gateway(router: Router, cfg: RouterConfig, policy_for: Callable[[str], Policy]) -> None:
-    """The gateway stages' shared parts: the policy lookup and, with --ledger-dsn, the
-    ledger and its admin routes."""
+    """The policy lookup (the handlers resolve each request's policy with it, once) and,
+    with --ledger-dsn, the ledger and its admin routes."""
     router.policy_for = policy_for
     if cfg.ledger_dsn:
         from hivenet_router.gateway.ledger import Ledger  # noqa: PLC0415 (as above)
@@ -392,6 +388,7 @@ def _public_app(shared: Shared, router: Router) -> App:
         body_timeout=cfg.http_body_timeout,
         warming=lambda: clock.monotonic() < warm_until,
         reader=router.bodies,
+        policy_for=router.policy_for,
     )
     return build_app(handlers, router.admin, router.edge)
 

@@ -16,9 +16,10 @@ from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job, RequestFacts
 from hivenet_router.gateway.blocks import CACHE
-from hivenet_router.gateway.cache import ResponseCache
+from hivenet_router.gateway.cache import BILLED, SERVED, UNBILLED, ResponseCache
 from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.observability.events import Observers
+from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN, Policy
 
@@ -92,9 +93,22 @@ BODY = {"model": "m", "stream": True, "temperature": 0, "messages": [{"role": "u
 DEFAULTS = CacheSettings()
 
 
+class Cache(ResponseCache):
+    """The stage as a request meets it: with the model's policy already on the ticket (the
+    handlers resolve it before the first stage)."""
+
+    def __init__(self, policy: Policy, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.policy = policy
+
+    async def __call__(self, ticket: Ticket, next: Next) -> Answer:
+        ticket.policy = self.policy
+        return await super().__call__(ticket, next)
+
+
 def stage(settings: CacheSettings | None = DEFAULTS, **kw: Any) -> ResponseCache:
     policy: Policy = BUILT_IN.with_block(CACHE, settings)
-    return ResponseCache(lambda model: policy, ManualClock(), **kw)
+    return Cache(policy, ManualClock(), **kw)
 
 
 async def read(answer: Answer, outcome: Outcome = Outcome.OK) -> bytes:
@@ -110,7 +124,7 @@ async def test_off_calls_next_and_marks_nothing() -> None:
     t = ticket(BODY)
     await read(await cache(t, engine))
     await read(await cache(ticket(BODY), engine))
-    assert engine.calls == 2 and t.cache == "" and t.bill
+    assert engine.calls == 2 and t.noted(SERVED) is None and t.get(BILLED)
     assert cache.snapshot().results == {"hit": 0, "miss": 0, "dedup": 0, "bypass": 0}
 
 
@@ -118,12 +132,13 @@ async def test_a_finished_answer_is_replayed_byte_for_byte() -> None:
     cache, engine = stage(CacheSettings(bill_hits=False)), Engine()
     first = ticket(BODY)
     fresh = await read(await cache(first, engine))
-    assert first.cache == "" and first.headers_out["X-Hivenet-Cache"] == "miss"
+    assert first.noted(SERVED) is None and first.headers_out["X-Hivenet-Cache"] == "miss"
     again = ticket({**BODY, "messages": [{"role": "user"}]})
     replay = await cache(again, engine)
     assert await read(replay) == fresh == b"".join(CHUNKS)
     assert engine.calls == 1 and engine.closes == [Outcome.OK]
-    assert again.cache == "hit" and not again.bill and again.origin == "cache"
+    assert again.noted(SERVED) == "hit" and not again.get(BILLED) and again.origin == "cache"
+    assert again.noted(UNBILLED) is False and first.noted(UNBILLED) is None
     assert replay.usage is not None or replay.usage is None  # metered like any stream
     snap = cache.snapshot()
     assert snap.entries == 1 and snap.bytes > len(fresh) and snap.results["hit"] == 1
@@ -141,8 +156,8 @@ async def test_identical_requests_in_flight_share_one_call() -> None:
     answers = await asyncio.gather(*pending)
     streams = await asyncio.gather(*(read(a) for a in answers))
     assert set(streams) == {b"".join(CHUNKS)} and engine.calls == 1
-    assert [t.cache for t in tickets] == ["", "dedup", "dedup", "dedup", "dedup"]
-    assert tickets[1].bill and tickets[1].origin == "cache"
+    assert [t.noted(SERVED) for t in tickets] == [None, "dedup", "dedup", "dedup", "dedup"]
+    assert tickets[1].get(BILLED) and tickets[1].origin == "cache"
     assert engine.closes == [Outcome.OK] and cache.snapshot().flights == 0
 
 
@@ -153,7 +168,7 @@ async def test_not_repeatable_and_no_store_pass_through() -> None:
         for _ in range(2):
             t = ticket(body, headers=headers)
             await read(await cache(t, engine))
-            assert t.cache == "" and "X-Hivenet-Cache" not in t.headers_out
+            assert t.noted(SERVED) is None and "X-Hivenet-Cache" not in t.headers_out
     assert engine.calls == 4 and cache.snapshot().results["bypass"] == 4
     seeded = {**hot, "seed": 1}
     await read(await cache(ticket(seeded), engine))
@@ -174,7 +189,7 @@ async def test_no_cache_skips_the_stored_answer_but_refreshes_it() -> None:
     await read(await cache(ticket(BODY), engine))
     t = ticket(BODY, headers=[("cache-control", "no-cache")])
     await read(await cache(t, engine))
-    assert engine.calls == 2 and t.cache == ""
+    assert engine.calls == 2 and t.noted(SERVED) is None
     await read(await cache(ticket(BODY), engine))
     assert engine.calls == 2
 
@@ -188,7 +203,7 @@ async def test_tenants_do_not_share_unless_the_policy_says_so() -> None:
     await read(await shared(ticket(BODY, "acme"), engine))
     t = ticket(BODY, "other")
     await read(await shared(t, engine))
-    assert engine.calls == 1 and t.cache == "hit"
+    assert engine.calls == 1 and t.noted(SERVED) == "hit"
 
 
 async def test_errors_are_shared_with_followers_and_never_stored() -> None:
@@ -301,7 +316,7 @@ async def test_an_error_inside_a_200_stream_or_a_cut_stream_is_not_stored(
     await read(await cache(ticket(BODY), engine))
     t = ticket(BODY)
     assert await read(await cache(t, engine)) == b"".join(chunks)
-    assert engine.calls == 2 and t.cache == "" and cache.snapshot().entries == 0
+    assert engine.calls == 2 and t.noted(SERVED) is None and cache.snapshot().entries == 0
 
 
 async def test_an_anthropic_stream_that_ends_with_message_stop_is_stored() -> None:
@@ -310,7 +325,7 @@ async def test_an_anthropic_stream_that_ends_with_message_stop_is_stored() -> No
     await read(await cache(ticket(BODY), engine))
     t = ticket(BODY)
     assert await read(await cache(t, engine)) == b"".join(chunks)
-    assert engine.calls == 1 and t.cache == "hit"
+    assert engine.calls == 1 and t.noted(SERVED) == "hit"
 
 
 class WholeEngine:
@@ -394,7 +409,7 @@ async def test_close_stops_every_flight_and_then_passes_requests_through() -> No
     engine.gate = engine.hold = None
     t = ticket(BODY)
     await read(await cache(t, engine))
-    assert engine.calls == 3 and t.cache == "" and "X-Hivenet-Cache" not in t.headers_out
+    assert engine.calls == 3 and t.noted(SERVED) is None and "X-Hivenet-Cache" not in t.headers_out
 
 
 async def test_a_leader_that_leaves_hands_the_bill_to_a_follower_that_stays() -> None:
@@ -412,11 +427,12 @@ async def test_a_leader_that_leaves_hands_the_bill_to_a_follower_that_stays() ->
         await leading
     engine.gate.set()
     first, second = await asyncio.gather(*following)
-    assert not stays.bill and not also.bill  # hits, so far
+    assert not stays.get(BILLED) and not also.get(BILLED)  # hits, so far
     assert await read(first) == b"".join(CHUNKS)
-    assert stays.bill  # read it all first: the call is its to pay
+    assert stays.get(BILLED)  # read it all first: the call is its to pay
+    assert stays.noted(UNBILLED) is None  # and its audit record says so
     assert await read(second) == b"".join(CHUNKS)
-    assert not also.bill and engine.calls == 1
+    assert not also.get(BILLED) and engine.calls == 1
 
 
 async def test_the_first_reader_to_the_end_pays_and_only_it() -> None:
@@ -429,7 +445,7 @@ async def test_the_first_reader_to_the_end_pays_and_only_it() -> None:
         engine.hold.set()
         order = (first, second) if leader_first else (second, first)
         assert await read(order[0]) == await read(order[1])
-        assert (leader.bill, follower.bill) == (leader_first, not leader_first)
+        assert (leader.get(BILLED), follower.get(BILLED)) == (leader_first, not leader_first)
         engine.hold.clear()
 
 
@@ -442,7 +458,7 @@ async def test_a_follower_that_finished_pays_when_the_leader_hangs_up_later() ->
     engine.hold.set()
     await read(second)
     await first.close(Outcome.CLIENT_GONE)  # pays for what it was sent, as any request
-    assert follower.bill and leader.bill
+    assert follower.get(BILLED) and leader.get(BILLED)
 
 
 async def test_a_follower_cut_short_does_not_take_the_bill() -> None:
@@ -455,7 +471,7 @@ async def test_a_follower_cut_short_does_not_take_the_bill() -> None:
     await answers[0].close(Outcome.CLIENT_GONE)
     engine.hold.set()
     await read(answers[1])
-    assert not cut.bill and stays.bill
+    assert not cut.get(BILLED) and stays.get(BILLED)
 
 
 async def test_a_whole_answer_is_paid_by_whoever_gets_it_first() -> None:
@@ -478,4 +494,4 @@ async def test_a_whole_answer_is_paid_by_whoever_gets_it_first() -> None:
         await leading
     engine_gate.set()
     await read(await following)
-    assert follower.bill and follower.cache == "dedup"
+    assert follower.get(BILLED) and follower.noted(SERVED) == "dedup"

@@ -33,7 +33,7 @@ from hivenet_router.gateway.settings import CacheSettings
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN
 from tests.ports import free_port
-from tests.unit.gateway.test_cache import BODY, ROUTE, read, ticket
+from tests.unit.gateway.test_cache import BODY, ROUTE, Cache, read, ticket
 
 DIGEST = request_key(ROUTE, "m", "acme", orjson.dumps(BODY)).digest  # type: ignore[union-attr]
 
@@ -95,7 +95,7 @@ async def router(client: Any) -> AsyncIterator[Router]:
 
     def make(client: Any, prefix: str) -> ResponseCache:
         policy = BUILT_IN.with_block(CACHE, CacheSettings())
-        made.append(ResponseCache(lambda model: policy, SystemClock(), client, prefix))
+        made.append(Cache(policy, SystemClock(), client, prefix))
         return made[-1]
 
     yield make

@@ -19,9 +19,10 @@ from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
 from hivenet_router.gateway.blocks import VALIDATOR
 from hivenet_router.gateway.settings import ValidatorSettings
-from hivenet_router.gateway.validator import StreamValidator
+from hivenet_router.gateway.validator import AVOID, REPLACED, StreamValidator
 from hivenet_router.observability.events import Observers
 from hivenet_router.observability.validator_metrics import ValidatorCollector, ValidatorMetrics
+from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN, Policy, Provider
 from hivenet_router.sim.text import Corpus
@@ -137,7 +138,7 @@ class Dispatch:
         self.calls: list[frozenset[str]] = []
 
     async def __call__(self, ticket: Ticket) -> Answer:
-        self.calls.append(ticket.avoid)
+        self.calls.append(ticket.get(AVOID))
         item = self.answers.pop(0)
         if isinstance(item, ApiError):
             raise item
@@ -171,8 +172,21 @@ def ticket(stream: bool = True) -> Ticket:
     return t
 
 
+class Validator(StreamValidator):
+    """The stage as a request meets it: with the model's policy already on the ticket (the
+    handlers resolve it before the first stage)."""
+
+    def __init__(self, policy: Policy, *args: Any) -> None:
+        super().__init__(*args)
+        self.policy = policy
+
+    async def __call__(self, ticket: Ticket, next: Next) -> Answer:
+        ticket.policy = self.policy
+        return await super().__call__(ticket, next)
+
+
 def stage(p: Policy, cloud: Callable[[Ticket], Awaitable[Answer]]) -> StreamValidator:
-    return StreamValidator(lambda model: p, cloud, ValidatorMetrics())
+    return Validator(p, cloud, ValidatorMetrics())
 
 
 async def relay(answer: Answer) -> tuple[bytes, Outcome]:
@@ -233,7 +247,7 @@ async def test_a_clean_stream_is_held_by_chunks_then_relayed_byte_for_byte() -> 
     body, outcome = await relay(answer)
     assert body == local.bytes and outcome is Outcome.OK
     assert local.closed_once(Outcome.OK)
-    assert answer.usage == Usage(3, 40) and t.replaced == ""
+    assert answer.usage == Usage(3, 40) and t.noted(REPLACED) is None
     assert count(validator, "streams", "clean") == 1
     assert validator.metrics.hold.values[()][-1] >= 0  # one hold observed
     assert sum(validator.metrics.hold.values[()][:-1]) == 1
@@ -294,7 +308,7 @@ async def test_a_loop_goes_to_the_provider() -> None:
     assert answer is cloud.result and cloud.calls == 1 and len(dispatch.calls) == 1
     assert local.closed_once(Outcome.BROKEN)  # the engine's stream reset, a failure
     assert local.script.reads < 14  # the verdict came before the window was full
-    assert t.replaced == "degenerate" and t.agent is None and t.origin == "openai"
+    assert t.noted(REPLACED) == "degenerate" and t.agent is None and t.origin == "openai"
     assert count(validator, "streams", "degenerate") == 1
     assert count(validator, "fallbacks", "provider", "ok") == 1
     body, _ = await relay(answer)
@@ -312,7 +326,7 @@ async def test_without_a_provider_another_agent_serves() -> None:
     body, outcome = await relay(answer)
     assert body == good.bytes and outcome is Outcome.OK
     assert good.closed_once(Outcome.OK)
-    assert t.replaced == "degenerate" and t.origin == "peer-b"
+    assert t.noted(REPLACED) == "degenerate" and t.origin == "peer-b"
     assert count(validator, "fallbacks", "agent", "ok") == 1
 
 

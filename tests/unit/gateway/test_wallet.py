@@ -17,13 +17,14 @@ from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts
 from hivenet_router.gateway.blocks import PRICES
+from hivenet_router.gateway.cache import BILLED
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.settings import Price, Prices
-from hivenet_router.gateway.wallet import WalletStage, worst_case
+from hivenet_router.gateway.wallet import CHARGED, WalletStage, worst_case
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
-from hivenet_router.policy.document import BUILT_IN
+from hivenet_router.policy.document import BUILT_IN, Policy
 from tests.postgres import Postgres
 
 # 0.001 per input token, 0.002 per output token
@@ -56,6 +57,25 @@ def ticket(tenant: str = "acme", route: str = "/v1/chat/completions") -> Ticket:
     return t
 
 
+class Wallet(WalletStage):
+    """The stage as a request meets it: with the model's policy already on the ticket (the
+    handlers resolve it before the first stage)."""
+
+    def __init__(self, policy: Policy, ledger: Ledger) -> None:
+        super().__init__(ledger)
+        self.policy = policy
+
+    async def __call__(self, ticket: Ticket, next: Next) -> Answer:
+        ticket.policy = self.policy
+        return await super().__call__(ticket, next)
+
+
+def charged(t: Ticket) -> Decimal | None:
+    """What the audit record says the wallet was charged."""
+    value = t.noted(CHARGED)
+    return None if value is None else Decimal(value)
+
+
 def whole(body: bytes = USAGE, status: int = 200) -> Next:
     async def next(t: Ticket) -> Answer:
         return Answer(status, [], Whole(), body=body)
@@ -83,7 +103,7 @@ async def serve(stage: WalletStage, t: Ticket, next: Next, outcome: Outcome = Ou
 
 
 async def test_an_unfunded_tenant_is_refused_with_402(ledger: Ledger) -> None:
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     with pytest.raises(ApiError) as refused:
         await stage(ticket(), whole())
     assert refused.value.code is ErrorCode.INSUFFICIENT_BALANCE
@@ -104,10 +124,10 @@ async def test_an_unfunded_tenant_is_refused_with_402(ledger: Ledger) -> None:
 
 async def test_a_served_request_is_charged_its_reported_usage_once(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     t = ticket()
     await serve(stage, t, whole())
-    assert t.charge == Decimal("0.02")  # 10 x 0.001 + 5 x 0.002
+    assert charged(t) == Decimal("0.02")  # 10 x 0.001 + 5 x 0.002
     wallet = await ledger.wallet("acme")
     assert wallet is not None and (wallet.balance, wallet.held) == (Decimal("0.98"), 0)
     rows = await ledger.entries("acme", 10, None)
@@ -118,7 +138,7 @@ async def test_a_served_request_is_charged_its_reported_usage_once(ledger: Ledge
 
 async def test_a_failed_request_gives_its_hold_back_without_a_charge(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
 
     async def failing(t: Ticket) -> Answer:
         wallet = await ledger.wallet("acme")
@@ -135,7 +155,7 @@ async def test_a_failed_request_gives_its_hold_back_without_a_charge(ledger: Led
 
 async def test_a_stream_without_usage_is_charged_what_was_metered(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     event = b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
 
     async def streaming(t: Ticket) -> Answer:
@@ -145,14 +165,14 @@ async def test_a_stream_without_usage_is_charged_what_was_metered(ledger: Ledger
     await serve(stage, t, streaming, Outcome.CLIENT_GONE)
     # input estimated (32 bytes / 3.2 + 4 = 14 tokens), output one token per data event
     # (3: the closing [DONE] is none)
-    assert t.charge == Decimal("0.014") + Decimal("0.006")
+    assert charged(t) == Decimal("0.014") + Decimal("0.006")
 
 
 async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was_sent(
     ledger: Ledger,
 ) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     start = (
         b'event: message_start\ndata: {"type": "message_start", "message":'
         b' {"usage": {"input_tokens": 25, "output_tokens": 1}}}\n\n'
@@ -166,18 +186,18 @@ async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was
     # The client hangs up before message_delta, which would have carried the output count.
     await serve(stage, t, anthropic, Outcome.CLIENT_GONE)
     # 25 input tokens as reported; output at least the 51 data events it was sent
-    assert t.charge == Decimal("0.025") + 51 * Decimal("0.002")
+    assert charged(t) == Decimal("0.025") + 51 * Decimal("0.002")
 
 
 async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     failed = ticket()
     await serve(stage, failed, whole(b'{"error": {"message": "bad"}}', status=500))
     hit = ticket()
-    hit.bill = False
+    hit.put(BILLED, False)
     await serve(stage, hit, whole())
-    assert failed.charge == hit.charge == 0
+    assert charged(failed) == charged(hit) == 0
     rows = await ledger.entries("acme", 10, None)
     assert [r["kind"] for r in rows] == ["charge", "charge", "credit"]
     wallet = await ledger.wallet("acme")
@@ -187,7 +207,7 @@ async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger
 async def test_a_model_without_a_price_is_refused_and_named(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    stage = WalletStage(ledger, lambda model: BUILT_IN)
+    stage = Wallet(BUILT_IN, ledger)
     for _ in range(2):
         with pytest.raises(ApiError) as refused:
             await stage(ticket(), whole())
@@ -199,16 +219,16 @@ async def test_a_model_without_a_price_is_refused_and_named(
 
 async def test_a_wallet_in_another_currency_is_refused_naming_both(ledger: Ledger) -> None:
     await ledger.credit("acme", Decimal(5), "EUR", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     with pytest.raises(ApiError, match="in EUR but this model is priced in USD"):
         await stage(ticket(), whole())
 
 
 async def test_count_tokens_is_free_and_never_checked(ledger: Ledger) -> None:
-    stage = WalletStage(ledger, lambda model: BUILT_IN)  # no price, no wallet: still served
+    stage = Wallet(BUILT_IN, ledger)  # no price, no wallet: still served
     t = ticket(route="/v1/messages/count_tokens")
     await serve(stage, t, whole(b'{"input_tokens": 3}'))
-    assert t.charge is None
+    assert charged(t) is None
 
 
 async def test_without_its_database_the_stage_fails_open_and_keeps_the_charge(
@@ -216,10 +236,10 @@ async def test_without_its_database_the_stage_fails_open_and_keeps_the_charge(
 ) -> None:
     ledger = Ledger("postgresql://u:p@127.0.0.1:1/db", tmp_path, 0.2)  # never reached
     try:
-        stage = WalletStage(ledger, lambda model: PRICED)
+        stage = Wallet(PRICED, ledger)
         t = ticket(tenant="nobody")
         await serve(stage, t, whole())
-        assert t.charge == Decimal("0.02")
+        assert charged(t) == Decimal("0.02")
         snapshot = ledger.snapshot()
         assert (snapshot.unbilled, snapshot.pending, snapshot.up) == (1, 1, False)
     finally:
@@ -238,7 +258,7 @@ def test_the_worst_case_counts_every_prompt_byte_and_the_declared_output() -> No
 async def test_the_meter_counts_data_lines_not_the_word_data(ledger: Ledger) -> None:
     """Text that says "data:" or "[DONE]" is no event; an event split across chunks is one."""
     await ledger.credit("acme", Decimal(1), "USD", None)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     tricky = b'data: {"choices": [{"delta": {"content": "data: x data: [DONE]"}}]}\n\n'
     chunks = [tricky, b"da", b'ta: {"choices": []}\r', b"\n\r\n", b"data: [DO", b"NE]\n\n"]
 
@@ -247,7 +267,7 @@ async def test_the_meter_counts_data_lines_not_the_word_data(ledger: Ledger) -> 
 
     t = ticket()
     await serve(stage, t, streaming, Outcome.CLIENT_GONE)
-    assert t.charge == Decimal("0.014") + 3 * Decimal("0.002")  # three data events
+    assert charged(t) == Decimal("0.014") + 3 * Decimal("0.002")  # three data events
 
 
 async def test_a_busy_ledger_refuses_with_503_rather_than_let_through(
@@ -257,7 +277,7 @@ async def test_a_busy_ledger_refuses_with_503_rather_than_let_through(
         return HoldResult("busy")
 
     monkeypatch.setattr(ledger, "hold", busy)
-    stage = WalletStage(ledger, lambda model: PRICED)
+    stage = Wallet(PRICED, ledger)
     with pytest.raises(ApiError) as refused:
         await stage(ticket(), whole())
     assert refused.value.code is ErrorCode.BACKEND_UNAVAILABLE and "busy" in refused.value.message

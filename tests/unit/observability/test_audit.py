@@ -11,10 +11,13 @@ from hivenet_router.auth.providers import ANONYMOUS, Principal
 from hivenet_router.domain.answer import Outcome
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
+from hivenet_router.gateway.cache import SERVED, UNBILLED
+from hivenet_router.gateway.validator import REPLACED
+from hivenet_router.gateway.wallet import CHARGED
 from hivenet_router.observability.audit import AuditObserver, record
 from hivenet_router.observability.events import Admitted, Ended, Observers
 from hivenet_router.observability.linewriter import LineWriter
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Note, Ticket
 
 FIELDS = [
     "log_type",
@@ -103,6 +106,29 @@ def test_provider_answers_unauthenticated_and_anonymous_requests() -> None:
     t.principal = ANONYMOUS
     entry = parsed(t, Ended(200, None, Outcome.OK, None, 0))
     assert (entry["tenant_id"], entry["key_id"]) == ("default", "")
+
+
+def test_notes_follow_the_reference_fields_in_their_places() -> None:
+    # Left as a request leaves them: the replacement mid-request, the charge and the bill
+    # when the answer closes; the record's order does not depend on it.
+    t = ticket()
+    t.note(REPLACED, "degenerate")
+    t.note(CHARGED, "0.020")
+    t.note(UNBILLED, False)
+    t.note(SERVED, "hit")
+    line = record(t, Ended(200, None, Outcome.OK, Usage(1, 2), 0), 1_800_000_000.0)
+    assert line.endswith(
+        b'"cache":"hit","charge":"0.020","billed":false,"replaced":"degenerate"}\n'
+    )
+    entry = parsed(t, Ended(200, None, Outcome.OK, Usage(1, 2), 0))
+    assert list(entry) == [*FIELDS, "cache", "charge", "billed", "replaced"]
+
+
+def test_a_note_never_replaces_a_reference_field() -> None:
+    t = ticket()
+    t.note(Note[str]("tenant_id", place=0), "forged")
+    entry = parsed(t, Ended(200, None, Outcome.OK, None, 0))
+    assert list(entry) == FIELDS and entry["tenant_id"] == "acme"
 
 
 def test_a_model_name_is_bounded_and_cannot_break_the_line() -> None:

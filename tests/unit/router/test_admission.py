@@ -69,7 +69,6 @@ class Fleet:
         self.healthy: list[object] = []
         self.admission = Admission(
             self.clock,
-            lambda model: self.policy,
             lambda model: self.healthy,  # type: ignore[arg-type,return-value]
             self.ports,
             park_timeout=0.05,
@@ -81,6 +80,7 @@ class Fleet:
     def ticket(self, principal: Principal, body: bytes, route: str = ROUTE) -> Ticket:
         ticket = Ticket("rid", route, 0.0, Observers([self.recorder]))
         ticket.principal = principal
+        ticket.policy = self.policy  # as the handlers resolve it, before the first stage
         ticket.facts = self._parsed.get((route, body)) or parse(route, body)
         self._parsed[(route, body)] = ticket.facts
         ticket.job = Job(route, ticket.facts.model, "llm", False, body, [])

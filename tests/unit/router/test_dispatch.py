@@ -17,16 +17,18 @@ import pytest
 import uvloop
 from aiohttp import web
 
+from hivenet_router.auth.providers import ANONYMOUS
 from hivenet_router.clock import Clock, ManualClock, SystemClock, run_in_virtual_time
 from hivenet_router.domain.agent import EngineSnapshot, Registration
 from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.domain.request import Job, RequestFacts
+from hivenet_router.gateway.validator import AVOID
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import parse_policy
 from hivenet_router.policy.store import PolicySet, PolicyStore
-from hivenet_router.router.dispatch import Dispatcher
+from hivenet_router.router.dispatch import LEAVE_POOL, Dispatcher
 from hivenet_router.router.forwarding import DispatchLimits
 from hivenet_router.router.providers import ProviderConfig, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
@@ -106,7 +108,9 @@ class Fleet:
         ticket.facts = RequestFacts(ROUTE, model, "llm", False, None)
         ticket.job = Job(ROUTE, model, "llm", False, b"{}", [])
         ticket.deadline = asyncio.get_running_loop().time() + 5
-        ticket.leave_pool = lambda: self.left.append("left")
+        ticket.principal = ANONYMOUS  # the edge authenticated it
+        ticket.policy = self.store.current.for_model(model)  # resolved before the stages
+        ticket.put(LEAVE_POOL, lambda: self.left.append("left"))
         return ticket
 
     async def send(self) -> Answer:
@@ -505,11 +509,12 @@ async def test_a_woken_request_that_cannot_use_the_freed_slot_passes_the_wake_up
         x = await f.agent("x", capacity=1)
         y = await f.agent("y", capacity=1)
         on_y, on_x = f.ticket(), f.ticket()
-        on_y.avoid, on_x.avoid = frozenset({"x"}), frozenset({"y"})
+        on_y.put(AVOID, frozenset({"x"}))
+        on_x.put(AVOID, frozenset({"y"}))
         first = await f.dispatcher(on_y)
         second = await f.dispatcher(on_x)
         only_y = f.ticket()
-        only_y.avoid = frozenset({"x"})
+        only_y.put(AVOID, frozenset({"x"}))
         a = asyncio.create_task(f.dispatcher(only_y))  # first in line, can only use y
         await asyncio.sleep(0.05)
         b = asyncio.create_task(f.dispatcher(f.ticket()))  # second, can use either
@@ -534,7 +539,7 @@ async def test_a_freed_slot_reaches_a_waiter_behind_two_that_cannot_use_it() -> 
 
         def send(avoid: frozenset[str]) -> asyncio.Task[Answer]:
             ticket = f.ticket()
-            ticket.avoid = avoid
+            ticket.put(AVOID, avoid)
             return asyncio.create_task(f.dispatcher(ticket))
 
         blocked = []

@@ -340,6 +340,7 @@ def assemble(
             history=keeper,
             body_timeout=cfg.http_body_timeout,
             sync_view=site.view if site is not None else None,
+            site_usage=site.usage if site is not None else None,
         ),
     )
     _gateway(router, cfg, policy_for)

@@ -1,11 +1,14 @@
 """The order of the request stages through real processes (docs/admission.md): the request
 rate comes right after authentication, before the wallet, the cache and admission, so cache
-hits count toward it and a request refused for its rate never reaches the ledger."""
+hits and requests that follow an identical one in flight count toward it, and a request
+refused for its rate never reaches the ledger."""
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2 as httpx
@@ -31,7 +34,13 @@ def pg() -> Iterator[Postgres]:
         yield server
 
 
-def start(cluster: Cluster, tmp: Path, policy: str, *extra: str) -> Router:
+def start(
+    cluster: Cluster,
+    tmp: Path,
+    policy: str,
+    *extra: str,
+    sim: tuple[str, ...] = ("--zero-latency",),
+) -> Router:
     """A router whose one key has `requests_per_minute: 3`, one simulator behind an agent."""
     (tmp / "policy.yaml").write_text(policy + "routing_policy: {strategy: least-loaded}\n")
     auth = tmp / "auth.yaml"
@@ -45,7 +54,7 @@ def start(cluster: Cluster, tmp: Path, policy: str, *extra: str) -> Router:
     router = cluster.router(
         "--policy-file", str(tmp / "policy.yaml"), "--auth-config-file", str(auth), *extra
     )
-    cluster.agent(router, cluster.sim(MODEL, "--zero-latency"))
+    cluster.agent(router, cluster.sim(MODEL, *sim))
     wait_until(lambda: metric(router.metrics(), "hivenet_routing_agent_healthy") == 1.0)
     return router
 
@@ -70,6 +79,26 @@ def test_cache_hits_count_toward_the_request_rate(make_cluster: Cluster, tmp_pat
     ]
     refused = replies[3].json()["error"]
     assert refused["code"] == "rate_limit_exceeded" and replies[3].headers["retry-after"] == "20"
+
+
+def test_requests_that_follow_an_identical_one_in_flight_count_toward_the_rate(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Six identical requests at once, deduplication only: whichever three the rate lets
+    through share one engine call, the other three are refused, however they overlap."""
+    slow = ("--ttft-base", "1s", "--output-tokens", "4")
+    router = start(make_cluster, tmp_path, "response_cache: {store: false}\n", sim=slow)
+    barrier = threading.Barrier(6)
+
+    def together(_: int) -> httpx.Response:
+        barrier.wait(timeout=10)
+        return post(router)
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(together, range(6)))
+    assert sorted(reply.status_code for reply in replies) == [200] * 3 + [429] * 3
+    served = [reply.headers.get("x-hivenet-cache") for reply in replies if reply.is_success]
+    assert "dedup" in served  # they did overlap: some followed the first
 
 
 def test_a_request_past_its_rate_never_reaches_the_ledger(

@@ -193,6 +193,52 @@ def test_refusals_carry_their_code_and_what_was_known(
     assert (entry["tenant_id"], entry["error_code"], entry["model"]) == ("", "unauthorized", "")
 
 
+def test_an_engines_refusal_is_recorded_with_the_code_the_client_got(
+    fleet: tuple[Cluster, Router, str],
+) -> None:
+    _, router, _ = fleet
+    rid = str(uuid.uuid4())
+    with client(router, rid) as oai, pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(  # past the simulator's 8192-token context
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=100_000
+        )
+    assert refused.value.code == "context_length_exceeded"
+    (entry,) = records(router, rid)
+    assert (entry["status_code"], entry["error_code"]) == (400, "context_length_exceeded")
+    wait_until(lambda: f"request_id={rid}" in router.proc.log(), timeout=5)
+    (line,) = [line for line in router.proc.log().splitlines() if rid in line]
+    assert "status=400 error_code=context_length_exceeded" in line
+
+
+def test_a_request_for_no_route_is_recorded_with_its_method_and_path(
+    fleet: tuple[Cluster, Router, str],
+) -> None:
+    _, router, _ = fleet
+    rid, long_rid = str(uuid.uuid4()), str(uuid.uuid4())
+    reply = httpx.delete(
+        router.url + "/v1/no/such/route?secret=hunter2",
+        headers={"Authorization": f"Bearer {KEY}", "X-Request-ID": rid},
+        timeout=5,
+    )
+    assert reply.status_code == 404
+    long_path = "/v1/" + "a" * 2000
+    assert httpx.get(router.url + long_path, headers={"X-Request-ID": long_rid}).status_code == 404
+    (entry,) = records(router, rid)
+    assert (entry["method"], entry["path"], entry["error_code"]) == (
+        "DELETE",
+        "/v1/no/such/route",
+        "not_found",
+    )
+    (entry,) = records(router, long_rid)
+    assert entry["path"] == long_path[:256]
+    wait_until(lambda: f"request_id={long_rid}" in router.proc.log(), timeout=5)
+    (line,) = [line for line in router.proc.log().splitlines() if rid in line]
+    assert "method=DELETE path=/v1/no/such/route" in line and "hunter2" not in line
+    (line,) = [line for line in router.proc.log().splitlines() if long_rid in line]
+    assert f"method=GET path={long_path[:256]}\n" in line + "\n"
+    assert "hunter2" not in router.proc.log()
+
+
 def test_probes_and_preflights_are_not_audited(fleet: tuple[Cluster, Router, str]) -> None:
     _, router, _ = fleet
     assert router.audit is not None

@@ -495,13 +495,14 @@ class RouterConfig:
         help="Where the Anthropic provider adapter sends requests (for proxies and tests)",
     )
     stages: tuple[str, ...] = option(
-        ("wallet", "cache", "admission", "validator"),
+        ("rate", "wallet", "cache", "admission", "validator"),
         parse=v.name_list,
         env="HIVENET_ROUTER_STAGES",
         help="Request stages between the edge and dispatch, in order, by name "
-        "(wallet, cache, admission, validator); each gateway stage acts only where turned on. "
-        "A name may appear once, and wallet must come before cache and validator. An empty "
-        "value is refused (it would drop rate limits, budgets and wallets)",
+        "(rate, wallet, cache, admission, validator); each gateway stage acts only where "
+        "turned on. A name may appear once, rate must come first and is required with "
+        "admission, and wallet must come before cache and validator. An empty value is "
+        "refused (it would drop rate limits, budgets and wallets)",
     )
     ledger_dsn: str = option(
         "",

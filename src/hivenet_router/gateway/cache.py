@@ -182,7 +182,8 @@ class ResponseCache:
     ) -> Answer:
         """Start a flight (others may join it unless one is running already: a `no-cache`
         request's own) and read it as its first reader."""
-        flight = Flight(digest, functools.partial(self._ended, settings))
+        assert ticket.job is not None
+        flight = Flight(digest, functools.partial(self._ended, settings, ticket.job.route))
         listed = settings.dedup and self.flights.add(flight)
         opener = functools.partial(self._open, ticket, next, flight, listed, want)
         reader = flight.join(first=True, on_bill=_bill_once(ticket, settings))
@@ -232,7 +233,7 @@ class ResponseCache:
                     flight.refusal_headers[name] = ticket.headers_out[name]
             raise
 
-    def _ended(self, settings: CacheSettings, flight: Flight, outcome: Outcome) -> None:
+    def _ended(self, settings: CacheSettings, route: str, flight: Flight, outcome: Outcome) -> None:
         """A flight is over: no one joins it any more; a complete 200 answer is kept."""
         self.flights.discard(flight)
         if not (settings.store and flight.complete and flight.keep and flight.status == 200):
@@ -242,8 +243,8 @@ class ResponseCache:
         streamed = flight.body is None
         data = b"".join(flight.chunks) if streamed else flight.body
         assert data is not None
-        if not storable(streamed, data):
-            return  # an error inside a 200, or a stream cut before its last event
+        if not storable(route, streamed, data):
+            return  # not the route's success: an error inside a 200, a cut stream, HTML
         content_type = _content_type(flight.headers)
         stored = Stored(flight.status, content_type, streamed, data, self.clock.wall())
         ttl = settings.ttl_seconds

@@ -7,8 +7,9 @@ Expired entries go as the store is used: at most once every SWEEP_EVERY seconds,
 a write drops them all (a pass over the entries, amortised over that time).
 
 `encode` and `decode` are a stored answer's form in the site store (msgpack, versioned).
-`storable` says whether a 200 answer is one to keep: a stream that ended with its terminal
-event and carries no error event, or a body that is no error envelope. (The gateway may not
+`storable` says whether a 200 answer is one to keep: one that parses as the route's success
+(a stream that ended with its terminal event and carries no error event, a body that is the
+route's JSON object), read as JSON, not searched as bytes. (The gateway may not
 import the relay's own check, so it has this one.)
 """
 
@@ -166,14 +167,35 @@ class MemoryStore:
             self.bytes -= slot.stored.size
 
 
-def storable(streamed: bool, data: bytes) -> bool:
-    """Is this 200 answer whole and no error? A stream must end with its terminal event
-    (OpenAI's `data: [DONE]`, Anthropic's `event: message_stop`) and carry no error event
-    (an `event: error`, or a data line whose JSON has a top-level "error": vLLM's in-band
-    failure); a body must not be a JSON object with a top-level "error"."""
-    if not streamed:
-        return b'"error"' not in data or not _is_error(data)
-    return _finished(data) and (b"error" not in data or not _has_error_event(data))
+# What each route's success body has, beyond being a JSON object with no error in it: an
+# HTML page or a stand-in's `{"ok": true}` under a 200 is no answer to replay.
+_SUCCESS: Final[dict[str, tuple[str, type]]] = {
+    "/v1/chat/completions": ("choices", list),
+    "/v1/completions": ("choices", list),
+    "/v1/messages": ("content", list),
+    "/v1/messages/count_tokens": ("input_tokens", int),
+    "/v1/embeddings": ("data", list),
+    "/v1/rerank": ("results", list),
+}
+
+
+def storable(route: str, streamed: bool, data: bytes) -> bool:
+    """Is this 200 answer the route's success, whole? Parsed, never grepped: a key written
+    with a JSON escape (`{"\\u0065rror": ...}`) is the same key.
+
+    A stream must end with its terminal event (OpenAI's `data: [DONE]`, Anthropic's
+    `event: message_stop`), carry no error event (an `event: error`, or a data line whose
+    JSON object has an "error" or is of type "error": vLLM's in-band failure), and every
+    other data line must be a JSON object. A body must be a JSON object with no error and
+    with the route's own member (`choices` for chat and completions, `content` for
+    messages, ...)."""
+    if streamed:
+        return _finished(data) and _events_clean(data)
+    parsed = _object(data)
+    if parsed is None or _is_error(parsed):
+        return False
+    member = _SUCCESS.get(route)
+    return member is None or isinstance(parsed.get(member[0]), member[1])
 
 
 def _fields(block: bytes) -> list[tuple[bytes, bytes]]:
@@ -194,18 +216,24 @@ def _finished(data: bytes) -> bool:
     )
 
 
-def _has_error_event(data: bytes) -> bool:
+def _events_clean(data: bytes) -> bool:
     for name, value in _fields(data):
         if name == b"event" and value == b"error":
-            return True
-        if name == b"data" and b'"error"' in value and _is_error(value):
-            return True
-    return False
+            return False
+        if name == b"data" and value != b"[DONE]":
+            parsed = _object(value)
+            if parsed is None or _is_error(parsed):
+                return False
+    return True
 
 
-def _is_error(raw: bytes) -> bool:
+def _object(raw: bytes) -> dict[str, object] | None:
     try:
         parsed = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(parsed, dict) and parsed.get("error") is not None
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _is_error(parsed: dict[str, object]) -> bool:
+    return parsed.get("error") is not None or parsed.get("type") == "error"

@@ -14,17 +14,24 @@ import functools
 import math
 import time
 from datetime import datetime
+from typing import Final
 
 import orjson
 
 from hivenet_router.auth.providers import ANONYMOUS
 from hivenet_router.observability.events import AgentEvent, Ended, Event
 from hivenet_router.observability.linewriter import LineWriter
-from hivenet_router.pipeline.ticket import Ticket
+from hivenet_router.pipeline.ticket import Note, Ticket
 
 DEFAULT_PATH = "/var/log/hivenet-router/audit.jsonl"
 SKIPPED = frozenset({"/health"})  # probes: frequent, and they say nothing about anyone
 MODEL_CHARS = 256  # a model name is the client's text: bounded in the record
+# A request for no route is recorded under the endpoint "unmatched" (metrics label it, so it
+# stays one value); the edge leaves what was asked in these notes, read by the request log
+# too: the method and the path (no query string), each the client's text, bounded.
+METHOD_CHARS, PATH_CHARS = 16, 256
+ASKED_METHOD: Final = Note[str]("method", place=50)
+ASKED_PATH: Final = Note[str]("path", place=51)
 
 # The code an error status gets when nothing more specific was attached to the request.
 _BY_STATUS = {

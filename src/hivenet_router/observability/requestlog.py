@@ -16,7 +16,14 @@ import time
 
 import orjson
 
-from hivenet_router.observability.audit import SKIPPED, answered_by, error_code, start_time
+from hivenet_router.observability.audit import (
+    ASKED_METHOD,
+    ASKED_PATH,
+    SKIPPED,
+    answered_by,
+    error_code,
+    start_time,
+)
 from hivenet_router.observability.events import AgentEvent, Ended, Event
 from hivenet_router.observability.linewriter import LineWriter
 from hivenet_router.pipeline.ticket import Ticket
@@ -57,6 +64,7 @@ class RequestLog:
         model, peer, code = ticket.model[:256], answered_by(ticket), error_code(event)
         level = "WARNING" if event.status >= 500 else "INFO"
         stamp = start_time(0.0, now)  # the line's own time, as the log formatter writes it
+        asked = _asked(ticket)
         if self.json:
             entry = {
                 "ts": stamp[:19],
@@ -74,6 +82,8 @@ class RequestLog:
                 "peer_id": peer,
                 "source_ip": ticket.source_ip,
             }
+            if asked is not None:
+                entry["method"], entry["path"] = asked
             return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
         # IDs, routes and numbers are plain by construction; the rest is quoted when needed.
         q = _text_value
@@ -82,5 +92,12 @@ class RequestLog:
             f"request_id={ticket.request_id} trace_id={q(ticket.trace_id)} "
             f"endpoint={q(ticket.endpoint)} status={event.status} error_code={q(code)} "
             f"duration_ms={event.seconds * 1000:.1f} tenant={q(tenant)} model={q(model)} "
-            f"peer_id={q(peer)} source_ip={q(ticket.source_ip)}\n"
+            f"peer_id={q(peer)} source_ip={q(ticket.source_ip)}"
+            + (f" method={q(asked[0])} path={q(asked[1])}\n" if asked else "\n")
         ).encode()
+
+
+def _asked(ticket: Ticket) -> tuple[str, str] | None:
+    """The method and path of a request for no route (the edge noted them), else None."""
+    path = ticket.noted(ASKED_PATH)
+    return None if path is None else (ticket.noted(ASKED_METHOD) or "", path)

@@ -10,6 +10,8 @@ admin_views.py.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,7 +34,26 @@ from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.requests import read_body
 from hivenet_router.state.local import DailyCounter
 
+log = logging.getLogger("hivenet.admin")
+# Reads the site's daily totals from the store (sync/usage.py): day and this router's
+# totals in, budget key to router ID to tokens out.
+SiteUsage = Callable[[str, dict[str, int]], Awaitable[dict[str, dict[str, int]]]]
+SITE_USAGE_TIMEOUT = 2.0  # seconds; past it the answer is this router's own totals
+
 Handler = Callable[[Request], Awaitable[Answer]]
+
+
+def _budgets(
+    totals: dict[str, int], shares: dict[str, dict[str, int]] | None
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for key, used in sorted(totals.items()):
+        tenant, _, model = key.partition("\x00")
+        entry: dict[str, Any] = {"tenant": tenant, "model": model or None, "tokens_used": used}
+        if shares is not None:
+            entry["routers"] = dict(sorted(shares.get(key, {}).items()))
+        out.append(entry)
+    return out
 
 
 def _json(value: object, status: int = 200) -> Response:
@@ -54,9 +75,11 @@ class AdminApi:
         history: HistoryKeeper,
         body_timeout: float = 30.0,
         sync_view: Callable[[], dict[str, Any]] | None = None,
+        site_usage: SiteUsage | None = None,
         more: list[tuple[str, str, Handler]] | None = None,
     ) -> None:
         self.sync_view = sync_view
+        self.site_usage = site_usage
         self.more = more or []  # routes of later layers (the wallets), wired in wiring.py
         self.history_api = HistoryApi(registry, history)
         # The registration stream follows the registry from here on; the process closes
@@ -261,13 +284,26 @@ class AdminApi:
         return _json({"mode": client.mode, "day": day, "keys": keys})
 
     async def usage(self, request: Request) -> Response:
-        """Today's daily-token totals by budget (owner, or owner and model)."""
+        """Today's daily-token totals by budget (owner, or owner and model): this router's,
+        or, with a site store, the site's with each router's share."""
         day, totals = self.daily.today()
-        buckets = []
-        for key, used in sorted(totals.items()):
-            tenant, _, model = key.partition("\x00")
-            buckets.append({"tenant": tenant, "model": model or None, "tokens_used": used})
-        return _json({"day": day, "budgets": buckets})
+        if self.site_usage is None:
+            return _json({"day": day, "scope": "router", "budgets": _budgets(totals, None)})
+        try:
+            async with asyncio.timeout(SITE_USAGE_TIMEOUT):
+                shares = await self.site_usage(day, totals)
+        except Exception as error:  # the store is out: say so, and show what is known here
+            log.warning("/admin/usage: the site store could not be read: %s", error)
+            return _json(
+                {
+                    "day": day,
+                    "scope": "router",
+                    "site_error": "the site store could not be read; this router's totals only",
+                    "budgets": _budgets(totals, None),
+                }
+            )
+        site = {key: sum(by_router.values()) for key, by_router in shares.items()}
+        return _json({"day": day, "scope": "site", "budgets": _budgets(site, shares)})
 
     # -- the dynamic key registry -----------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""Admission before routing, as the pipeline's first stage: request rates, the input
-estimate and its caps (B1), pressure shedding (B3), token-weighted occupancy (B2), the
+"""Admission before routing, as a pipeline stage after the rate, wallet and cache stages: the
+input estimate and its caps (B1), pressure shedding (B3), token-weighted occupancy (B2), the
 per-key serverless limits (B4) and daily token budgets, in the documented order.
 
 Every count lives behind a state port (state/ports.py): rates and daily totals are
@@ -199,8 +199,8 @@ class Admission:
     # -- the gates --------------------------------------------------------------------------
 
     async def admit(self, ticket: Ticket, principal: Principal, facts: RequestFacts) -> Hold | None:
-        """Raise ApiError to refuse (after telling the observers which gate refused)."""
-        await self._rate(ticket, principal, facts.model)
+        """Raise ApiError to refuse (after telling the observers which gate refused). The
+        request rate is not here: it is counted earlier, by the rate stage (router/rate.py)."""
         if facts.route not in GENERATING_ROUTES:
             return None
         model = facts.model
@@ -227,40 +227,6 @@ class Admission:
     def _refuse(self, ticket: Ticket, reason: str, error: ApiError) -> ApiError:
         ticket.emit(Refused(reason, error.code))
         return error
-
-    async def _rate(self, ticket: Ticket, principal: Principal, model: str) -> None:
-        """Requests per minute: one bucket per owner (flat quotas) or per owner and model
-        (per-model quotas, scaled by healthy replicas and skipped when there are none)."""
-        quota = principal.quota
-        if quota.per_model is not None:
-            entry = quota.per_model.get(model)
-            if entry is None:
-                raise self._refuse(
-                    ticket,
-                    "b4_rpm",
-                    ApiError(
-                        ErrorCode.RATE_LIMIT_EXCEEDED,
-                        f"no quota declared for model {model} on this API key",
-                    ),
-                )
-            healthy = len(self._healthy(model))
-            if healthy == 0:
-                return  # let routing give the precise availability error
-            rpm, key = entry.rpm_per_replica * healthy, f"{principal.tenant}\x00{model}"
-        else:
-            rpm, key = quota.requests_per_minute, principal.tenant
-        if rpm <= 0:
-            return
-        verdict = await self.ports.rates.charge(key, 1, rpm)
-        if verdict.remaining is not None:
-            ticket.headers_out["X-RateLimit-Remaining-Requests"] = str(verdict.remaining)
-        if not verdict.ok:
-            # The bucket refills continuously: one request's worth within 60/rpm seconds.
-            # Without the header SDKs back off blindly (OpenAI's from half a second).
-            ticket.headers_out["Retry-After"] = str(max(1, math.ceil(60 / rpm)))
-            raise self._refuse(
-                ticket, "b4_rpm", ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, "rate limit exceeded")
-            )
 
     def _caps(self, ticket: Ticket, policy: Policy, facts: RequestFacts, estimate: int) -> None:
         """B1: the learned input estimate and the image count against the policy's caps."""

@@ -16,10 +16,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
+
 from hivenet_router.auth.providers import AuthState
 from hivenet_router.domain.answer import Outcome
-from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
+from hivenet_router.domain.errors import ApiError, ErrorCode, code_from_str, error_body
 from hivenet_router.http1.messages import Answer, App, Request, Response
+from hivenet_router.observability.audit import (
+    ASKED_METHOD,
+    ASKED_PATH,
+    METHOD_CHARS,
+    PATH_CHARS,
+)
 from hivenet_router.observability.events import Ended, Observers
 from hivenet_router.observability.tracing import Tracing
 from hivenet_router.pipeline.ticket import Ticket
@@ -134,6 +142,8 @@ class Edge:
             if ticket.headers_out:
                 response.headers.update(ticket.headers_out)
             response.close = response.close or request.close
+            if response.status >= 400 and ticket.failure is None:
+                ticket.failure = received_code(response.body)
         self._end(ticket, response.status)
         return response
 
@@ -173,6 +183,20 @@ class Edge:
                 self._loop_time() - ticket.started,
             )
         )
+
+
+def received_code(body: bytes) -> ErrorCode | None:
+    """The code of an error answer the client gets as it came (an engine's refusal the
+    agent put in the envelope, a cached or shared one): read from its body, so the audit
+    record and the request log say what the client read (`context_length_exceeded`), not
+    a code guessed from the status. None when the body names no code of ours."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    inner = parsed.get("error") if isinstance(parsed, dict) else None
+    code = inner.get("code") if isinstance(inner, dict) else None
+    return code_from_str(code) if isinstance(code, str) else None
 
 
 class Routes:
@@ -221,6 +245,10 @@ class Routes:
 
     async def _refuse(self, request: Request) -> Answer:
         path = request.path
+        ticket = request.ticket
+        if ticket is not None:  # the request log and audit record say what was asked
+            ticket.note(ASKED_METHOD, request.method[:METHOD_CHARS])
+            ticket.note(ASKED_PATH, path[:PATH_CHARS])
         allowed = self._methods.get(path) or {
             method for method, pattern, _ in self._patterns if pattern.match(path)
         }

@@ -57,6 +57,7 @@ from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
 from hivenet_router.router.history import HistoryKeeper
 from hivenet_router.router.providers import Providers
+from hivenet_router.router.rate import RequestRate
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.relay import Relay
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
@@ -90,6 +91,7 @@ class Router:
     registry: Registry
     metrics: MetricsObserver
     observers: Observers
+    rate: RequestRate
     admission: Admission
     daily: DailyCounter
     dispatcher: Dispatcher
@@ -156,6 +158,7 @@ def _validator(router: Router) -> Stage:
 # Stages and observers by the names configuration uses for them. A factory may return None:
 # configured off (wallets without a ledger, the audit log with no path).
 STAGES: dict[str, Callable[[Router], Stage | None]] = {
+    "rate": lambda router: router.rate,
     "wallet": _wallet,
     "cache": _cache,
     "admission": lambda router: router.admission,
@@ -171,15 +174,22 @@ OBSERVERS: dict[str, Callable[[Router, RouterConfig], RequestObserver | None]] =
 POLICY_BLOCKS = (*GATEWAY_BLOCKS,)
 
 
-# Stages whose order decides what is billed: the wallet must hold before the cache serves
-# (else hits and shared answers are never billed) and before the validator (else it bills
-# a rejected attempt and its replacement both).
-_BEFORE = {"wallet": ("cache", "validator")}
+# Stages whose order decides what is billed and what is counted: the request rate comes
+# before everything that takes a shared resource (else a tenant past its rate still takes
+# a wallet hold from the ledger's pool, and cache hits and dedup followers skip the rate);
+# the wallet must hold before the cache serves (else hits and shared answers are never
+# billed) and before the validator (else it bills a rejected attempt and its replacement
+# both).
+_BEFORE = {
+    "rate": ("wallet", "cache", "admission", "validator"),
+    "wallet": ("cache", "validator"),
+}
 
 
 def check_names(config: RouterConfig) -> None:
     """Refuse, at start, a stage or observer this router does not have, one named twice
-    (it would hold and charge twice), or stages in an order that bills wrongly."""
+    (it would hold and charge twice), stages in an order that bills or counts wrongly, or
+    admission without the rate."""
     for kind, names, table in (
         ("HIVENET_ROUTER_STAGES", config.stages, STAGES),
         ("HIVENET_ROUTER_OBSERVERS", config.observers, OBSERVERS),
@@ -191,6 +201,13 @@ def check_names(config: RouterConfig) -> None:
         if twice:
             raise ConfigError(f"{kind}: {', '.join(twice)} named more than once")
     stages = list(config.stages)
+    if "admission" in stages and "rate" not in stages:
+        # Admission counted requests before the rate became a stage of its own: a list
+        # written then would silently lose the rate limit.
+        raise ConfigError(
+            "HIVENET_ROUTER_STAGES: admission needs rate before it (the request rate is "
+            f"its own stage; default order: {', '.join(STAGES)})"
+        )
     for first, laters in _BEFORE.items():
         for later in laters:
             if first in stages and later in stages and stages.index(later) < stages.index(first):
@@ -272,6 +289,7 @@ def assemble(
 
     directory, site, ports, daily = _state(shared, registry)
     admission = Admission(clock, healthy, ports, cfg.admit_fraction, cfg.admit_park_timeout)
+    rate = RequestRate(ports.rates, healthy)
     dispatcher = Dispatcher(registry, clock, dispatch_limits(cfg), policies, shared.providers)
     relay = Relay()
     sessions = Sessions(clock, cfg.session_ttl)
@@ -280,6 +298,7 @@ def assemble(
         registry=registry,
         metrics=metrics,
         observers=observers,
+        rate=rate,
         admission=admission,
         daily=daily,
         dispatcher=dispatcher,
@@ -321,6 +340,7 @@ def assemble(
             history=keeper,
             body_timeout=cfg.http_body_timeout,
             sync_view=site.view if site is not None else None,
+            site_usage=site.usage if site is not None else None,
         ),
     )
     _gateway(router, cfg, policy_for)

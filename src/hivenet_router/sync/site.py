@@ -35,7 +35,7 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
 from hivenet_router.observability.sync_metrics import SyncSnapshot
 from hivenet_router.state.ports import Ports
-from hivenet_router.sync import claim, store
+from hivenet_router.sync import claim, store, usage
 from hivenet_router.sync.credits import CreditPool, Grant
 from hivenet_router.sync.daily import IN_FLIGHT, DailyWrite, SiteDaily
 from hivenet_router.sync.entries import Peer, apply_usage, read_heartbeats, usage_entry
@@ -540,6 +540,11 @@ class Site:
             "gave_up": self.health.gave_up_others,
             "rounds": self.health.rounds,
         }
+
+    async def usage(self, day: str, own: dict[str, int]) -> dict[str, dict[str, int]]:
+        """GET /admin/usage: each budget's tokens today, by router (sync/usage.py)."""
+        hashes = await usage.read_day(self.client, self.keys, day)
+        return usage.by_router(hashes, self.incarnations(), self.me, own)
 
     # -- store reads for the ports ----------------------------------------------------------
 

@@ -351,6 +351,31 @@ async def test_a_whole_200_body_with_an_error_is_not_stored() -> None:
     assert engine.calls == 1
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html><body>502 Bad Gateway</body></html>",  # a proxy's page under a 200
+        b'{"\\u0065rror":{"message":"overloaded"}}',  # an in-band error, its key escaped
+        b'{"ok":true}',  # JSON, but no chat completion
+    ],
+    ids=["html", "escaped-error", "not-a-completion"],
+)
+async def test_a_whole_200_that_is_not_the_routes_success_is_not_stored(body: bytes) -> None:
+    whole = {**BODY, "stream": False}
+    cache, engine = stage(), WholeEngine(body)
+    for _ in range(2):
+        assert await read(await cache(ticket(whole), engine)) == body
+    assert engine.calls == 2 and cache.snapshot().entries == 0
+
+
+async def test_a_stream_with_an_escaped_error_event_is_not_stored() -> None:
+    chunks = [b'data: {"\\u0065rror":{"message":"oom"}}\n\n', b"data: [DONE]\n\n"]
+    cache, engine = stage(), Engine(chunks)
+    for _ in range(2):
+        await read(await cache(ticket(BODY), engine))
+    assert engine.calls == 2 and cache.snapshot().entries == 0
+
+
 async def test_a_shared_refusal_carries_retry_after_to_every_follower() -> None:
     cache, engine = stage(), Engine()
     engine.gate = asyncio.Event()

@@ -130,6 +130,9 @@ DONE = b"data: [DONE]\n\n"
 STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 
 
+CHAT = "/v1/chat/completions"
+
+
 @pytest.mark.parametrize(
     ("streamed", "data", "keep"),
     [
@@ -140,14 +143,41 @@ STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
         (True, b'data: {"choices":[]}\n\n', False),  # cut before [DONE]
         (True, b"event: message_start\ndata: {}\n\n", False),  # cut before message_stop
         (True, b'data: {"error":{"message":"oom"}}\n\n' + DONE, False),
+        (True, b'data: {"\\u0065rror":{"message":"oom"}}\n\n' + DONE, False),  # escaped key
+        (True, b'data: {"err\\u006fr":"x"}\n\n' + DONE, False),
         (True, b'event: error\ndata: {"type":"error","error":{}}\n\n' + STOP, False),
+        (True, b'data: {"type":"\\u0065rror"}\n\n' + STOP, False),
+        (True, b"data: <html>oops</html>\n\n" + DONE, False),  # not JSON
         (True, b'data: {"id":"x","error":null}\n\n' + DONE, True),
         (False, b'{"id":"x","choices":[]}', True),
-        (False, b'{"id":"x","error":null}', True),
+        (False, b'{"id":"x","error":null,"choices":[]}', True),
         (False, b'{"error":{"message":"overloaded"}}', False),
+        (False, b'{"\\u0065rror":{"message":"overloaded"},"choices":[]}', False),
         (False, b'{"type":"error","error":{"type":"overloaded_error"}}', False),
-        (False, b'[{"error":1}]', True),  # not an object: no envelope
+        (False, b'[{"error":1}]', False),  # not an object: not the route's answer
+        (False, b"<html><body>502 Bad Gateway</body></html>", False),
+        (False, b'{"ok":true}', False),  # JSON, but not a chat completion
+        (False, b"", False),
     ],
 )
-def test_storable_keeps_whole_answers_only(streamed: bool, data: bytes, keep: bool) -> None:
-    assert storable(streamed, data) is keep
+def test_storable_keeps_only_the_routes_whole_success(
+    streamed: bool, data: bytes, keep: bool
+) -> None:
+    assert storable(CHAT, streamed, data) is keep
+
+
+@pytest.mark.parametrize(
+    ("route", "data", "keep"),
+    [
+        ("/v1/messages", b'{"type":"message","content":[]}', True),
+        ("/v1/messages", b'{"choices":[]}', False),
+        ("/v1/completions", b'{"choices":[{"text":"x"}]}', True),
+        ("/v1/messages/count_tokens", b'{"input_tokens":12}', True),
+        ("/v1/messages/count_tokens", b'{"input_tokens":"12"}', False),
+        ("/v1/embeddings", b'{"object":"list","data":[]}', True),
+        ("/v1/embeddings", b'{"object":"list"}', False),
+        ("/v1/rerank", b'{"results":[]}', True),
+    ],
+)
+def test_each_route_has_its_own_success_body(route: str, data: bytes, keep: bool) -> None:
+    assert storable(route, False, data) is keep

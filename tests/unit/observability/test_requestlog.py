@@ -9,7 +9,9 @@ import pytest
 
 from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.answer import Outcome
+from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import RequestFacts
+from hivenet_router.observability.audit import ASKED_METHOD, ASKED_PATH
 from hivenet_router.observability.events import Ended, Observers
 from hivenet_router.observability.linewriter import LineWriter
 from hivenet_router.observability.requestlog import LOGGER, RequestLog
@@ -81,3 +83,22 @@ def test_the_access_logger_level_turns_it_off(capfd: pytest.CaptureFixture[str])
     err = capfd.readouterr().err
     assert "status=201" in err
     assert "status=200" not in err
+
+
+def test_a_request_for_no_route_carries_its_method_and_path_quoted() -> None:
+    t = Ticket("rid-2", "unmatched", 0.0, Observers())
+    t.note(ASKED_METHOD, "GET")
+    t.note(ASKED_PATH, "/v1/x y\nstatus=200")
+    ended = Ended(404, ErrorCode.NOT_FOUND, None, None, 0.0)
+    text = RequestLog(LineWriter("-", what="test"), "text").line(t, ended, 0.0).decode()
+    assert text.count("\n") == 1
+    assert text.endswith(' method=GET path="/v1/x y\\nstatus=200"\n')
+    entry = orjson.loads(RequestLog(LineWriter("-", what="test"), "json").line(t, ended, 0.0))
+    assert (entry["endpoint"], entry["method"], entry["path"]) == (
+        "unmatched",
+        "GET",
+        "/v1/x y\nstatus=200",
+    )
+    assert "path" not in orjson.loads(
+        RequestLog(LineWriter("-", what="test"), "json").line(ticket(), ended, 0.0)
+    )

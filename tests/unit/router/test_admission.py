@@ -29,6 +29,7 @@ from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import BUILT_IN, Policy, parse_policy
 from hivenet_router.router.admission import Admission, Estimator
 from hivenet_router.router.bodies import parse
+from hivenet_router.router.rate import RequestRate
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
 from hivenet_router.state.ports import Ports
 
@@ -73,6 +74,7 @@ class Fleet:
             self.ports,
             park_timeout=0.05,
         )
+        self.rate = RequestRate(self.ports.rates, lambda model: self.healthy)  # type: ignore[arg-type,return-value]
         self.recorder = Recorder()
         self._parsed: dict[tuple[str, bytes], RequestFacts] = {}
         self.answer_body = b'{"usage": {"prompt_tokens": 90, "completion_tokens": 10}}'
@@ -89,14 +91,18 @@ class Fleet:
     async def send(
         self, ticket: Ticket, *, stream: bytes | None = None, status: int = 200
     ) -> Answer:
-        """Run the stage; the terminal answers whole (or with a first stream chunk)."""
+        """Run the rate stage, then admission; the terminal answers whole (or with a first
+        stream chunk)."""
 
         async def terminal(t: Ticket) -> Answer:
             if stream is not None:
                 return Answer(status, [], Whole(), first=stream)
             return Answer(status, [], Whole(), body=self.answer_body)
 
-        return await self.admission(ticket, terminal)
+        async def admission(t: Ticket) -> Answer:
+            return await self.admission(t, terminal)
+
+        return await self.rate(ticket, admission)
 
     async def request(self, principal: Principal, body: bytes, route: str = ROUTE) -> Answer:
         return await self.send(self.ticket(principal, body, route))

@@ -12,9 +12,10 @@ from hivenet_router.router.wiring import check_names
 @pytest.mark.parametrize(
     "stages",
     [
-        ("wallet", "cache", "admission", "validator"),
-        ("cache", "admission"),
-        ("wallet", "admission", "cache"),  # admission may come before the cache
+        ("rate", "wallet", "cache", "admission", "validator"),
+        ("rate", "cache", "admission"),
+        ("rate", "wallet", "admission", "cache"),  # admission may come before the cache
+        ("wallet", "cache"),  # no admission: nothing counts requests, by choice
         (),
     ],
 )
@@ -27,8 +28,14 @@ def test_orders_that_bill_rightly_are_taken(stages: tuple[str, ...]) -> None:
     [
         (("wallet", "cache", "wallet"), "wallet named more than once"),
         (("cache", "wallet"), "wallet must come before cache"),
-        (("admission", "validator", "wallet"), "wallet must come before validator"),
+        (("rate", "admission", "validator", "wallet"), "wallet must come before validator"),
         (("wallet", "cahce"), "unknown cahce"),
+        # the rate before everything that takes a shared resource
+        (("wallet", "rate", "cache"), "rate must come before wallet"),
+        (("cache", "rate", "admission"), "rate must come before cache"),
+        (("admission", "rate"), "rate must come before admission"),
+        # a list written when admission counted requests would lose the rate
+        (("wallet", "cache", "admission", "validator"), "admission needs rate before it"),
     ],
 )
 def test_orders_that_would_bill_wrongly_are_refused(stages: tuple[str, ...], says: str) -> None:

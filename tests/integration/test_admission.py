@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx2 as httpx
+import openai
+import pytest
 
 from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_until
 
@@ -71,7 +75,7 @@ def test_undeclared_output_grows_then_everything_is_released(
         make_cluster,
         tmp_path,
         "{}",
-        "admit_budget_tokens: 100000\n",
+        "admit_budget_tokens: 100000\ndefault_max_tokens: 0\n",  # the reference's way
         "--itl",
         "50ms",
         "--ttft-base",
@@ -298,3 +302,58 @@ def test_dynamic_writes_check_input_rates(make_cluster: Cluster, tmp_path: Path)
     entry["quota"] = {"input_tokens_per_minute": 4096}
     put = httpx.put(router.url + "/admin/api-keys/k", headers=admin, json=entry, timeout=5)
     assert put.json() == {"ok": True}
+
+
+def _otpm_tokens(client: openai.OpenAI, way: str) -> tuple[int, str | None]:
+    """One request without max_tokens: the output tokens it got (counted by the client
+    from the stream when no usage comes), or 0 and the Retry-After of a refusal."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    try:
+        if way == "whole":
+            raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+            completion = raw.parse()
+            assert completion.usage is not None
+            assert completion.usage.completion_tokens <= int(raw.headers["X-Hivenet-Output-Bound"])
+            return completion.usage.completion_tokens, None
+        options: Any = {"include_usage": True} if way == "usage" else openai.NOT_GIVEN
+        stream = client.chat.completions.create(
+            model=MODEL, messages=messages, stream=True, stream_options=options
+        )
+        tokens, reported = 0, None
+        for chunk in stream:
+            if chunk.usage is not None:
+                reported = chunk.usage.completion_tokens
+            tokens += sum(1 for choice in chunk.choices if choice.delta.content)
+        return (reported if reported is not None else tokens), None
+    except openai.RateLimitError as refused:
+        assert refused.code == "rate_limit_exceeded"
+        return 0, refused.response.headers["Retry-After"]
+
+
+@pytest.mark.parametrize("way", ["whole", "usage", "no-usage"])
+def test_the_output_rate_refuses_after_its_tokens_on_a_real_clock(
+    make_cluster: Cluster, tmp_path: Path, way: str
+) -> None:
+    """The issue's case: answers of 60 tokens against 100 output tokens a minute. The bound
+    forwarded to the engine and the debt they leave stop the key after about 100 tokens,
+    whether the stream reports usage or not."""
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{output_tokens_per_minute: 100}",
+        "mode: serverless\n",
+        "--zero-latency",
+        "--output-tokens",
+        "60",
+    )
+    started = time.monotonic()
+    served, retry = 0, None
+    with router.openai(KEY) as client:
+        for _ in range(8):
+            tokens, retry = _otpm_tokens(client, way)
+            served += tokens
+            if retry is not None:
+                break
+    refill = (time.monotonic() - started) * 100 / 60
+    assert retry is not None and int(retry) >= 1, f"never refused after {served} tokens"
+    assert 60 <= served <= 100 + refill

@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import math
 import sys
 from types import SimpleNamespace
 
@@ -34,6 +35,8 @@ from hivenet_router.state.ports import Ports
 
 CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 320 + b'"}]'
 ROUTE = "/v1/chat/completions"
+# The reference's way with undeclared output: no bound held, output counted as it streams.
+UNBOUNDED = "default_max_tokens: 0\nrouting_policy: {strategy: least-loaded}\n"
 
 
 class Recorder:
@@ -324,9 +327,7 @@ async def test_reserved_mode_ignores_per_key_limits() -> None:
 
 
 async def test_undeclared_output_grows_with_the_stream_and_is_all_released() -> None:
-    fleet = Fleet(
-        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
-    )
+    fleet = Fleet(UNBOUNDED + "mode: serverless\nadmit_budget_tokens: 10000\n")
     principal = who(Quota(), share=1.0)
     # No max_tokens: 104 tokens at first, then about one per streamed event.
     answer = await fleet.send(fleet.ticket(principal, CHAT + b"}"), stream=b"data: {}\n\n")
@@ -349,7 +350,7 @@ async def test_undeclared_output_grows_with_the_stream_and_is_all_released() -> 
 
 
 async def test_a_stream_without_usage_or_max_tokens_is_charged_its_data_lines() -> None:
-    fleet = Fleet()
+    fleet = Fleet(UNBOUNDED)
     budget = who(Quota(tokens_per_day=10_000))
     # No max_tokens, no include_usage: 104 tokens charged at admission, and the 50 data
     # lines the client was sent (the closing [DONE] is not one) when it ends.
@@ -377,9 +378,7 @@ async def test_a_stream_without_usage_or_max_tokens_is_charged_its_data_lines() 
 
 
 async def test_occupancy_and_the_daily_budget_count_one_stream_alike() -> None:
-    fleet = Fleet(
-        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
-    )
+    fleet = Fleet(UNBOUNDED + "mode: serverless\nadmit_budget_tokens: 10000\n")
     principal = who(Quota(tokens_per_day=10_000), share=1.0)
     answer = await fleet.send(fleet.ticket(principal, CHAT + b"}"), stream=b"data: {}\n\n")
     answer.source = _Chunks([b"data: {}\n\n" * 30, b"data: {}\n\n" * 20 + b"data: [DONE]\n\n"])
@@ -472,3 +471,112 @@ async def test_idle_state_of_100000_keys_is_forgotten() -> None:
     assert held() == 0
     assert after_blocks - blocks < 1000, (blocks, grown_blocks, after_blocks)
     assert after - resident < 8 << 20, (resident, grown, after)
+
+
+SERVERLESS = "mode: serverless\nrouting_policy: {strategy: least-loaded}\n"
+
+
+def _usage(prompt: int, completion: int) -> bytes:
+    return b'{"usage": {"prompt_tokens": %d, "completion_tokens": %d}}' % (prompt, completion)
+
+
+async def test_the_output_rate_goes_into_debt_and_refuses_until_the_clock_pays_it() -> None:
+    fleet = Fleet(SERVERLESS)
+    key = who(Quota(output_tokens_per_minute=100))
+    # No max_tokens: the bound is the default (4096) lowered to the 100 the key has left,
+    # and it travels to the engine in the body and to the client in a header.
+    ticket = fleet.ticket(key, CHAT + b"}")
+    fleet.answer_body = _usage(104, 60)
+    await (await fleet.send(ticket)).close(Outcome.OK)
+    assert ticket.headers_out["X-Hivenet-Output-Bound"] == "100"
+    assert ticket.job is not None and b'"max_tokens":100' in ticket.job.body
+    assert await fleet.ports.output_rates.left("k1\x00m", 100) == 40
+    # An engine that passes the bound puts the key into debt: 40 held, 60 used.
+    second = fleet.ticket(key, CHAT + b"}")
+    await (await fleet.send(second)).close(Outcome.OK)
+    assert second.job is not None and b'"max_tokens":40' in second.job.body
+    assert await fleet.ports.output_rates.left("k1\x00m", 100) == -20
+    refused = fleet.ticket(key, CHAT + b"}")
+    with pytest.raises(ApiError, match="output token rate") as info:
+        await fleet.send(refused)
+    assert info.value.code is ErrorCode.RATE_LIMIT_EXCEEDED
+    # 21 tokens to refill at 100 a minute: 12.6 seconds.
+    assert refused.headers_out["Retry-After"] == "13"
+    fleet.clock.advance(12)
+    with pytest.raises(ApiError, match="output token rate"):
+        await fleet.request(key, CHAT + b"}")
+    fleet.clock.advance(1)
+    fleet.answer_body = _usage(104, 0)
+    await (await fleet.request(key, CHAT + b"}")).close(Outcome.OK)
+    assert fleet.recorder.refusals() == ["b4_otpm", "b4_otpm"]
+
+
+async def test_an_unanswered_request_gives_its_output_bound_back() -> None:
+    fleet = Fleet(SERVERLESS)
+    key = who(Quota(output_tokens_per_minute=100))
+    answer = await fleet.send(fleet.ticket(key, CHAT + b', "max_tokens": 30}'), status=500)
+    assert await fleet.ports.output_rates.left("k1\x00m", 100) == 70
+    await answer.close(Outcome.OK)
+    assert await fleet.ports.output_rates.left("k1\x00m", 100) == 100
+
+
+async def test_the_input_rate_is_trued_up_into_debt_with_exact_usage() -> None:
+    fleet = Fleet(SERVERLESS)
+    key = who(Quota(input_tokens_per_minute=600))
+    fleet.answer_body = _usage(1000, 1)  # the estimate said 104
+    await (await fleet.request(key, CHAT + b"}")).close(Outcome.OK)
+    assert await fleet.ports.input_rates.left("k1\x00m", 600) == -400
+    refused = fleet.ticket(key, CHAT + b"}")
+    with pytest.raises(ApiError, match="input token rate"):
+        await fleet.send(refused)
+    assert refused.facts is not None  # the estimate has learned from the first answer
+    estimate = fleet.admission.estimator.estimate("m", refused.facts.text_bytes, 1)
+    assert refused.headers_out["Retry-After"] == str(math.ceil((400 + estimate) * 60 / 600))
+
+
+async def test_min_output_tokens_refuses_with_the_limit_that_lowered_the_bound() -> None:
+    fleet = Fleet(SERVERLESS + "min_output_tokens: 50\n")
+    key = who(Quota(output_tokens_per_minute=100))
+    fleet.answer_body = _usage(104, 60)
+    await (await fleet.request(key, CHAT + b"}")).close(Outcome.OK)
+    refused = fleet.ticket(key, CHAT + b"}")  # 40 left, 50 needed
+    with pytest.raises(ApiError, match="output token rate") as info:
+        await fleet.send(refused)
+    assert info.value.code is ErrorCode.RATE_LIMIT_EXCEEDED
+    assert refused.headers_out["Retry-After"] == "6"
+    # The daily budget lowers only an undeclared bound, and refuses with its own 429.
+    daily = Fleet("min_output_tokens: 50\nrouting_policy: {strategy: least-loaded}\n")
+    budget = who(Quota(tokens_per_day=300))
+    ticket = daily.ticket(budget, CHAT + b"}")
+    daily.answer_body = _usage(104, 150)
+    await (await daily.send(ticket)).close(Outcome.OK)
+    assert ticket.headers_out["X-Hivenet-Output-Bound"] == "196"  # 300 - 104
+    assert ticket.job is not None and b'"max_tokens":196' in ticket.job.body
+    with pytest.raises(ApiError) as info:
+        await daily.request(budget, CHAT + b"}")  # 46 left: not even the input fits
+    assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
+    assert daily.recorder.refusals() == ["daily"]
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "held"),
+    [
+        (ROUTE, CHAT + b', "n": 3, "max_tokens": 100}', 300),
+        (ROUTE, CHAT + b', "n": 2, "max_completion_tokens": 70, "max_tokens": 5}', 140),
+        (ROUTE, CHAT + b', "n": 4}', 4096),
+        ("/v1/completions", b'{"model": "m", "prompt": "hi", "n": 5, "max_tokens": 9}', 45),
+        ("/v1/messages", CHAT + b', "max_tokens": 900}', 900),
+    ],
+)
+async def test_every_declared_output_limit_times_n_is_held(
+    route: str, body: bytes, held: int
+) -> None:
+    fleet = Fleet()
+    budget = who(Quota(tokens_per_day=1_000_000))
+    ticket = fleet.ticket(budget, body, route)
+    await fleet.send(ticket)  # held until the answer closes
+    assert ticket.facts is not None
+    facts = ticket.facts
+    estimate = fleet.admission.estimator.estimate("m", facts.text_bytes, facts.messages)
+    assert fleet.ports.daily.used("t") == estimate + held  # type: ignore[attr-defined]
+    assert ticket.headers_out["X-Hivenet-Output-Bound"] == str(held)

@@ -35,10 +35,19 @@ async def test_a_burst_window_shrinks_the_bucket() -> None:
     assert not (await rates.charge("t", 1, 60)).ok
 
 
-async def test_an_answer_drains_a_rate_but_never_borrows() -> None:
-    rates = RateCounter(ManualClock())
-    await rates.adjust("k", 500, 100)  # 500 output tokens against 100 a minute
-    assert await rates.left("k", 100) == 0
+async def test_an_answer_puts_a_rate_into_debt_that_refills_on_a_moving_clock() -> None:
+    clock = ManualClock()
+    rates = RateCounter(clock)
+    await rates.adjust("k", 150, 100)  # 150 output tokens against 100 a minute
+    assert await rates.left("k", 100) == -50  # in debt: nothing passes
+    assert not (await rates.charge("k", 1, 100)).ok
+    clock.advance(30)  # half a minute pays the debt back, no more
+    assert await rates.left("k", 100) == pytest.approx(0)
+    assert not (await rates.charge("k", 1, 100)).ok
+    clock.advance(1.2)
+    assert (await rates.charge("k", 1, 100)).ok
+    await rates.adjust("k", 500, 100)
+    assert await rates.left("k", 100) == pytest.approx(-100)  # never deeper than a bucket
     await rates.adjust("k", -1000, 100)
     assert await rates.left("k", 100) == 100  # and never beyond a full bucket
 

@@ -1,0 +1,30 @@
+"""The output bound written into the body an engine gets."""
+
+from __future__ import annotations
+
+import msgspec
+
+from hivenet_router.domain.request import Job
+from hivenet_router.router.output_bound import with_bound
+
+
+def job(body: bytes) -> Job:
+    return Job("/v1/chat/completions", "m", "llm", False, body, [])
+
+
+def test_an_undeclared_limit_is_set_and_a_declared_one_only_lowered() -> None:
+    unset = with_bound(job(b'{"model": "m", "messages": []}'), 40)
+    assert msgspec.json.decode(unset.body) == {"model": "m", "messages": [], "max_tokens": 40}
+    both = with_bound(job(b'{"max_tokens": 500, "max_completion_tokens": 30, "n": 2}'), 40)
+    assert msgspec.json.decode(both.body) == {
+        "max_tokens": 40,
+        "max_completion_tokens": 30,
+        "n": 2,
+    }
+    kept = job(b'{"max_completion_tokens": 30}')
+    assert with_bound(kept, 40) is kept  # nothing to change: the original bytes go
+
+
+def test_a_negative_or_null_limit_counts_as_undeclared() -> None:
+    for body in (b'{"max_tokens": -1}', b'{"max_tokens": null}'):
+        assert msgspec.json.decode(with_bound(job(body), 7).body) == {"max_tokens": 7}

@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from hivenet_router.config.sim import SimConfig
+from hivenet_router.sim.choices import Choices
 from hivenet_router.sim.engine import Engine, Timing, count_tokens
 from hivenet_router.sim.faults import FaultDice, Faults
 from hivenet_router.sim.formats import (
@@ -75,6 +76,14 @@ def _output_limit(body: dict[str, Any]) -> Any:
     null counts as absent, so {"max_tokens": 3, "max_completion_tokens": null} asks for 3."""
     requested = body.get("max_completion_tokens")
     return body.get("max_tokens") if requested is None else requested
+
+
+def _choices(body: dict[str, Any]) -> int | None:
+    """OpenAI's `n` (null counts as absent); None when it is no positive integer."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
 
 
 class Simulator:
@@ -282,15 +291,13 @@ class Simulator:
             isinstance(requested, bool) or not isinstance(requested, int) or requested < 1
         ):
             return _fail(400, "max_tokens must be a positive integer", anthropic=anthropic)
+        choices = 1 if anthropic else _choices(body)
+        if choices is None:
+            return _fail(400, "n must be a positive integer", anthropic=anthropic)
         max_new = requested if requested is not None else self.config.output_tokens
         prompt_tokens = count_tokens(prompt)
         if prompt_tokens + max_new > self.config.max_model_len:
-            message = (
-                f"This model's maximum context length is {self.config.max_model_len} tokens. "
-                f"However, you requested {prompt_tokens + max_new} tokens "
-                f"({prompt_tokens} in the messages, {max_new} in the completion)."
-            )
-            return _fail(400, message, anthropic=anthropic)
+            return _fail(400, self._too_long(prompt_tokens, max_new), anthropic=anthropic)
         finish = "length" if requested is not None else "stop"
         cap = self.config.answer_cap
         if cap and max_new > cap:
@@ -300,7 +307,7 @@ class Simulator:
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         arrived = time.monotonic()
         engine = self.engine
-        seq = await engine.admit(prompt, max_new)
+        seq = await engine.admit(prompt, max_new * choices)
         generated = 0
         outcome = "abort"
         try:
@@ -311,6 +318,8 @@ class Simulator:
             tokens, shaped = self._answer(body, prompt, max_new, draw.repeat, fmt, anthropic)
             if shaped:
                 finish = "stop"
+            if choices > 1:
+                fmt = Choices(fmt, choices)
             if not stream:
                 per_token = engine.token_delay()
                 if per_token:
@@ -349,7 +358,14 @@ class Simulator:
             # engine aborts the sequence quietly, and so does this one.
             return web.Response(status=499)
         finally:
-            engine.release(seq, outcome, generated)
+            engine.release(seq, outcome, generated * choices)
+
+    def _too_long(self, prompt_tokens: int, max_new: int) -> str:
+        return (
+            f"This model's maximum context length is {self.config.max_model_len} tokens. "
+            f"However, you requested {prompt_tokens + max_new} tokens "
+            f"({prompt_tokens} in the messages, {max_new} in the completion)."
+        )
 
     def _answer(
         self,

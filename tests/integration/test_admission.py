@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +358,63 @@ def test_the_output_rate_refuses_after_its_tokens_on_a_real_clock(
     refill = (time.monotonic() - started) * 100 / 60
     assert retry is not None and int(retry) >= 1, f"never refused after {served} tokens"
     assert 60 <= served <= 100 + refill
+
+
+def test_streams_without_max_tokens_stay_within_the_daily_budget(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The issue's case: ten concurrent streams without max_tokens on a key with 300 tokens
+    a day used 710. Each is now held a bound the budget can pay, and the engine told it."""
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{tokens_per_day: 300}",
+        "",
+        "--answer-cap",
+        "60",
+        "--itl",
+        "20ms",
+    )
+
+    def one(_: int) -> int:
+        messages: list[Any] = [{"role": "user", "content": "hi"}]
+        try:
+            with router.openai(KEY) as client:
+                stream = client.chat.completions.create(
+                    model=MODEL,
+                    messages=messages,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                used = 0
+                for chunk in stream:
+                    if chunk.usage is not None:
+                        used = chunk.usage.total_tokens
+                return used
+        except openai.RateLimitError as refused:
+            assert refused.code == "token_limit_exceeded"
+            return -1
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(one, range(10)))
+    served = sum(used for used in results if used > 0)
+    assert -1 in results and served > 0
+    assert served <= 300, f"{served} tokens served on a 300-token key"
+
+
+def test_n_choices_are_held_against_the_daily_budget(make_cluster: Cluster, tmp_path: Path) -> None:
+    router, _ = setup(make_cluster, tmp_path, "{tokens_per_day: 1000}", "", "--zero-latency")
+    served, refused = 0, 0
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    with router.openai(KEY) as client:
+        for _ in range(4):
+            try:
+                completion = client.chat.completions.create(
+                    model=MODEL, messages=messages, n=5, max_tokens=100
+                )
+            except openai.RateLimitError:
+                refused += 1
+                continue
+            assert len(completion.choices) == 5 and completion.usage is not None
+            served += completion.usage.total_tokens
+    assert refused and 500 <= served <= 1000

@@ -232,6 +232,7 @@ class Admission:
             # A later refusal gives back what earlier gates took.
             await hold.settle(None, answered=False)
             raise
+        bound = hold.output  # _daily may have lowered it
         if bound:
             ticket.headers_out[BOUND_HEADER] = str(bound)
             if ticket.job is not None and bound != facts.max_output_tokens:
@@ -425,11 +426,28 @@ class Admission:
         """The worst case (estimate plus declared output) against what is left today."""
         key, limit = budget_for(principal.tenant, principal.quota, hold.facts.model)
         verdict = await self.ports.daily.charge(key, worst, limit)
+        least = max(1, ticket.policy.min_output_tokens)
+        if not verdict.ok and hold.facts.max_output_tokens is None and hold.output:
+            # A default bound read against what was left before the gates in between (a
+            # concurrent request, another router's spend) is lowered again, not refused.
+            output = (verdict.remaining or 0) - hold.estimate
+            if output >= least:
+                await self._lower(hold, output)
+                worst = hold.estimate + output
+                verdict = await self.ports.daily.charge(key, worst, limit)
         if verdict.remaining is not None:
             ticket.headers_out["X-RateLimit-Remaining-Tokens"] = str(verdict.remaining)
         if not verdict.ok:
             raise self._refuse(ticket, "daily", _no_budget())
         hold.budget_key, hold.charged = key, worst if limit > 0 else 0
+
+    async def _lower(self, hold: Hold, output: int) -> None:
+        """Lower the output bound the earlier gates took."""
+        delta, hold.output = output - hold.output, output
+        for lease in hold.leases:
+            lease.grow(delta)
+        if hold.output_rate:
+            await self.ports.output_rates.adjust(hold.key_ref, delta, hold.output_rate)
 
     # -- settlement ---------------------------------------------------------------------------
 

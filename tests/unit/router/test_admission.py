@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import dataclasses
 import gc
 import math
 import sys
@@ -580,3 +581,24 @@ async def test_every_declared_output_limit_times_n_is_held(
     estimate = fleet.admission.estimator.estimate("m", facts.text_bytes, facts.messages)
     assert fleet.ports.daily.used("t") == estimate + held  # type: ignore[attr-defined]
     assert ticket.headers_out["X-Hivenet-Output-Bound"] == str(held)
+
+
+async def test_a_default_bound_read_against_a_stale_budget_is_lowered_not_refused() -> None:
+    fleet = Fleet(SERVERLESS + "admit_budget_tokens: 10000\n")
+
+    class Stale(DailyCounter):
+        async def left(self, key: str, limit: float) -> float:
+            return limit  # another router's spend not seen yet
+
+    daily = Stale(fleet.clock)
+    fleet.ports = fleet.admission.ports = dataclasses.replace(fleet.ports, daily=daily)
+    await daily.charge("t", 200, 500)
+    key = who(Quota(tokens_per_day=500, output_tokens_per_minute=1000), share=1.0)
+    ticket = fleet.ticket(key, CHAT + b"}")
+    answer = await fleet.send(ticket)
+    assert ticket.headers_out["X-Hivenet-Output-Bound"] == "196"  # 300 left - 104
+    assert ticket.job is not None and b'"max_tokens":196' in ticket.job.body
+    assert daily.used("t") == 500
+    assert fleet.ports.shares.held("k1\x00m") == 300  # type: ignore[attr-defined]
+    assert await fleet.ports.output_rates.left("k1\x00m", 1000) == 1000 - 196
+    await answer.close(Outcome.OK)

@@ -233,3 +233,32 @@ async def test_when_the_head_of_the_line_gives_up_the_next_one_looks() -> None:
     assert await asyncio.wait_for(large, 1) is None
     lease = await asyncio.wait_for(small, 0.5)  # not left waiting for the next release
     assert lease is not None
+
+
+@given(
+    capacity=st.integers(min_value=1, max_value=1000),
+    steps=st.lists(
+        st.tuples(
+            st.floats(min_value=0, max_value=120),
+            st.integers(min_value=1, max_value=50),
+            st.integers(min_value=-2000, max_value=2000),
+        ),
+        max_size=40,
+    ),
+)
+def test_debt_stays_within_one_bucket_and_refuses_every_charge(
+    capacity: int, steps: list[tuple[float, int, int]]
+) -> None:
+    async def run() -> None:
+        clock = ManualClock()
+        rates = RateCounter(clock)
+        for wait, amount, usage in steps:
+            clock.advance(wait)
+            before = await rates.left("k", capacity)
+            verdict = await rates.charge("k", amount, capacity)
+            assert verdict.ok == (before >= amount)
+            await rates.adjust("k", usage, capacity)  # exact usage over or under the charge
+            level = await rates.left("k", capacity)
+            assert -capacity <= level <= capacity
+
+    asyncio.run(run())

@@ -5,7 +5,8 @@ plus an output bound, the declared limit times `n`, or the policy's `default_max
 when none is declared, lowered to what the key can still spend. With engines that honour
 the request's limit, usage then cannot pass a limit; so the router writes the bound into
 the body it forwards (setting the limit, or lowering the declared one) and names it to
-the client in `X-Hivenet-Output-Bound`.
+the client in `X-Hivenet-Output-Bound` (and, when the router set a limit the request did
+not have, to the engine: `X-Hivenet-Output-Bound: default`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _DECODE = msgspec.json.Decoder(dict[str, Any])
 
 def with_bound(job: Job, per_choice: int) -> Job:
     """The job with each declared output limit lowered to `per_choice`, or `max_tokens`
-    set to it when none is declared. The body is rewritten only when something changes."""
+    set to it when none is present. The body is rewritten only when something changes."""
     try:
         body = _DECODE.decode(job.body)
     except msgspec.DecodeError:
@@ -33,15 +34,28 @@ def with_bound(job: Job, per_choice: int) -> Job:
     declared = False
     for field in _FIELDS:
         value = body.get(field)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            continue
+        if value is None or (field == "max_completion_tokens" and value == 0):
+            continue  # absent, as the engines read it
+        # Present: a value the router counts as undeclared (-1, a fraction, a string the
+        # schema allows elsewhere) is the engine's to judge, and goes as it came.
         declared = True
-        if value > per_choice:
+        if _whole(value) and value > per_choice:
             body[field] = per_choice
             changed = True
+    headers = job.headers
     if not declared:
         body["max_tokens"] = per_choice
         changed = True
+        # Told to the engine too: a ceiling the router set, not a length the client asked
+        # for. Engines ignore it; the simulator then answers at its natural length.
+        headers = [*headers, (HEADER, "default")]
     if not changed:
         return job
-    return dataclasses.replace(job, body=msgspec.json.encode(body))
+    return dataclasses.replace(job, body=msgspec.json.encode(body), headers=headers)
+
+
+def _whole(value: object) -> bool:
+    """A limit the router counted: an integer, or a float without a fraction (64.0)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())

@@ -86,6 +86,9 @@ def _choices(body: dict[str, Any]) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
 
 
+ROUTER_SET = "X-Hivenet-Output-Bound"  # "default": the router set max_tokens, not the client
+
+
 class Simulator:
     """One simulated engine and the handlers that expose it."""
 
@@ -298,10 +301,7 @@ class Simulator:
         prompt_tokens = count_tokens(prompt)
         if prompt_tokens + max_new > self.config.max_model_len:
             return _fail(400, self._too_long(prompt_tokens, max_new), anthropic=anthropic)
-        finish = "length" if requested is not None else "stop"
-        cap = self.config.answer_cap
-        if cap and max_new > cap:
-            max_new, finish = cap, "stop"
+        max_new, finish = self._length(requested, request.headers.get(ROUTER_SET) == "default")
         stream = body.get("stream") is True
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -359,6 +359,20 @@ class Simulator:
             return web.Response(status=499)
         finally:
             engine.release(seq, outcome, generated * choices)
+
+    def _length(self, requested: int | None, ceiling: bool) -> tuple[int, str]:
+        """Tokens to generate and the finish reason. `ceiling`: the router set the limit,
+        the client asked for no length, so the answer has its natural length (as a model
+        stops at its end of text) unless the ceiling cuts it."""
+        natural = self.config.output_tokens
+        if requested is None or (ceiling and natural <= requested):
+            max_new, finish = natural, "stop"
+        else:
+            max_new, finish = requested, "length"
+        cap = self.config.answer_cap
+        if cap and max_new > cap:
+            max_new, finish = cap, "stop"
+        return max_new, finish
 
     def _too_long(self, prompt_tokens: int, max_new: int) -> str:
         return (

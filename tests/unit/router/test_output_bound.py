@@ -15,16 +15,21 @@ def job(body: bytes) -> Job:
 def test_an_undeclared_limit_is_set_and_a_declared_one_only_lowered() -> None:
     unset = with_bound(job(b'{"model": "m", "messages": []}'), 40)
     assert msgspec.json.decode(unset.body) == {"model": "m", "messages": [], "max_tokens": 40}
+    assert unset.headers == [("X-Hivenet-Output-Bound", "default")]  # a ceiling, for engines
     both = with_bound(job(b'{"max_tokens": 500, "max_completion_tokens": 30, "n": 2}'), 40)
     assert msgspec.json.decode(both.body) == {
         "max_tokens": 40,
         "max_completion_tokens": 30,
         "n": 2,
     }
+    assert both.headers == []  # the client's own limit, lowered
     kept = job(b'{"max_completion_tokens": 30}')
     assert with_bound(kept, 40) is kept  # nothing to change: the original bytes go
 
 
-def test_a_negative_or_null_limit_counts_as_undeclared() -> None:
-    for body in (b'{"max_tokens": -1}', b'{"max_tokens": null}'):
-        assert msgspec.json.decode(with_bound(job(body), 7).body) == {"max_tokens": 7}
+def test_a_null_limit_is_absent_and_an_invalid_one_the_engine_s_to_judge() -> None:
+    for body in (b'{"max_tokens": null}', b'{"max_completion_tokens": 0}'):
+        assert msgspec.json.decode(with_bound(job(body), 7).body)["max_tokens"] == 7
+    for body in (b'{"max_tokens": -1}', b'{"max_tokens": 9.5}'):
+        kept = job(body)
+        assert with_bound(kept, 7) is kept

@@ -234,3 +234,18 @@ async def test_n_gives_n_choices_and_usage_counts_them_all(
 async def test_n_must_be_a_positive_integer(quick: Client) -> None:
     body = {"model": "sim-model", "messages": HI, "n": 0}
     assert (await quick.post("/v1/chat/completions", json=body)).status == 400
+
+
+async def test_a_limit_the_router_set_is_a_ceiling_not_a_length(quick: Client) -> None:
+    body = {"model": "sim-model", "messages": HI, "max_tokens": 1000}
+    natural = SimConfig().output_tokens
+    router_set = {"X-Hivenet-Output-Bound": "default"}
+    answer = await (await quick.post("/v1/chat/completions", json=body, headers=router_set)).json()
+    assert answer["usage"]["completion_tokens"] == natural
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    cut = {**body, "max_tokens": 5}
+    answer = await (await quick.post("/v1/chat/completions", json=cut, headers=router_set)).json()
+    assert answer["usage"]["completion_tokens"] == 5
+    assert answer["choices"][0]["finish_reason"] == "length"
+    asked = await (await quick.post("/v1/chat/completions", json=body)).json()
+    assert asked["usage"]["completion_tokens"] == 1000  # the client's own limit: in full

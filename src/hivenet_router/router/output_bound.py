@@ -20,12 +20,22 @@ from hivenet_router.domain.request import Job
 
 HEADER: Final = "X-Hivenet-Output-Bound"  # output tokens held for the whole request
 _FIELDS = ("max_tokens", "max_completion_tokens")
+_NAMES = tuple(b'"%s"' % field.encode() for field in _FIELDS)
 _DECODE = msgspec.json.Decoder(dict[str, Any])
 
 
 def with_bound(job: Job, per_choice: int) -> Job:
     """The job with each declared output limit lowered to `per_choice`, or `max_tokens`
     set to it when none is present. The body is rewritten only when something changes."""
+    if not any(field in job.body for field in _NAMES):
+        # The common case, no limit anywhere in the body: the field goes in first, and the
+        # client's bytes follow as they came, with no decoding on the event loop (a large
+        # body is decoded by a child process, router/body_reader.py).
+        spliced = _splice(job.body, per_choice)
+        if spliced is not None:
+            return dataclasses.replace(
+                job, body=spliced, headers=[*job.headers, (HEADER, "default")]
+            )
     try:
         body = _DECODE.decode(job.body)
     except msgspec.DecodeError:
@@ -59,3 +69,13 @@ def _whole(value: object) -> bool:
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _splice(body: bytes, per_choice: int) -> bytes | None:
+    """`max_tokens` as the first member of the body's object (None: no object found)."""
+    start = body.find(b"{")
+    if start < 0 or body[:start].strip():
+        return None
+    rest = body[start + 1 :]
+    comma = b"" if rest.lstrip().startswith(b"}") else b","
+    return body[: start + 1] + b'"max_tokens":%d' % per_choice + comma + rest

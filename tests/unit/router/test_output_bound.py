@@ -33,3 +33,21 @@ def test_a_null_limit_is_absent_and_an_invalid_one_the_engine_s_to_judge() -> No
     for body in (b'{"max_tokens": -1}', b'{"max_tokens": 9.5}'):
         kept = job(body)
         assert with_bound(kept, 7) is kept
+
+
+def test_a_body_without_any_limit_keeps_its_bytes_after_the_new_field() -> None:
+    body = b' {"model": "m",\n "messages": [{"content": "caf\\u00e9"}]} '
+    spliced = with_bound(job(body), 12)
+    assert (
+        spliced.body
+        == b' {"max_tokens":12,"model": "m",\n "messages": [{"content": "caf\\u00e9"}]} '
+    )
+    assert msgspec.json.decode(spliced.body)["max_tokens"] == 12
+    assert msgspec.json.decode(with_bound(job(b"{}"), 3).body) == {"max_tokens": 3}
+    # The name elsewhere (a tool's parameter) is no limit, but it sends the body the
+    # careful way, decoded and encoded again.
+    named = b'{"tools": [{"parameters": {"max_tokens": {}}}]}'
+    assert msgspec.json.decode(with_bound(job(named), 5).body) == {
+        "tools": [{"parameters": {"max_tokens": {}}}],
+        "max_tokens": 5,
+    }

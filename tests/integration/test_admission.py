@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx2 as httpx
+import openai
+import pytest
 
 from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_until
 
@@ -71,7 +76,7 @@ def test_undeclared_output_grows_then_everything_is_released(
         make_cluster,
         tmp_path,
         "{}",
-        "admit_budget_tokens: 100000\n",
+        "admit_budget_tokens: 100000\ndefault_max_tokens: 0\n",  # the reference's way
         "--itl",
         "50ms",
         "--ttft-base",
@@ -298,3 +303,118 @@ def test_dynamic_writes_check_input_rates(make_cluster: Cluster, tmp_path: Path)
     entry["quota"] = {"input_tokens_per_minute": 4096}
     put = httpx.put(router.url + "/admin/api-keys/k", headers=admin, json=entry, timeout=5)
     assert put.json() == {"ok": True}
+
+
+def _otpm_tokens(client: openai.OpenAI, way: str) -> tuple[int, str | None]:
+    """One request without max_tokens: the output tokens it got (counted by the client
+    from the stream when no usage comes), or 0 and the Retry-After of a refusal."""
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    try:
+        if way == "whole":
+            raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+            completion = raw.parse()
+            assert completion.usage is not None
+            assert completion.usage.completion_tokens <= int(raw.headers["X-Hivenet-Output-Bound"])
+            return completion.usage.completion_tokens, None
+        options: Any = {"include_usage": True} if way == "usage" else openai.NOT_GIVEN
+        stream = client.chat.completions.create(
+            model=MODEL, messages=messages, stream=True, stream_options=options
+        )
+        tokens, reported = 0, None
+        for chunk in stream:
+            if chunk.usage is not None:
+                reported = chunk.usage.completion_tokens
+            tokens += sum(1 for choice in chunk.choices if choice.delta.content)
+        return (reported if reported is not None else tokens), None
+    except openai.RateLimitError as refused:
+        assert refused.code == "rate_limit_exceeded"
+        return 0, refused.response.headers["Retry-After"]
+
+
+@pytest.mark.parametrize("way", ["whole", "usage", "no-usage"])
+def test_the_output_rate_refuses_after_its_tokens_on_a_real_clock(
+    make_cluster: Cluster, tmp_path: Path, way: str
+) -> None:
+    """The issue's case: answers of 60 tokens against 100 output tokens a minute. The bound
+    forwarded to the engine and the debt they leave stop the key after about 100 tokens,
+    whether the stream reports usage or not."""
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{output_tokens_per_minute: 100}",
+        "mode: serverless\n",
+        "--zero-latency",
+        "--output-tokens",
+        "60",
+    )
+    started = time.monotonic()
+    served, retry = 0, None
+    with router.openai(KEY) as client:
+        for _ in range(8):
+            tokens, retry = _otpm_tokens(client, way)
+            served += tokens
+            if retry is not None:
+                break
+    refill = (time.monotonic() - started) * 100 / 60
+    assert retry is not None and int(retry) >= 1, f"never refused after {served} tokens"
+    assert 60 <= served <= 100 + refill
+
+
+def test_streams_without_max_tokens_stay_within_the_daily_budget(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The issue's case: ten concurrent streams without max_tokens on a key with 300 tokens
+    a day used 710. Each is now held a bound the budget can pay, and the engine told it."""
+    router, _ = setup(
+        make_cluster,
+        tmp_path,
+        "{tokens_per_day: 300}",
+        "",
+        "--answer-cap",
+        "60",
+        "--itl",
+        "20ms",
+    )
+
+    def one(_: int) -> int:
+        messages: list[Any] = [{"role": "user", "content": "hi"}]
+        try:
+            with router.openai(KEY) as client:
+                stream = client.chat.completions.create(
+                    model=MODEL,
+                    messages=messages,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                used = 0
+                for chunk in stream:
+                    if chunk.usage is not None:
+                        used = chunk.usage.total_tokens
+                return used
+        except openai.RateLimitError as refused:
+            assert refused.code == "token_limit_exceeded"
+            return -1
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(one, range(10)))
+    served = sum(used for used in results if used > 0)
+    assert -1 in results and served > 0
+    assert served <= 300, f"{served} tokens served on a 300-token key"
+
+
+def test_n_choices_are_held_against_the_daily_budget(make_cluster: Cluster, tmp_path: Path) -> None:
+    router, _ = setup(make_cluster, tmp_path, "{tokens_per_day: 1000}", "", "--zero-latency")
+    served, refused = 0, 0
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    with router.openai(KEY) as client:
+        for _ in range(4):
+            try:
+                completion = client.chat.completions.create(
+                    model=MODEL, messages=messages, n=5, max_tokens=100
+                )
+            except openai.RateLimitError:
+                refused += 1
+                continue
+            assert len(completion.choices) == 5 and completion.usage is not None
+            served += completion.usage.total_tokens
+    assert refused and 500 <= served <= 1000

@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -233,3 +234,32 @@ def test_routers_of_one_host_get_their_own_default_router_ids(
     assert all(default_router_id(r.grpc).endswith(f"-{r.grpc}") for r in routers)
     for router in routers:
         wait_until(lambda r=router: sync_view(r)["routers"] == ids)
+
+
+def test_two_routers_share_one_output_token_rate(
+    make_cluster: Cluster, tmp_path: Path, store: ValkeySite
+) -> None:
+    """The output bucket, debt included, is the site's: answers of 20 tokens alternating
+    between two routers stop after about 100 tokens a minute in all."""
+    routers = site_of(
+        make_cluster, tmp_path, store, "{output_tokens_per_minute: 100}", "mode: serverless\n"
+    )
+    started = time.monotonic()
+    served, refused = 0, 0
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    for attempt in range(30):
+        with routers[attempt % 2].openai(KEY) as client:
+            try:
+                completion = client.chat.completions.create(
+                    model=MODEL, messages=messages, max_tokens=20
+                )
+            except openai.RateLimitError as refusal:
+                assert refusal.code == "rate_limit_exceeded"
+                refused += 1
+                continue
+        assert completion.usage is not None
+        served += completion.usage.completion_tokens
+    refill = (time.monotonic() - started) * 100 / 60
+    print(f"served {served} output tokens against 100 a minute across two routers")
+    # What one round can leave unseen: one answer on the other router.
+    assert refused and served <= 100 + refill + 20

@@ -14,7 +14,9 @@ class RequestFacts:
     model: str
     capability: str
     stream: bool
-    max_output_tokens: int | None  # None: undeclared (absent, null or negative)
+    # The declared output of the whole request (max_tokens times n); None: undeclared
+    # (absent, null or negative).
+    max_output_tokens: int | None
     text_bytes: int = 0  # prompt text, system prompt and raw tool JSON, for the estimate
     messages: int = 0
     images: int = 0
@@ -22,6 +24,7 @@ class RequestFacts:
     # message's role and text), for prefix-aware routing. References to the decoded
     # strings, not copies.
     prompt: tuple[str, ...] = ()
+    choices: int = 1  # `n`: choices generated, each up to max_tokens
 
 
 @dataclass(frozen=True, slots=True)

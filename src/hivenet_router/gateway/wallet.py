@@ -49,14 +49,15 @@ _LOGGED_MODELS_MAX: Final = 1000
 CHARGED: Final = Note[str]("charge", place=20)
 
 
-def worst_case(price: Price, facts: RequestFacts) -> Decimal:
+def worst_case(price: Price, facts: RequestFacts, default_output: int = 0) -> Decimal:
     """The most this request can cost: every prompt byte a token (no tokenizer makes more),
-    plus the output it declared, or DEFAULT_OUTPUT_TOKENS."""
+    plus the output it declared (times n), or the policy's default output bound (the one
+    admission forwards to the engine), or DEFAULT_OUTPUT_TOKENS when the policy has none."""
     tokens_in = facts.text_bytes + MESSAGE_OVERHEAD * facts.messages + IMAGE_TOKENS * facts.images
     tokens_out = 0
     if facts.route in GENERATING_ROUTES:
         declared = facts.max_output_tokens
-        tokens_out = declared if declared is not None else DEFAULT_OUTPUT_TOKENS
+        tokens_out = declared if declared is not None else default_output or DEFAULT_OUTPUT_TOKENS
     return price.cost(tokens_in, tokens_out)
 
 
@@ -88,7 +89,11 @@ class WalletStage:
             Decimal(0),
         )
         held = await self.ledger.hold(
-            base.charge_id, ticket.request_id, tenant, currency, worst_case(price, facts)
+            base.charge_id,
+            ticket.request_id,
+            tenant,
+            currency,
+            worst_case(price, facts, ticket.policy.default_max_tokens),
         )
         if held.refused:
             self.ledger.stats.refused[held.status] += 1

@@ -48,6 +48,8 @@ TOP_FIELDS = (
     "images_max",
     "admit_budget_tokens",
     "max_inflight",
+    "default_max_tokens",
+    "min_output_tokens",
     "shed_if",
     "routing_policy",
     "fallback_chain",
@@ -56,6 +58,7 @@ TOP_FIELDS = (
     "adaptive_concurrency",
 )
 PROVIDERS = ("openai", "anthropic")
+DEFAULT_MAX_TOKENS = 4096
 MODES = ("reserved", "serverless")
 
 
@@ -108,6 +111,10 @@ class Policy:
     images_max: int = 0
     admit_budget_tokens: int = 0
     max_inflight: int = 0
+    # The output bound held and forwarded when a request declares none (0: none, the
+    # reference's behaviour), and the least bound worth sending a request out with.
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    min_output_tokens: int = 1
     shed_if: tuple[ThresholdGate, ...] = ()
     fallback_provider: Provider | None = None
     breaker: BreakerSettings = BreakerSettings()
@@ -249,7 +256,14 @@ def parse_policy(
         provider = reader.provider(items["fallback_provider"], "fallback_provider")
     limits: dict[str, Any] = {
         key: reader.count(items[key], key)
-        for key in ("max_input_tokens", "images_max", "admit_budget_tokens", "max_inflight")
+        for key in (
+            "max_input_tokens",
+            "images_max",
+            "admit_budget_tokens",
+            "max_inflight",
+            "default_max_tokens",
+            "min_output_tokens",
+        )
         if key in items
     }
     shed = reader.gates(items["shed_if"], "shed_if", SHED_SIGNALS) if "shed_if" in items else ()

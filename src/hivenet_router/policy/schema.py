@@ -132,6 +132,8 @@ def policy_schema(blocks: Sequence[Block[Any]] = ()) -> dict[str, Any]:
             "images_max": count,
             "admit_budget_tokens": count,
             "max_inflight": count,
+            "default_max_tokens": count,
+            "min_output_tokens": count,
             "shed_if": gates(SHED_SIGNALS),
             "routing_policy": {"$ref": "#/$defs/step"},
             "fallback_chain": {"type": "array", "items": {"$ref": "#/$defs/step"}, "minItems": 1},

@@ -28,6 +28,8 @@ from hivenet_router.policy.document import Policy
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
 from hivenet_router.router.dispatch import LEAVE_POOL
+from hivenet_router.router.output_bound import HEADER as BOUND_HEADER
+from hivenet_router.router.output_bound import with_bound
 from hivenet_router.state.ports import Lease, Ports
 
 START_TOKENS_PER_BYTE = 1 / 3.2
@@ -82,7 +84,10 @@ class Hold:
     budget_key: str = ""
     charged: int = 0  # daily tokens charged on admission (the worst case)
     key_ref: str = ""  # serverless: the key and model the token rates are kept under
-    output_rate: int = 0  # serverless: output tokens per minute, charged afterwards
+    output_rate: int = 0  # serverless: output tokens per minute, its bound charged
+    input_rate: int = 0  # serverless: input tokens per minute, the estimate charged
+    estimate_charged: int = 0  # the input estimate the input rate was charged
+    output: int = 0  # the output bound held (0: none, output undeclared and unbounded)
     # A stream's data lines, counted for a daily budget when the request declared no output
     # limit: an answer that reports no usage is charged them instead of nothing.
     lines: DataLines | None = None
@@ -102,6 +107,9 @@ class Hold:
         if self.grows and tokens > 0:
             for lease in self.leases:
                 lease.grow(tokens)
+
+    def lines_seen(self) -> int:
+        return self.lines.events if self.lines is not None else 0
 
     def leave_pool(self) -> None:
         """Give back the occupancy reservations early (routing left the local pool)."""
@@ -207,8 +215,10 @@ class Admission:
         estimate = self.estimator.estimate(model, facts.text_bytes, facts.messages)
         policy = ticket.policy
         self._caps(ticket, policy, facts, estimate)
-        worst = estimate + (facts.max_output_tokens or 0)
-        hold = Hold(self, facts, estimate, facts.max_output_tokens is None)
+        bound = await self._bound(ticket, principal, policy, facts, estimate)
+        worst = estimate + bound
+        hold = Hold(self, facts, estimate, not bound)
+        hold.output = bound
         try:
             serverless = policy.mode == "serverless"
             if policy.shed_if or policy.admit_budget_tokens or policy.max_inflight or serverless:
@@ -222,7 +232,50 @@ class Admission:
             # A later refusal gives back what earlier gates took.
             await hold.settle(None, answered=False)
             raise
+        bound = hold.output  # _daily may have lowered it
+        if bound:
+            ticket.headers_out[BOUND_HEADER] = str(bound)
+            if ticket.job is not None and bound != facts.max_output_tokens:
+                ticket.job = with_bound(ticket.job, max(1, bound // facts.choices))
         return hold
+
+    async def _bound(
+        self,
+        ticket: Ticket,
+        principal: Principal,
+        policy: Policy,
+        facts: RequestFacts,
+        estimate: int,
+    ) -> int:
+        """The output bound held for the request: the declared limit (times n) or the
+        policy's default, lowered to the key's output rate left and, for a default, to its
+        daily budget left. Below `min_output_tokens` the limit that lowered it refuses."""
+        declared = facts.max_output_tokens
+        bound = declared if declared is not None else policy.default_max_tokens
+        if not bound:
+            return 0
+        least = max(1, policy.min_output_tokens)
+        quota = principal.quota
+        rate = quota.output_tokens_per_minute if policy.mode == "serverless" else 0
+        if rate:
+            key = f"{principal.key_ref}\x00{facts.model}"
+            left = await self.ports.output_rates.left(key, rate)
+            if left < least:
+                ticket.headers_out["Retry-After"] = str(_wait(left, least, rate))
+                raise self._refuse(
+                    ticket,
+                    "b4_otpm",
+                    ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, "output token rate exceeded"),
+                )
+            bound = min(bound, math.floor(left))
+        if declared is None:
+            key, limit = budget_for(principal.tenant, quota, facts.model)
+            if limit > 0:
+                left = await self.ports.daily.left(key, limit) - estimate
+                if left < least:
+                    raise self._refuse(ticket, "daily", _no_budget())
+                bound = min(bound, math.floor(left))
+        return bound
 
     def _refuse(self, ticket: Ticket, reason: str, error: ApiError) -> ApiError:
         ticket.emit(Refused(reason, error.code))
@@ -307,7 +360,7 @@ class Admission:
         key, quota = f"{principal.key_ref}\x00{hold.facts.model}", principal.quota
 
         def refuse(reason: str, message: str) -> ApiError:
-            ticket.headers_out["Retry-After"] = "1"
+            ticket.headers_out.setdefault("Retry-After", "1")
             return self._refuse(ticket, reason, ApiError(ErrorCode.RATE_LIMIT_EXCEEDED, message))
 
         if principal.occupancy_share and policy.admit_budget_tokens:
@@ -317,33 +370,50 @@ class Admission:
                 raise refuse("b4_occupancy", "per-key occupancy share exceeded, please retry")
             hold.leases.append(lease)
         if quota.output_tokens_per_minute:
-            if await self.ports.output_rates.left(key, quota.output_tokens_per_minute) <= 0:
+            # The output bound is taken now (it fits: _bound lowered it to what was left)
+            # and trued up with exact usage, into debt if an engine passed it.
+            rate = quota.output_tokens_per_minute
+            if not (await self.ports.output_rates.charge(key, hold.output, rate)).ok:
+                left = await self.ports.output_rates.left(key, rate)
+                ticket.headers_out["Retry-After"] = str(_wait(left, hold.output, rate))
                 raise refuse("b4_otpm", "output token rate exceeded, please retry")
-            hold.output_rate = quota.output_tokens_per_minute
+            hold.output_rate = rate
         if quota.input_tokens_per_minute:
-            verdict = await self.ports.input_rates.charge(
-                key, hold.estimate, quota.input_tokens_per_minute
-            )
+            rate = quota.input_tokens_per_minute
+            verdict = await self.ports.input_rates.charge(key, hold.estimate, rate)
             if not verdict.ok:
+                left = await self.ports.input_rates.left(key, rate)
+                ticket.headers_out["Retry-After"] = str(_wait(left, hold.estimate, rate))
                 raise refuse("b4_itpm", "input token rate exceeded, please retry")
+            hold.input_rate, hold.estimate_charged = rate, hold.estimate
         hold.key_ref = key
 
     async def _daily(self, ticket: Ticket, principal: Principal, hold: Hold, worst: int) -> None:
         """The worst case (estimate plus declared output) against what is left today."""
         key, limit = budget_for(principal.tenant, principal.quota, hold.facts.model)
         verdict = await self.ports.daily.charge(key, worst, limit)
+        least = max(1, ticket.policy.min_output_tokens)
+        if not verdict.ok and hold.facts.max_output_tokens is None and hold.output:
+            # A default bound read against what was left before the gates in between (a
+            # concurrent request, another router's spend) is lowered again, not refused.
+            output = (verdict.remaining or 0) - hold.estimate
+            if output >= least:
+                await self._lower(hold, output)
+                worst = hold.estimate + output
+                verdict = await self.ports.daily.charge(key, worst, limit)
         if verdict.remaining is not None:
             ticket.headers_out["X-RateLimit-Remaining-Tokens"] = str(verdict.remaining)
         if not verdict.ok:
-            raise self._refuse(
-                ticket,
-                "daily",
-                ApiError(
-                    ErrorCode.TOKEN_LIMIT_EXCEEDED,
-                    "insufficient daily token budget for requested max_tokens",
-                ),
-            )
+            raise self._refuse(ticket, "daily", _no_budget())
         hold.budget_key, hold.charged = key, worst if limit > 0 else 0
+
+    async def _lower(self, hold: Hold, output: int) -> None:
+        """Lower the output bound the earlier gates took."""
+        delta, hold.output = output - hold.output, output
+        for lease in hold.leases:
+            lease.grow(delta)
+        if hold.output_rate:
+            await self.ports.output_rates.adjust(hold.key_ref, delta, hold.output_rate)
 
     # -- settlement ---------------------------------------------------------------------------
 
@@ -354,10 +424,7 @@ class Admission:
         nobody answered, charge the output rate and teach the estimator. `cut`: the answer
         ended early (client gone, broken, timed out)."""
         hold.leave_pool()
-        if usage is not None and hold.output_rate:
-            await self.ports.output_rates.adjust(
-                hold.key_ref, usage.output_tokens, hold.output_rate
-            )
+        await self._true_up_rates(hold, usage, answered)
         if hold.charged:
             lines = hold.lines.events if hold.lines is not None else 0
             if not answered:
@@ -381,6 +448,39 @@ class Admission:
                 self.estimator.learn(
                     facts.model, facts.text_bytes, facts.messages, usage.input_tokens
                 )
+
+    async def _true_up_rates(self, hold: Hold, usage: Usage | None, answered: bool) -> None:
+        """Replace what the token rates were charged at admission with exact usage; a
+        request nobody answered gives its charge back. Unknown usage keeps the bound (and
+        the input estimate): the worst case the request could have spent."""
+        ports, key = self.ports, hold.key_ref
+        if hold.output_rate:
+            if not answered:
+                spent = 0
+            elif usage is not None:
+                spent = usage.output_tokens
+            else:
+                spent = hold.output if hold.output else hold.lines_seen()
+            if spent != hold.output:
+                await ports.output_rates.adjust(key, spent - hold.output, hold.output_rate)
+        if hold.input_rate and hold.estimate_charged:
+            if not answered:
+                await ports.input_rates.adjust(key, -hold.estimate_charged, hold.input_rate)
+            elif usage is not None and usage.input_tokens != hold.estimate_charged:
+                delta = usage.input_tokens - hold.estimate_charged
+                await ports.input_rates.adjust(key, delta, hold.input_rate)
+
+
+def _wait(left: float, needed: float, rate: float) -> int:
+    """Whole seconds until a bucket refilling `rate` a minute holds `needed` again (it
+    holds `left` now, negative in debt)."""
+    return max(1, math.ceil((needed - left) * 60 / rate))
+
+
+def _no_budget() -> ApiError:
+    return ApiError(
+        ErrorCode.TOKEN_LIMIT_EXCEEDED, "insufficient daily token budget for requested max_tokens"
+    )
 
 
 def _ports_of(ports: Ports) -> tuple[object, ...]:

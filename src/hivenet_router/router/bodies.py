@@ -46,10 +46,13 @@ class _Common(msgspec.Struct, kw_only=True):
 
 class _Chat(_Common):
     messages: Annotated[list[Any], msgspec.Meta(min_length=1)]
+    # Choices generated: the output bound holds max_tokens for each of them.
+    n: int | float | None = None
 
 
 class _Completion(_Common):
     prompt: str | list[Any] | None
+    n: int | float | None = None
 
 
 class _Messages(_Common):
@@ -248,6 +251,9 @@ def parse(route: str, body: bytes) -> RequestFacts:
     # case max_tokens (absent: undeclared).
     newer = _declared(getattr(decoded, "max_completion_tokens", None), "max_completion_tokens")
     max_out = newer if newer else _declared(getattr(decoded, "max_tokens", None), "max_tokens")
+    choices = _declared(getattr(decoded, "n", None), "n") or 1
+    if max_out is not None:
+        max_out *= choices  # the whole request's output, as every limit counts it
     tally, messages = _measure(decoded)
     return RequestFacts(
         route,
@@ -259,6 +265,7 @@ def parse(route: str, body: bytes) -> RequestFacts:
         messages,
         tally.images,
         tuple(tally.pieces),
+        choices,
     )
 
 

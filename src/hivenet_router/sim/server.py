@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from hivenet_router.config.sim import SimConfig
+from hivenet_router.sim.choices import Choices
 from hivenet_router.sim.engine import Engine, Timing, count_tokens
 from hivenet_router.sim.faults import FaultDice, Faults
 from hivenet_router.sim.formats import (
@@ -75,6 +76,17 @@ def _output_limit(body: dict[str, Any]) -> Any:
     null counts as absent, so {"max_tokens": 3, "max_completion_tokens": null} asks for 3."""
     requested = body.get("max_completion_tokens")
     return body.get("max_tokens") if requested is None else requested
+
+
+def _choices(body: dict[str, Any]) -> int | None:
+    """OpenAI's `n` (null counts as absent); None when it is no positive integer."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+
+
+ROUTER_SET = "X-Hivenet-Output-Bound"  # "default": the router set max_tokens, not the client
 
 
 class Simulator:
@@ -282,25 +294,20 @@ class Simulator:
             isinstance(requested, bool) or not isinstance(requested, int) or requested < 1
         ):
             return _fail(400, "max_tokens must be a positive integer", anthropic=anthropic)
+        choices = 1 if anthropic else _choices(body)
+        if choices is None:
+            return _fail(400, "n must be a positive integer", anthropic=anthropic)
         max_new = requested if requested is not None else self.config.output_tokens
         prompt_tokens = count_tokens(prompt)
         if prompt_tokens + max_new > self.config.max_model_len:
-            message = (
-                f"This model's maximum context length is {self.config.max_model_len} tokens. "
-                f"However, you requested {prompt_tokens + max_new} tokens "
-                f"({prompt_tokens} in the messages, {max_new} in the completion)."
-            )
-            return _fail(400, message, anthropic=anthropic)
-        finish = "length" if requested is not None else "stop"
-        cap = self.config.answer_cap
-        if cap and max_new > cap:
-            max_new, finish = cap, "stop"
+            return _fail(400, self._too_long(prompt_tokens, max_new), anthropic=anthropic)
+        max_new, finish = self._length(requested, request.headers.get(ROUTER_SET) == "default")
         stream = body.get("stream") is True
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         arrived = time.monotonic()
         engine = self.engine
-        seq = await engine.admit(prompt, max_new)
+        seq = await engine.admit(prompt, max_new * choices)
         generated = 0
         outcome = "abort"
         try:
@@ -311,6 +318,8 @@ class Simulator:
             tokens, shaped = self._answer(body, prompt, max_new, draw.repeat, fmt, anthropic)
             if shaped:
                 finish = "stop"
+            if choices > 1:
+                fmt = Choices(fmt, choices)
             if not stream:
                 per_token = engine.token_delay()
                 if per_token:
@@ -349,7 +358,28 @@ class Simulator:
             # engine aborts the sequence quietly, and so does this one.
             return web.Response(status=499)
         finally:
-            engine.release(seq, outcome, generated)
+            engine.release(seq, outcome, generated * choices)
+
+    def _length(self, requested: int | None, ceiling: bool) -> tuple[int, str]:
+        """Tokens to generate and the finish reason. `ceiling`: the router set the limit,
+        the client asked for no length, so the answer has its natural length (as a model
+        stops at its end of text) unless the ceiling cuts it."""
+        natural = self.config.output_tokens
+        if requested is None or (ceiling and natural <= requested):
+            max_new, finish = natural, "stop"
+        else:
+            max_new, finish = requested, "length"
+        cap = self.config.answer_cap
+        if cap and max_new > cap:
+            max_new, finish = cap, "stop"
+        return max_new, finish
+
+    def _too_long(self, prompt_tokens: int, max_new: int) -> str:
+        return (
+            f"This model's maximum context length is {self.config.max_model_len} tokens. "
+            f"However, you requested {prompt_tokens + max_new} tokens "
+            f"({prompt_tokens} in the messages, {max_new} in the completion)."
+        )
 
     def _answer(
         self,

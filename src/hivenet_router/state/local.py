@@ -47,7 +47,9 @@ class _Bucket:
 
 class RateCounter:
     """Per-minute limits as continuously refilling buckets: `limit` per minute, holding at
-    most a minute's worth (or `burst_seconds` of it, at least one)."""
+    most a minute's worth (or `burst_seconds` of it, at least one). Exact usage trued up
+    after a charge (`adjust`) may take a bucket into debt, at most one bucket deep: `left`
+    is then negative, and no charge passes until the refill has paid the debt back."""
 
     def __init__(self, clock: Clock, burst_seconds: int = 0) -> None:
         self._clock = clock
@@ -87,8 +89,8 @@ class RateCounter:
         if limit <= 0:
             return
         bucket = self._bucket(key, limit, self._clock.monotonic())
-        # One answer can drain the bucket, never borrow beyond it.
-        bucket.level = min(bucket.capacity, max(0.0, bucket.level - delta))
+        # One answer can put the bucket into debt, never deeper than one bucket.
+        bucket.level = min(bucket.capacity, max(-bucket.capacity, bucket.level - delta))
 
     async def left(self, key: str, limit: float) -> float:
         if limit <= 0:

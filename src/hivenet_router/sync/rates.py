@@ -40,8 +40,9 @@ class _Buckets:
         self.mine = min(self.capacity / share, self.mine + elapsed * self.per_second / share)
 
     def spend(self, amount: float, share: int) -> None:
-        self.site = min(self.capacity, max(0.0, self.site - amount))
-        self.mine = min(self.capacity / share, max(0.0, self.mine - amount))
+        # Exact usage trued up after a charge may leave debt, at most one bucket deep.
+        self.site = min(self.capacity, max(-self.capacity, self.site - amount))
+        self.mine = min(self.capacity / share, max(-self.capacity / share, self.mine - amount))
         self.pending += amount
 
 
@@ -89,7 +90,7 @@ class SiteRates:
             if foreign is not None:
                 level -= max(0.0, foreign.amount - (now - foreign.stamp) * limit / 60.0)
             buckets = self._buckets[key] = _Buckets(
-                capacity, limit / 60.0, max(0.0, level), share, now
+                capacity, limit / 60.0, max(-capacity, level), share, now
             )
             return buckets
         buckets.refill(now, share)
@@ -148,7 +149,7 @@ class SiteRates:
             else:
                 held.amount, held.stamp = held.amount + amount, now
             return
-        buckets.site = min(buckets.capacity, max(0.0, buckets.site - amount))
+        buckets.site = min(buckets.capacity, max(-buckets.capacity, buckets.site - amount))
 
     def rebalance(self) -> None:
         """After a round: each own bucket becomes its share of what the site has left."""

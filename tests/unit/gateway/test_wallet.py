@@ -251,6 +251,8 @@ def test_the_worst_case_counts_every_prompt_byte_and_the_declared_output() -> No
     assert worst_case(PRICE, facts) == Decimal("0.04") + Decimal("0.2")
     undeclared = dataclasses.replace(facts, max_output_tokens=None)
     assert worst_case(PRICE, undeclared) == Decimal("0.04") + Decimal("8.192")
+    # The policy's default output bound, the one admission forwards to the engine.
+    assert worst_case(PRICE, undeclared, 1000) == Decimal("0.04") + Decimal("2")
     embeddings = dataclasses.replace(facts, route="/v1/embeddings")
     assert worst_case(PRICE, embeddings) == Decimal("0.04")
 

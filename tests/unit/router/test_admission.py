@@ -35,6 +35,8 @@ from hivenet_router.state.ports import Ports
 
 CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 320 + b'"}]'
 ROUTE = "/v1/chat/completions"
+# The reference's way with undeclared output: no bound held, output counted as it streams.
+UNBOUNDED = "default_max_tokens: 0\nrouting_policy: {strategy: least-loaded}\n"
 
 
 class Recorder:
@@ -330,9 +332,7 @@ async def test_reserved_mode_ignores_per_key_limits() -> None:
 
 
 async def test_undeclared_output_grows_with_the_stream_and_is_all_released() -> None:
-    fleet = Fleet(
-        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
-    )
+    fleet = Fleet(UNBOUNDED + "mode: serverless\nadmit_budget_tokens: 10000\n")
     principal = who(Quota(), share=1.0)
     # No max_tokens: 104 tokens at first, then about one per streamed event.
     answer = await fleet.send(fleet.ticket(principal, CHAT + b"}"), stream=b"data: {}\n\n")
@@ -355,7 +355,7 @@ async def test_undeclared_output_grows_with_the_stream_and_is_all_released() -> 
 
 
 async def test_a_stream_without_usage_or_max_tokens_is_charged_its_data_lines() -> None:
-    fleet = Fleet()
+    fleet = Fleet(UNBOUNDED)
     budget = who(Quota(tokens_per_day=10_000))
     # No max_tokens, no include_usage: 104 tokens charged at admission, and the 50 data
     # lines the client was sent (the closing [DONE] is not one) when it ends.
@@ -383,9 +383,7 @@ async def test_a_stream_without_usage_or_max_tokens_is_charged_its_data_lines() 
 
 
 async def test_occupancy_and_the_daily_budget_count_one_stream_alike() -> None:
-    fleet = Fleet(
-        "mode: serverless\nadmit_budget_tokens: 10000\nrouting_policy: {strategy: least-loaded}\n"
-    )
+    fleet = Fleet(UNBOUNDED + "mode: serverless\nadmit_budget_tokens: 10000\n")
     principal = who(Quota(tokens_per_day=10_000), share=1.0)
     answer = await fleet.send(fleet.ticket(principal, CHAT + b"}"), stream=b"data: {}\n\n")
     answer.source = _Chunks([b"data: {}\n\n" * 30, b"data: {}\n\n" * 20 + b"data: [DONE]\n\n"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -197,3 +198,54 @@ async def test_the_router_reads_anthropic_errors_by_their_status(quick: Client) 
     body = {"model": "sim-model", "max_tokens": 0, "messages": HI}
     reply = await quick.post("/v1/messages", json=body)
     assert classify(reply.status, await reply.read())[:2] == (ErrorCode.INVALID_PARAMETER, 400)
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "hi"})],
+)
+async def test_n_gives_n_choices_and_usage_counts_them_all(
+    quick: Client, path: str, extra: dict[str, object]
+) -> None:
+    body = {"model": "sim-model", "max_tokens": 4, "n": 3, **extra}
+    answer = await (await quick.post(path, json=body)).json()
+    assert [choice["index"] for choice in answer["choices"]] == [0, 1, 2]
+    assert answer["usage"]["completion_tokens"] == 12
+    reply = await quick.post(
+        path, json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    events = [
+        orjson.loads(line[6:])
+        for line in (await reply.read()).split(b"\n\n")
+        if line.startswith(b"data: {")
+    ]
+    pieces = {index: 0 for index in range(3)}
+    finished = set()
+    for event in events:
+        for choice in event["choices"]:
+            text = choice.get("text") or (choice.get("delta") or {}).get("content")
+            pieces[choice["index"]] += bool(text)
+            if choice["finish_reason"]:
+                finished.add(choice["index"])
+    assert pieces == {0: 4, 1: 4, 2: 4} and finished == {0, 1, 2}
+    assert events[-1]["usage"]["completion_tokens"] == 12
+
+
+async def test_n_must_be_a_positive_integer(quick: Client) -> None:
+    body = {"model": "sim-model", "messages": HI, "n": 0}
+    assert (await quick.post("/v1/chat/completions", json=body)).status == 400
+
+
+async def test_a_limit_the_router_set_is_a_ceiling_not_a_length(quick: Client) -> None:
+    body = {"model": "sim-model", "messages": HI, "max_tokens": 1000}
+    natural = SimConfig().output_tokens
+    router_set = {"X-Hivenet-Output-Bound": "default"}
+    answer = await (await quick.post("/v1/chat/completions", json=body, headers=router_set)).json()
+    assert answer["usage"]["completion_tokens"] == natural
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    cut = {**body, "max_tokens": 5}
+    answer = await (await quick.post("/v1/chat/completions", json=cut, headers=router_set)).json()
+    assert answer["usage"]["completion_tokens"] == 5
+    assert answer["choices"][0]["finish_reason"] == "length"
+    asked = await (await quick.post("/v1/chat/completions", json=body)).json()
+    assert asked["usage"]["completion_tokens"] == 1000  # the client's own limit: in full

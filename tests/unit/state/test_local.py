@@ -35,10 +35,19 @@ async def test_a_burst_window_shrinks_the_bucket() -> None:
     assert not (await rates.charge("t", 1, 60)).ok
 
 
-async def test_an_answer_drains_a_rate_but_never_borrows() -> None:
-    rates = RateCounter(ManualClock())
-    await rates.adjust("k", 500, 100)  # 500 output tokens against 100 a minute
-    assert await rates.left("k", 100) == 0
+async def test_an_answer_puts_a_rate_into_debt_that_refills_on_a_moving_clock() -> None:
+    clock = ManualClock()
+    rates = RateCounter(clock)
+    await rates.adjust("k", 150, 100)  # 150 output tokens against 100 a minute
+    assert await rates.left("k", 100) == -50  # in debt: nothing passes
+    assert not (await rates.charge("k", 1, 100)).ok
+    clock.advance(30)  # half a minute pays the debt back, no more
+    assert await rates.left("k", 100) == pytest.approx(0)
+    assert not (await rates.charge("k", 1, 100)).ok
+    clock.advance(1.2)
+    assert (await rates.charge("k", 1, 100)).ok
+    await rates.adjust("k", 500, 100)
+    assert await rates.left("k", 100) == pytest.approx(-100)  # never deeper than a bucket
     await rates.adjust("k", -1000, 100)
     assert await rates.left("k", 100) == 100  # and never beyond a full bucket
 
@@ -224,3 +233,32 @@ async def test_when_the_head_of_the_line_gives_up_the_next_one_looks() -> None:
     assert await asyncio.wait_for(large, 1) is None
     lease = await asyncio.wait_for(small, 0.5)  # not left waiting for the next release
     assert lease is not None
+
+
+@given(
+    capacity=st.integers(min_value=1, max_value=1000),
+    steps=st.lists(
+        st.tuples(
+            st.floats(min_value=0, max_value=120),
+            st.integers(min_value=1, max_value=50),
+            st.integers(min_value=-2000, max_value=2000),
+        ),
+        max_size=40,
+    ),
+)
+def test_debt_stays_within_one_bucket_and_refuses_every_charge(
+    capacity: int, steps: list[tuple[float, int, int]]
+) -> None:
+    async def run() -> None:
+        clock = ManualClock()
+        rates = RateCounter(clock)
+        for wait, amount, usage in steps:
+            clock.advance(wait)
+            before = await rates.left("k", capacity)
+            verdict = await rates.charge("k", amount, capacity)
+            assert verdict.ok == (before >= amount)
+            await rates.adjust("k", usage, capacity)  # exact usage over or under the charge
+            level = await rates.left("k", capacity)
+            assert -capacity <= level <= capacity
+
+    asyncio.run(run())

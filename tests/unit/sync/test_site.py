@@ -387,3 +387,14 @@ async def test_a_day_hash_the_store_lost_expires_when_written_again(
     assert (await a.daily.charge("team", 10, 100)).ok
     await rounds(a)
     assert valkey_client.exists(name) and valkey_client.ttl(name) > 0
+
+
+async def test_debt_on_one_router_refuses_the_key_on_the_other(make: Maker) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.output_rates.charge("k", 40, 100)).ok
+    await a.output_rates.adjust("k", 110, 100)  # 150 used of 100 a minute: 50 in debt
+    assert await a.output_rates.left("k", 100) == pytest.approx(-50, abs=1)
+    await rounds(a, b)
+    assert await b.output_rates.left("k", 100) < 0
+    assert not (await b.output_rates.charge("k", 1, 100)).ok

@@ -4,7 +4,10 @@ Whoever produced the answer (an agent stream, a provider, a whole body) hands ov
 `AnswerSource`. The relay reads it and closes it exactly once with the outcome; closing runs
 the hooks of every stage that held something for this request, last taken first, so a
 stream keeps what it holds until its last byte. Reading meters token usage on the way:
-stages see the usage the answer reported when it closes.
+stages see the answer's usage when it closes, the one count every sink reads (the daily
+budget, the wallet, the token rates, the audit record, tenant and agent series). It is what
+the answer reported, or, for a stream that reported no output count, the input estimate
+the relay set and the output counted from the text relayed (`usage_estimated`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,13 @@ from typing import Protocol
 
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import Usage
-from hivenet_router.domain.usage import StreamMeter, from_body
+from hivenet_router.domain.usage import (
+    OUTPUT_BYTES_PER_TOKEN,
+    StreamMeter,
+    TextMeter,
+    UsageEvents,
+    from_body,
+)
 
 log = logging.getLogger("hivenet.router")
 
@@ -80,15 +89,20 @@ class Answer:
         "_chunk_hooks",
         "_closed",
         "_closers",
+        "_drop",
         "_meter",
+        "_text",
         "body",
+        "bytes_per_token",
         "first",
         "headers",
+        "input_estimate",
         "keep",
         "origin",
         "source",
         "status",
         "usage",
+        "usage_estimated",
     )
 
     def __init__(
@@ -111,14 +125,23 @@ class Answer:
         # store it), though this client gets it whole.
         self.keep = True
         self.usage: Usage | None = None
+        self.usage_estimated = False  # counted from the text, not reported
+        # Input tokens counted for a stream that reports no usage (set by the relay).
+        self.input_estimate = 0
+        # Bytes of text per output token for such a stream (set by the relay, per model).
+        self.bytes_per_token = OUTPUT_BYTES_PER_TOKEN
         self._meter: StreamMeter | None = None
+        self._text: TextMeter | None = None
+        self._drop: UsageEvents | None = None
         self._closers: list[Closer] = []
         self._chunk_hooks: list[Meter] = []
         self._closed = False
         if body is None:
             self._meter = StreamMeter()
+            self._text = TextMeter()
             if first is not None:
                 self._meter.feed(first)
+                self._text.feed(first)
 
     @property
     def streamed(self) -> bool:
@@ -130,6 +153,15 @@ class Answer:
                 return value
         return None
 
+    def drop_usage_events(self) -> None:
+        """The router asked the engine for usage on the client's behalf: the usage-only
+        event is metered but not relayed. Call before anyone reads `first`."""
+        if self.body is not None or self._drop is not None:
+            return
+        self._drop = UsageEvents()
+        if self.first is not None:
+            self.first = self._drop(self.first)
+
     def on_chunk(self, hook: Meter) -> None:
         """Call `hook` with every chunk read after the first (the first is `self.first`)."""
         self._chunk_hooks.append(hook)
@@ -138,13 +170,39 @@ class Answer:
         self._closers.append(hook)
 
     async def next_chunk(self) -> bytes | None:
-        chunk = await self.source.read()
-        if chunk is not None:
-            if self._meter is not None:
-                self._meter.feed(chunk)
-            for hook in self._chunk_hooks:
-                hook(chunk)
-        return chunk
+        while True:
+            chunk = await self.source.read()
+            if chunk is not None:
+                if self._meter is not None and self._text is not None:
+                    self._meter.feed(chunk)
+                    self._text.feed(chunk)
+                if self._drop is not None:
+                    chunk = self._drop(chunk)
+                    if not chunk:
+                        continue  # only usage (or part of an event): nothing to relay yet
+            elif self._drop is not None:
+                chunk = self._drop.flush() or None
+            if chunk is not None:
+                for hook in self._chunk_hooks:
+                    hook(chunk)
+            return chunk
+
+    def _stream_usage(self) -> Usage | None:
+        if self._meter is None or self._text is None or self.status >= 400:
+            return None
+        reported = self._meter.reported()
+        if reported is not None and reported[1] is not None:
+            return Usage(reported[0], reported[1])
+        # No output count: counted from the text relayed, the input as reported or
+        # estimated.
+        self.usage_estimated = True
+        prompt = reported[0] if reported is not None and reported[0] else self.input_estimate
+        return Usage(prompt, self._text.tokens(self.bytes_per_token))
+
+    @property
+    def text_bytes(self) -> int:
+        """Bytes of generated text the stream carried so far (0 for a whole answer)."""
+        return self._text.text_bytes if self._text is not None else 0
 
     @property
     def closed(self) -> bool:
@@ -159,8 +217,8 @@ class Answer:
         try:
             if self.body is not None:
                 self.usage = from_body(self.body) if self.status < 400 else None
-            elif self._meter is not None:
-                self.usage = self._meter.result()
+            else:
+                self.usage = self._stream_usage()
         except Exception:  # an answer no reader foresaw: unaccounted, but still closed
             log.exception("reading an answer's usage failed")
         closers, self._closers = self._closers, []

@@ -21,6 +21,7 @@ from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
+from hivenet_router.domain.usage import USAGE_ENGINES, USAGE_ROUTES, ask_for_usage
 from hivenet_router.expiry import Deadlines
 from hivenet_router.gateway.validator import AVOID
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
@@ -420,8 +421,11 @@ class Dispatcher:
                 ApiError(ErrorCode.AGENT_DISCONNECTED, "agent connection is gone"), stale=True
             )
         sent = self.clock.monotonic()
+        body = _asking_for_usage(job, agent.reg.engine)
         try:
-            stream = await link.open(INFERENCE_PROTOCOL, "POST", job.route, job.headers, job.body)
+            stream = await link.open(
+                INFERENCE_PROTOCOL, "POST", job.route, job.headers, body or job.body
+            )
         except StreamReset as exc:
             if exc.code == "head_too_large":
                 # The request itself cannot travel; no agent would do better.
@@ -448,6 +452,8 @@ class Dispatcher:
             stream.reset(StreamReset("cancelled", "request cancelled"))
             raise
         rtt_ms = (self.clock.monotonic() - sent) * 1000
+        if body is not None:
+            answer.drop_usage_events()  # the client did not ask for them
         answer.on_close(self._settle(agent, answer, rtt_ms, policy, breaker))
         return answer
 
@@ -578,6 +584,15 @@ class Dispatcher:
             AnswerHead(provider.engine, provider=True, seconds=self.clock.monotonic() - sent)
         )
         return answer
+
+
+def _asking_for_usage(job: Job, engine: str) -> bytes | None:
+    """The body to send instead of the client's so that an OpenAI-format stream reports its
+    usage (`stream_options.include_usage`), when the engine honours it and the client did
+    not ask; None to send the client's body."""
+    if not job.stream or job.route not in USAGE_ROUTES or engine not in USAGE_ENGINES:
+        return None
+    return ask_for_usage(job.body)
 
 
 def _turn_away(agents: list[AgentRecord]) -> None:

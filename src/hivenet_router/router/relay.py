@@ -15,6 +15,7 @@ import contextlib
 
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.domain.usage import OutputRatio, input_estimate
 from hivenet_router.expiry import Deadlines
 from hivenet_router.http1 import messages as http
 from hivenet_router.pipeline.ticket import Ticket
@@ -30,9 +31,14 @@ class Relay:
     def __init__(self) -> None:
         self.stopping = False  # set when the shutdown grace is over and streams are cut
         self.deadlines = Deadlines()  # each stream's, on one timer per 50 ms
+        self.ratios = OutputRatio()  # text bytes per output token, learned per model
 
     async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
+        if ticket.facts is not None:
+            # How a stream without usage is counted (domain/usage.py).
+            answer.input_estimate = input_estimate(ticket.facts)
+            answer.bytes_per_token = self.ratios.get(ticket.facts.model)
         if answer.body is not None:
             return await self._whole(ticket, answer, answer.body)
         return await self._stream(request, ticket, answer)
@@ -101,10 +107,18 @@ class Relay:
             await response.end()
         return response
 
-    @staticmethod
-    async def _close(ticket: Ticket, answer: Answer, outcome: Outcome) -> None:
+    async def _close(self, ticket: Ticket, answer: Answer, outcome: Outcome) -> None:
         await answer.close(outcome)
         ticket.outcome, ticket.usage = outcome, answer.usage
+        usage = answer.usage
+        if (
+            usage is not None
+            and outcome is Outcome.OK
+            and answer.streamed
+            and not answer.usage_estimated
+            and ticket.facts is not None
+        ):
+            self.ratios.learn(ticket.facts.model, answer.text_bytes, usage.output_tokens)
 
     @staticmethod
     async def _end_with_error(

@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from tests.postgres import Postgres, postgres_server
-from tests.procs import ADMIN_KEY, Router, cluster, metric, wait_until
+from tests.procs import ADMIN_KEY, Cluster, Router, cluster, metric, wait_until
 
 MODEL = "metered"
 KEY = "sk-hivenet-meter-client-0123"
@@ -188,3 +188,45 @@ def test_a_client_that_asks_for_usage_gets_it_once(
     )
     record = audit_of(router, rid)
     assert record["output_tokens"] == engine["completion_tokens"] == 20
+
+
+def test_a_cached_stream_is_billed_the_engines_count_and_keeps_usage_from_the_client(
+    make_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The cache and its followers keep the stream as the engine sent it, usage included:
+    each reader is metered exactly, and each client that did not ask gets no usage."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "cached.yaml").write_text(
+        "models: [cached]\nrouting_policy: {strategy: least-loaded}\nresponse_cache: {}\n"
+    )
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        "api:\n  mode: api-key\n  keys:\n"
+        f'    - key_hash: "{hashlib.sha256(KEY.encode()).hexdigest()}"\n'
+        "      metadata: {name: k-acme, owner: acme}\n"
+        "      quota: {tokens_per_day: 1000000}\n"
+        "admin:\n  mode: api-key\n"
+    )
+    router = make_cluster.router(
+        "--policy-model-dir", str(policies), "--auth-config-file", str(auth)
+    )
+    log = tmp_path / "usage.jsonl"
+    sim = make_cluster.sim("cached", "--zero-latency", "--usage-log", str(log))
+    make_cluster.agent(router, sim)
+    wait_until(lambda: metric(router.metrics(), "hivenet_routing_agent_healthy") == 1.0)
+    ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    for rid in ids:
+        with client(router, rid) as oai:
+            chunks = list(
+                oai.chat.completions.create(
+                    model="cached", messages=PROMPT, max_tokens=30, stream=True, temperature=0
+                )
+            )
+        assert chunks and all(c.usage is None and c.choices for c in chunks)
+    engine = engine_count(log, ids[0])  # one engine call: the second was a hit
+    exact = (engine["prompt_tokens"], engine["completion_tokens"])
+    for rid in ids:
+        record = audit_of(router, rid)
+        assert (record["input_tokens"], record["output_tokens"]) == exact
+    assert len(log.read_bytes().splitlines()) == 1

@@ -23,7 +23,6 @@ from hivenet_router.domain.usage import (
     OUTPUT_BYTES_PER_TOKEN,
     StreamMeter,
     TextMeter,
-    UsageEvents,
     from_body,
 )
 
@@ -89,7 +88,6 @@ class Answer:
         "_chunk_hooks",
         "_closed",
         "_closers",
-        "_drop",
         "_meter",
         "_text",
         "body",
@@ -132,7 +130,6 @@ class Answer:
         self.bytes_per_token = OUTPUT_BYTES_PER_TOKEN
         self._meter: StreamMeter | None = None
         self._text: TextMeter | None = None
-        self._drop: UsageEvents | None = None
         self._closers: list[Closer] = []
         self._chunk_hooks: list[Meter] = []
         self._closed = False
@@ -153,15 +150,6 @@ class Answer:
                 return value
         return None
 
-    def drop_usage_events(self) -> None:
-        """The router asked the engine for usage on the client's behalf: the usage-only
-        event is metered but not relayed. Call before anyone reads `first`."""
-        if self.body is not None or self._drop is not None:
-            return
-        self._drop = UsageEvents()
-        if self.first is not None:
-            self.first = self._drop(self.first)
-
     def on_chunk(self, hook: Meter) -> None:
         """Call `hook` with every chunk read after the first (the first is `self.first`)."""
         self._chunk_hooks.append(hook)
@@ -170,22 +158,14 @@ class Answer:
         self._closers.append(hook)
 
     async def next_chunk(self) -> bytes | None:
-        while True:
-            chunk = await self.source.read()
-            if chunk is not None:
-                if self._meter is not None and self._text is not None:
-                    self._meter.feed(chunk)
-                    self._text.feed(chunk)
-                if self._drop is not None:
-                    chunk = self._drop(chunk)
-                    if not chunk:
-                        continue  # only usage (or part of an event): nothing to relay yet
-            elif self._drop is not None:
-                chunk = self._drop.flush() or None
-            if chunk is not None:
-                for hook in self._chunk_hooks:
-                    hook(chunk)
-            return chunk
+        chunk = await self.source.read()
+        if chunk is not None:
+            if self._meter is not None and self._text is not None:
+                self._meter.feed(chunk)
+                self._text.feed(chunk)
+            for hook in self._chunk_hooks:
+                hook(chunk)
+        return chunk
 
     def _stream_usage(self) -> Usage | None:
         if self._meter is None or self._text is None or self.status >= 400:

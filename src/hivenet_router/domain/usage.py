@@ -252,6 +252,18 @@ class OutputRatio:
         self._ratio[model] = (1 - LEARN_WEIGHT) * self.get(model) + LEARN_WEIGHT * observed
 
 
+def wants_usage(body: bytes) -> bool:
+    """Does this request body ask for `stream_options.include_usage` itself?"""
+    if b"stream_options" not in body and b"\\u" not in body:
+        return False
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    options = decoded.get("stream_options") if isinstance(decoded, dict) else None
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
 def ask_for_usage(body: bytes) -> bytes | None:
     """The request body with `stream_options.include_usage` set, for an engine that honours
     it; None when the client asked for usage itself (or the body is not a JSON object). The
@@ -271,10 +283,8 @@ def ask_for_usage(body: bytes) -> bytes | None:
     options = decoded.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
         return None
-    decoded["stream_options"] = {
-        **(options if isinstance(options, dict) else {}),
-        "include_usage": True,
-    }
+    kept = options if isinstance(options, dict) else {}
+    decoded["stream_options"] = {**kept, "include_usage": True}
     try:
         return orjson.dumps(decoded)
     except TypeError:  # an integer past 64 bits: leave the body alone
@@ -309,8 +319,9 @@ def _usage_only(event: bytes) -> bool:
 
 
 class UsageEvents:
-    """Drops the usage-only events from a stream the router asked usage for on the
-    client's behalf; every other byte passes unchanged, in order. An event split across
+    """Drops the usage-only events from the stream sent to a client that did not ask for
+    them (the router asks engines on its behalf); every other byte passes unchanged, in
+    order. An event split across
     chunks is held until it is whole (SSE clients act only on whole events)."""
 
     __slots__ = ("_held",)

@@ -452,8 +452,6 @@ class Dispatcher:
             stream.reset(StreamReset("cancelled", "request cancelled"))
             raise
         rtt_ms = (self.clock.monotonic() - sent) * 1000
-        if body is not None:
-            answer.drop_usage_events()  # the client did not ask for them
         answer.on_close(self._settle(agent, answer, rtt_ms, policy, breaker))
         return answer
 

@@ -421,7 +421,7 @@ class Dispatcher:
                 ApiError(ErrorCode.AGENT_DISCONNECTED, "agent connection is gone"), stale=True
             )
         sent = self.clock.monotonic()
-        body = _asking_for_usage(job, agent.reg.engine)
+        body = _asking_for_usage(job, agent.reg.engine in USAGE_ENGINES)
         try:
             stream = await link.open(
                 INFERENCE_PROTOCOL, "POST", job.route, job.headers, body or job.body
@@ -560,8 +560,15 @@ class Dispatcher:
         sent = self.clock.monotonic()
         breaker = routing.provider_started(provider.engine, policy)
         try:
+            # The OpenAI API honours include_usage: ask it, as an engine is asked.
+            asked = _asking_for_usage(job, provider.engine == "openai")
             answer = await self.providers.forward(
-                provider.engine, provider.model, job.route, job.body, job.headers, job.stream
+                provider.engine,
+                provider.model,
+                job.route,
+                asked or job.body,
+                job.headers,
+                job.stream,
             )
         except ProviderRefused as exc:
             # A request the provider judged bad (a 4xx other than overload or timeout) is
@@ -584,11 +591,11 @@ class Dispatcher:
         return answer
 
 
-def _asking_for_usage(job: Job, engine: str) -> bytes | None:
+def _asking_for_usage(job: Job, honoured: bool) -> bytes | None:
     """The body to send instead of the client's so that an OpenAI-format stream reports its
     usage (`stream_options.include_usage`), when the engine honours it and the client did
     not ask; None to send the client's body."""
-    if not job.stream or job.route not in USAGE_ROUTES or engine not in USAGE_ENGINES:
+    if not honoured or not job.stream or job.route not in USAGE_ROUTES:
         return None
     return ask_for_usage(job.body)
 

@@ -6,13 +6,14 @@ the hooks of every stage that held something for this request, last taken first,
 stream keeps what it holds until its last byte. Reading meters token usage on the way:
 stages see the answer's usage when it closes, the one count every sink reads (the daily
 budget, the wallet, the token rates, the audit record, tenant and agent series). It is what
-the answer reported, or, for a stream that reported no output count, the input estimate
-the relay set and the output counted from the text relayed (`usage_estimated`).
+the answer reported, or, for an answer that reported no output count, the input estimate
+the relay set and the output counted from its text (`usage_estimated`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Protocol
@@ -23,6 +24,7 @@ from hivenet_router.domain.usage import (
     OUTPUT_BYTES_PER_TOKEN,
     StreamMeter,
     TextMeter,
+    body_text_bytes,
     from_body,
 )
 
@@ -167,6 +169,18 @@ class Answer:
                 hook(chunk)
         return chunk
 
+    def _whole_usage(self, body: bytes) -> Usage | None:
+        if self.status >= 400:
+            return None
+        usage = from_body(body)
+        if usage is not None:
+            return usage
+        text = body_text_bytes(body)
+        if text is None:
+            return None  # nothing generated here to count (embeddings, count_tokens)
+        self.usage_estimated = True
+        return Usage(self.input_estimate, math.ceil(text / self.bytes_per_token))
+
     def _stream_usage(self) -> Usage | None:
         if self._meter is None or self._text is None or self.status >= 400:
             return None
@@ -196,7 +210,7 @@ class Answer:
         self._closed = True
         try:
             if self.body is not None:
-                self.usage = from_body(self.body) if self.status < 400 else None
+                self.usage = self._whole_usage(self.body)
             else:
                 self.usage = self._stream_usage()
         except Exception:  # an answer no reader foresaw: unaccounted, but still closed

@@ -39,7 +39,8 @@ MESSAGE_OVERHEAD: Final = 4  # tokens of role and framing per message
 LEARN_WEIGHT: Final = 0.2
 RATIO_BOUNDS: Final = (1.0, 16.0)  # bytes per token a model is believed to produce
 _MODELS_MAX = 10_000  # models past this keep the starting ratio
-_CARRY_MAX = 1 << 20  # a partial line kept across chunks past this is dropped uncounted
+_CARRY_MAX = 1 << 20
+_BODY_TEXT_MAX = 4 << 20  # a partial line kept across chunks past this is dropped uncounted
 
 
 # A count past this is no count. JSON allows any integer; orjson (streams) reads one past
@@ -192,6 +193,39 @@ def _event_text(event: Any) -> int:
         for name in ("text", "partial_json", "thinking"):
             total += _text_bytes(delta.get(name))
     return total
+
+
+def body_text_bytes(body: bytes) -> int | None:
+    """Bytes of generated text in a whole answer that reported no usage: OpenAI chat
+    (`message` content, reasoning, tool-call arguments) and completions (`text`), Anthropic
+    `content` blocks; None when the answer has neither (embeddings, count_tokens), or is
+    too large to parse on the event loop (no text answer comes near the bound)."""
+    if len(body) > _BODY_TEXT_MAX or (b'"choices"' not in body and b'"content"' not in body):
+        return None
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    choices = decoded.get("choices")
+    if isinstance(choices, list):
+        # A whole choice reads as a stream's delta does.
+        as_deltas = [
+            {**c, "delta": c.get("message")} if isinstance(c, dict) else c for c in choices
+        ]
+        return _event_text({"choices": as_deltas})
+    content = decoded.get("content")
+    if decoded.get("type") == "message" and isinstance(content, list):
+        total = 0
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            total += _text_bytes(block.get("text")) + _text_bytes(block.get("thinking"))
+            if block.get("type") == "tool_use":
+                total += len(orjson.dumps(block.get("input")))
+        return total
+    return None
 
 
 class TextMeter:

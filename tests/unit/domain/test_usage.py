@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import orjson
 
+from hivenet_router.domain.answer import Answer, Outcome, Whole
+from hivenet_router.domain.request import Usage
 from hivenet_router.domain.usage import (
     OUTPUT_BYTES_PER_TOKEN,
     OutputRatio,
@@ -9,6 +11,7 @@ from hivenet_router.domain.usage import (
     TextMeter,
     UsageEvents,
     ask_for_usage,
+    body_text_bytes,
     from_body,
     stream_input_tokens,
 )
@@ -199,3 +202,34 @@ def test_the_bytes_per_token_are_learned_per_model() -> None:
     text = TextMeter()
     text.feed(b'data: {"choices":[{"text":"' + b"w" * 625 + b'"}]}\n\n')
     assert text.tokens(6.25) == 100
+
+
+def test_a_whole_answer_without_usage_is_counted_from_its_text() -> None:
+    chat = b'{"choices": [{"message": {"role": "assistant", "content": "12345678"}}]}'
+    assert body_text_bytes(chat) == 8
+    completion = b'{"choices": [{"text": "1234"}, {"text": "5678"}]}'  # n = 2
+    assert body_text_bytes(completion) == 8
+    anthropic = (
+        b'{"type": "message", "content": [{"type": "text", "text": "1234"},'
+        b' {"type": "tool_use", "input": {"a": 1}}]}'
+    )
+    assert body_text_bytes(anthropic) == 4 + len(b'{"a":1}')
+    assert body_text_bytes(b'{"data": [{"embedding": [0.1]}]}') is None
+    assert body_text_bytes(b'{"input_tokens": 12}') is None
+    assert body_text_bytes(b"<html>") is None
+
+
+async def test_the_answer_counts_a_whole_body_without_usage() -> None:
+    body = b'{"choices": [{"message": {"content": "' + b"x" * 40 + b'"}}]}'
+    answer = Answer(200, [], Whole(), body=body)
+    answer.input_estimate = 9
+    await answer.close(Outcome.OK)
+    assert answer.usage_estimated and answer.usage == Usage(9, 10)
+    reported = Answer(
+        200, [], Whole(), body=b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2}}'
+    )
+    await reported.close(Outcome.OK)
+    assert not reported.usage_estimated and reported.usage == Usage(1, 2)
+    embeddings = Answer(200, [], Whole(), body=b'{"data": []}')
+    await embeddings.close(Outcome.OK)
+    assert embeddings.usage is None

@@ -17,6 +17,7 @@ from the streams that did report usage (`OutputRatio`). docs/admission.md gives 
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from typing import Any, Final
 
@@ -228,10 +229,26 @@ def body_text_bytes(body: bytes) -> int | None:
     return None
 
 
+# The string members of stream events that carry generated text (OpenAI chat deltas and
+# tool-call arguments, completions text, Anthropic content deltas).
+_TEXT_MEMBER = re.compile(
+    rb'"(?:content|text|arguments|reasoning_content|reasoning|partial_json|thinking)"'
+    rb':\s*"((?:[^"\\]|\\.)*)"'
+)
+
+
+def _decoded_length(raw: bytes) -> int:
+    """UTF-8 bytes of a JSON string's escaped contents (as sent when they do not decode)."""
+    try:
+        return len(orjson.loads(b'"' + raw + b'"').encode())
+    except orjson.JSONDecodeError:
+        return len(raw)
+
+
 class TextMeter:
     """The generated text a stream carried, in UTF-8 bytes, for an answer whose usage is
-    unknown: each complete `data:` line is parsed once. A line split across chunks is
-    carried over (up to _CARRY_MAX bytes)."""
+    unknown: complete lines are scanned once for the members that carry text. A line split
+    across chunks is carried over (up to _CARRY_MAX bytes)."""
 
     __slots__ = ("_carry", "text_bytes")
 
@@ -249,14 +266,10 @@ class TextMeter:
             self._count(chunk[:cut])
 
     def _count(self, lines: bytes) -> None:
-        for line in lines.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            try:
-                event = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                continue  # [DONE], or not JSON
-            self.text_bytes += _event_text(event)
+        # One C-level scan of the chunk, not a JSON parse of each event (half the time):
+        # inside a JSON string every quote is escaped, so these keys match only as keys.
+        for raw in _TEXT_MEMBER.findall(lines):
+            self.text_bytes += _decoded_length(raw) if b"\\" in raw else len(raw)
 
     def tokens(self, bytes_per_token: float = OUTPUT_BYTES_PER_TOKEN) -> int:
         """Output tokens estimated from the text so far (an unfinished last line included)."""

@@ -233,3 +233,15 @@ async def test_the_answer_counts_a_whole_body_without_usage() -> None:
     embeddings = Answer(200, [], Whole(), body=b'{"data": []}')
     await embeddings.close(Outcome.OK)
     assert embeddings.usage is None
+
+
+def test_text_members_are_counted_once_and_decoded() -> None:
+    text = TextMeter()
+    # arguments that hold JSON with a "content" key of their own: counted once, decoded
+    args = b'data: {"choices":[{"delta":{"tool_calls":[{"function":{"arguments":'
+    args += b'"{\\"content\\": \\"x\\"}"}}]}}]}\n\n'
+    text.feed(args)
+    assert text.text_bytes == len(b'{"content": "x"}')
+    role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+    text.feed(role)
+    assert text.text_bytes == len(b'{"content": "x"}')

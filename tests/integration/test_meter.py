@@ -24,6 +24,7 @@ from tests.postgres import Postgres, postgres_server
 from tests.procs import ADMIN_KEY, Cluster, Router, cluster, metric, wait_until
 
 MODEL = "metered"
+PLAIN = "unasked"
 KEY = "sk-hivenet-meter-client-0123"
 PROMPT = [{"role": "user", "content": "Count every token once."}]
 
@@ -52,7 +53,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, Pa
         log = tmp / "usage.jsonl"
         sim = c.sim(MODEL, "--zero-latency", "--usage-log", str(log))
         c.agent(router, sim)
-        wait_until(lambda: metric(router.metrics(), "hivenet_routing_agent_healthy") == 1.0)
+        # An engine the router does not ask for usage (any OpenAI-compatible server).
+        plain = c.sim(PLAIN, "--zero-latency", "--usage-log", str(log), name="plain")
+        c.agent(router, plain, "--engine", "openai", name="agent-plain")
+        wait_until(lambda: metric(router.metrics(), "hivenet_routing_agent_healthy") == 2.0)
         wait_until(lambda: metric(router.metrics(), "hivenet_ledger_up") == 1.0, timeout=10)
         credited = admin(router, "POST", "/admin/wallets/acme/credit", {"amount": "100"})
         assert credited.status_code == 200, credited.text
@@ -230,3 +234,22 @@ def test_a_cached_stream_is_billed_the_engines_count_and_keeps_usage_from_the_cl
         record = audit_of(router, rid)
         assert (record["input_tokens"], record["output_tokens"]) == exact
     assert len(log.read_bytes().splitlines()) == 1
+
+
+def test_an_engine_not_asked_for_usage_is_counted_from_the_text_relayed(
+    fleet: tuple[Router, Path, Postgres],
+) -> None:
+    """The body reaches such an engine unchanged, and its stream the client unchanged; the
+    answer is counted from its text (4 bytes a token before any stream taught the ratio),
+    not one token per data line."""
+    router, log, _ = fleet
+    rid = str(uuid.uuid4())
+    with client(router, rid) as oai:
+        chunks = list(
+            oai.chat.completions.create(model=PLAIN, messages=PROMPT, max_tokens=40, stream=True)
+        )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    engine = engine_count(log, rid)
+    assert engine["completion_tokens"] == 40 and len(chunks) >= 40
+    record = audit_of(router, rid)
+    assert record["output_tokens"] == -(-len(text.encode()) // 4)

@@ -111,6 +111,12 @@ def output_series(router: Router) -> float:
     return metric(router.metrics(), "hivenet_tenant_output_tokens_total", tenant_id="acme") or 0.0
 
 
+def agent_series(router: Router) -> float:
+    value = metric(router.metrics(), "hivenet_agent_output_tokens_total")
+    assert value is not None
+    return value
+
+
 def ledger_tokens(pg: Postgres, request_id: str) -> tuple[int, int, Decimal]:
     def charged() -> str:
         return pg.psql(
@@ -139,6 +145,7 @@ def test_a_stream_without_include_usage_is_billed_the_engines_count(
     router, log, pg = fleet
     rid = str(uuid.uuid4())
     before_daily, before_series = daily_used(router), output_series(router)
+    before_agent = agent_series(router)
     with client(router, rid) as oai:
         if route == "chat":
             chunks = list(
@@ -165,6 +172,7 @@ def test_a_stream_without_include_usage_is_billed_the_engines_count(
     assert amount == exact[0] * Decimal("0.001") + exact[1] * Decimal("0.002")
     assert record["charge"] == str(amount)
     wait_until(lambda: output_series(router) == before_series + exact[1])
+    assert agent_series(router) == before_agent + exact[1]
     assert daily_used(router) == before_daily + sum(exact)
 
 

@@ -31,7 +31,6 @@ def _serve_one(config: SimConfig, reuse_port: bool) -> int:
             await stop.wait()
         finally:
             await runner.cleanup()
-            sim.close()
         return 0
 
     return run(main)

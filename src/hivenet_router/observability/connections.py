@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
+
+from hivenet_router.observability.layer_metrics import SnapshotCollector, counters, gauges
 
 
 class Guarded(Protocol):
@@ -25,33 +26,32 @@ class Guarded(Protocol):
     def refused_total(self) -> int: ...
 
 
-class ConnectionsCollector(Collector):
-    def __init__(self, guards: Mapping[str, Guarded]) -> None:
-        self._guards = guards
+class ConnectionsCollector(SnapshotCollector[Mapping[str, Guarded]]):
+    """`ConnectionsCollector(lambda: guards)`: the guards by port name."""
 
-    def collect(self) -> Iterable[Metric]:
-        labels = ["port"]
-        open_now = GaugeMetricFamily(
-            "hivenet_router_connections", "Open connections per listening port", labels=labels
+    def families(self, now: Mapping[str, Guarded]) -> Iterable[Metric]:
+        ports = ("port",)
+        yield gauges(
+            "hivenet_router_connections",
+            "Open connections per listening port",
+            ports,
+            (((name,), guard.open) for name, guard in now.items()),
         )
-        limit = GaugeMetricFamily(
+        yield gauges(
             "hivenet_router_connection_limit",
             "Most connections a listening port holds in all, after fitting the open-files limit",
-            labels=labels,
+            ports,
+            (((name,), guard.total) for name, guard in now.items()),
         )
-        per_source = GaugeMetricFamily(
+        yield gauges(
             "hivenet_router_connection_limit_per_source",
             "Most connections a listening port holds from one IPv4 address or IPv6 /56",
-            labels=labels,
+            ports,
+            (((name,), guard.per_source) for name, guard in now.items()),
         )
-        refused = CounterMetricFamily(
+        yield counters(
             "hivenet_router_connections_refused",
             "Connections refused at accept because a cap was reached",
-            labels=labels,
+            ports,
+            (((name,), guard.refused_total) for name, guard in now.items()),
         )
-        for name, guard in self._guards.items():
-            open_now.add_metric([name], guard.open)
-            limit.add_metric([name], guard.total)
-            per_source.add_metric([name], guard.per_source)
-            refused.add_metric([name], guard.refused_total)
-        return [open_now, limit, per_source, refused]

@@ -193,7 +193,7 @@ class RouterProcess:
             await store.close()
             return 1
         guards = self._guards()
-        router.metrics.registry.register(ConnectionsCollector(guards))
+        router.metrics.registry.register(ConnectionsCollector(lambda: guards))
         auth_server = GrpcAuthServer(
             router.authenticator,
             self.tls.server_context(GRPC_ALPN),

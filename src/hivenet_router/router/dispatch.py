@@ -1,11 +1,8 @@
-"""The pipeline's terminal: from an admitted request to an answer's head. Global queue,
-forwarding slots, agent selection with atomic slot acquisition, per-model capacity queues,
-retries over the policy's steps, and provider fallback.
-
-Everything taken on the way (a place in the global queue, a forwarding slot, an agent slot,
-the stream) is given back either when dispatch fails, or when the answer it returns is
-closed, so a stream holds its slots until its last byte. The transport's StreamReset stops
-here: above this layer a broken answer is an AnswerBroken.
+"""The pipeline's terminal: from an admitted request to an answer's head (global queue,
+forwarding slots, atomic agent slots, per-model queues, retries over the policy's steps,
+provider fallback). Everything taken on the way is given back when dispatch fails or when
+the answer it returns is closed, so a stream holds its slots until its last byte. The
+transport's StreamReset stops here: above this layer a broken answer is an AnswerBroken.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ OpenAI and Anthropic: only the model name tells the answers apart.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import httpx2 as httpx
 
-from tests.procs import Cluster, Router, metric, wait_registered
+from tests.procs import Cluster, Router, metric, wait_registered, wait_until
 
 MODEL = "m"
 POLICY = """\
@@ -50,12 +51,22 @@ def test_openai_fallback_when_every_local_step_fails(make_cluster: Cluster, tmp_
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert reply.model == "cloud-model"
+        rid = str(uuid.uuid4())
         chunks = list(
             client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4,
+                stream=True,
+                extra_headers={"X-Request-ID": rid},
             )
         )
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        # The router asked the provider for usage: metered exactly, kept from this client.
+        assert all(c.usage is None and c.choices for c in chunks)
+    wait_until(lambda: any(r["request_id"] == rid for r in router.audit_records()))
+    (record,) = [r for r in router.audit_records() if r["request_id"] == rid]
+    assert (record["status_code"], record["output_tokens"]) == (200, 4)
     text = router.metrics()
     assert metric(text, "hivenet_policy_provider_fallback_total", provider="openai") == 2.0
     assert (

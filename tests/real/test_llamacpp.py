@@ -6,9 +6,11 @@ token accounting and where requests went, never what the model said.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx2 as httpx
@@ -105,6 +107,33 @@ def test_chat_stream_with_usage(oai: openai.OpenAI) -> None:
     assert text
     assert len(usage) == 1
     assert 0 < usage[0].completion_tokens <= 6
+
+
+def test_a_stream_without_include_usage_is_metered_with_the_engines_count(
+    fleet: tuple[Router, list[LlamaServer]], oai: openai.OpenAI
+) -> None:
+    """The router asks llama.cpp for usage and keeps the usage event from this client."""
+    router = fleet[0]
+    request: dict[str, Any] = {
+        "model": CHAT_MODEL, "messages": PROMPT, "max_tokens": 20, "stream": True,
+        "temperature": 0,
+    }  # fmt: skip
+    rid = str(uuid.uuid4())
+    chunks = list(oai.chat.completions.create(**request, extra_headers={"X-Request-ID": rid}))
+    assert chunks and all(c.usage is None for c in chunks)
+    asked = list(oai.chat.completions.create(**request, stream_options={"include_usage": True}))
+    (usage,) = [c.usage for c in asked if c.usage is not None]  # greedy: the same answer
+    found: list[dict[str, Any]] = []
+    wait_until(
+        lambda: (
+            bool(found.extend(r for r in router.audit_records() if r["request_id"] == rid))
+            or bool(found)
+        )
+    )
+    assert (found[0]["input_tokens"], found[0]["output_tokens"]) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
 
 
 def test_completions(oai: openai.OpenAI) -> None:

@@ -99,6 +99,14 @@ class SimConfig:
         help="Longest answer in tokens: a request that allows more gets this many and stops "
         "naturally, as a model that has said what it had to say; 0 answers max_tokens in full",
     )
+    usage_log: str = option(
+        "",
+        parse=v.text,
+        flag="--usage-log",
+        help="File to append one JSON line per generation request to (request_id, route, "
+        "model, prompt_tokens, completion_tokens, stream, outcome): the engine's own count, "
+        "for checking a router's accounting; empty writes none",
+    )
     embedding_dim: int = option(
         384,
         parse=v.positive_int,

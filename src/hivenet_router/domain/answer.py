@@ -4,19 +4,29 @@ Whoever produced the answer (an agent stream, a provider, a whole body) hands ov
 `AnswerSource`. The relay reads it and closes it exactly once with the outcome; closing runs
 the hooks of every stage that held something for this request, last taken first, so a
 stream keeps what it holds until its last byte. Reading meters token usage on the way:
-stages see the usage the answer reported when it closes.
+stages see the answer's usage when it closes, the one count every sink reads (the daily
+budget, the wallet, the token rates, the audit record, tenant and agent series). It is what
+the answer reported, or, for an answer that reported no output count, the input estimate
+the relay set and the output counted from its text (`usage_estimated`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Protocol
 
 from hivenet_router.domain.errors import ErrorCode
 from hivenet_router.domain.request import Usage
-from hivenet_router.domain.usage import StreamMeter, from_body
+from hivenet_router.domain.usage import (
+    OUTPUT_BYTES_PER_TOKEN,
+    StreamMeter,
+    TextMeter,
+    body_text_bytes,
+    from_body,
+)
 
 log = logging.getLogger("hivenet.router")
 
@@ -81,14 +91,18 @@ class Answer:
         "_closed",
         "_closers",
         "_meter",
+        "_text",
         "body",
+        "bytes_per_token",
         "first",
         "headers",
+        "input_estimate",
         "keep",
         "origin",
         "source",
         "status",
         "usage",
+        "usage_estimated",
     )
 
     def __init__(
@@ -111,14 +125,22 @@ class Answer:
         # store it), though this client gets it whole.
         self.keep = True
         self.usage: Usage | None = None
+        self.usage_estimated = False  # counted from the text, not reported
+        # Input tokens counted for a stream that reports no usage (set by the relay).
+        self.input_estimate = 0
+        # Bytes of text per output token for such a stream (set by the relay, per model).
+        self.bytes_per_token = OUTPUT_BYTES_PER_TOKEN
         self._meter: StreamMeter | None = None
+        self._text: TextMeter | None = None
         self._closers: list[Closer] = []
         self._chunk_hooks: list[Meter] = []
         self._closed = False
         if body is None:
             self._meter = StreamMeter()
+            self._text = TextMeter()
             if first is not None:
                 self._meter.feed(first)
+                self._text.feed(first)
 
     @property
     def streamed(self) -> bool:
@@ -140,11 +162,41 @@ class Answer:
     async def next_chunk(self) -> bytes | None:
         chunk = await self.source.read()
         if chunk is not None:
-            if self._meter is not None:
+            if self._meter is not None and self._text is not None:
                 self._meter.feed(chunk)
+                self._text.feed(chunk)
             for hook in self._chunk_hooks:
                 hook(chunk)
         return chunk
+
+    def _whole_usage(self, body: bytes) -> Usage | None:
+        if self.status >= 400:
+            return None
+        usage = from_body(body)
+        if usage is not None:
+            return usage
+        text = body_text_bytes(body)
+        if text is None:
+            return None  # nothing generated here to count (embeddings, count_tokens)
+        self.usage_estimated = True
+        return Usage(self.input_estimate, math.ceil(text / self.bytes_per_token))
+
+    def _stream_usage(self) -> Usage | None:
+        if self._meter is None or self._text is None or self.status >= 400:
+            return None
+        reported = self._meter.reported()
+        if reported is not None and reported[1] is not None:
+            return Usage(reported[0], reported[1])
+        # No output count: counted from the text relayed, the input as reported or
+        # estimated.
+        self.usage_estimated = True
+        prompt = reported[0] if reported is not None and reported[0] else self.input_estimate
+        return Usage(prompt, self._text.tokens(self.bytes_per_token))
+
+    @property
+    def text_bytes(self) -> int:
+        """Bytes of generated text the stream carried so far (0 for a whole answer)."""
+        return self._text.text_bytes if self._text is not None else 0
 
     @property
     def closed(self) -> bool:
@@ -158,9 +210,9 @@ class Answer:
         self._closed = True
         try:
             if self.body is not None:
-                self.usage = from_body(self.body) if self.status < 400 else None
-            elif self._meter is not None:
-                self.usage = self._meter.result()
+                self.usage = self._whole_usage(self.body)
+            else:
+                self.usage = self._stream_usage()
         except Exception:  # an answer no reader foresaw: unaccounted, but still closed
             log.exception("reading an answer's usage failed")
         closers, self._closers = self._closers, []

@@ -1,28 +1,58 @@
-"""Token usage read from answers, for accounting. Reads as little as it can.
+"""Token usage read from answers, for accounting: the one meter every sink reads.
 
 A buffered answer is parsed only when it mentions usage. A stream keeps references to its
 first chunk and last few chunks (no copies) and parses them once, at the end: OpenAI streams
-put usage in the last data event when `stream_options.include_usage` is set; Anthropic
-streams put input tokens in `message_start` and output tokens in `message_delta`.
+put usage in the last data event when `stream_options.include_usage` is set (the router sets
+it on the way to engines that support it, `ask_for_usage`, and drops that event from the
+client's stream when the client did not ask, `UsageEvents`); Anthropic streams put input
+tokens in `message_start` and output tokens in `message_delta`.
+
+Only when a stream reports no output count (an engine without include_usage, a stream cut
+short) is output counted from the text relayed (`TextMeter`): the UTF-8 bytes of the
+generated text (content, reasoning, tool-call arguments) divided by the model's bytes per
+token, rounded up. That ratio starts at OUTPUT_BYTES_PER_TOKEN and is learned per model
+from the streams that did report usage (`OutputRatio`). docs/admission.md gives the error.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import orjson
 
-from hivenet_router.domain.request import Usage
+from hivenet_router.domain.request import RequestFacts, Usage
 
 TAIL_CHUNKS = 4
+
+# Engines whose OpenAI-compatible servers honour `stream_options.include_usage` (the
+# simulator registers as vllm). Other engines get the client's body unchanged.
+USAGE_ENGINES: Final = frozenset({"vllm", "sglang", "llamacpp"})
+USAGE_ROUTES: Final = frozenset({"/v1/chat/completions", "/v1/completions"})
+# Bytes of generated text per output token when no usage was reported (docs/admission.md).
+OUTPUT_BYTES_PER_TOKEN: Final = 4.0
+# The input counted for an answer without usage: admission's starting estimate.
+INPUT_TOKENS_PER_BYTE: Final = 1 / 3.2
+MESSAGE_OVERHEAD: Final = 4  # tokens of role and framing per message
+LEARN_WEIGHT: Final = 0.2
+RATIO_BOUNDS: Final = (1.0, 16.0)  # bytes per token a model is believed to produce
+_MODELS_MAX = 10_000  # models past this keep the starting ratio
+_CARRY_MAX = 1 << 20
+_BODY_TEXT_MAX = 4 << 20  # a partial line kept across chunks past this is dropped uncounted
 
 
 # A count past this is no count. JSON allows any integer; orjson (streams) reads one past
 # 2**64 - 1 as a float, which counts as zero, and msgspec (whole answers) as an int: the
 # bound makes both readers count such an answer alike.
 _MAX_COUNT = 2**64 - 1
+
+
+def input_estimate(facts: RequestFacts) -> int:
+    """Input tokens counted for an answer that reported none."""
+    return math.ceil(facts.text_bytes * INPUT_TOKENS_PER_BYTE) + MESSAGE_OVERHEAD * facts.messages
 
 
 def _int(value: Any) -> int:
@@ -74,6 +104,8 @@ def from_body(body: bytes) -> Usage | None:
 
 
 class StreamMeter:
+    __slots__ = ("_first", "_tail")
+
     def __init__(self) -> None:
         self._first: bytes | None = None
         self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
@@ -85,12 +117,22 @@ class StreamMeter:
             self._tail.append(chunk)
 
     def result(self) -> Usage | None:
+        found = self.reported()
+        if found is None:
+            return None
+        return Usage(found[0], found[1] or 0)
+
+    def reported(self) -> tuple[int, int | None] | None:
+        """Input and output tokens the stream reported, or None for no report; the output
+        is None when only the start was reported (an Anthropic stream cut before its
+        `message_delta`)."""
         if self._first is None:
             return None
         text = self._first + b"".join(self._tail)
         if b'"usage"' not in text:
             return None
-        prompt = completion = 0
+        prompt = 0
+        completion: int | None = None
         seen = False
         for line in text.split(b"\n"):
             if not line.startswith(b"data:") or b'"usage"' not in line:
@@ -116,45 +158,250 @@ class StreamMeter:
                 prompt = prompt or found[0]
             else:
                 prompt, completion = found
-        return Usage(prompt, completion) if seen else None
+        return (prompt, completion) if seen else None
 
 
-class DataLines:
-    """Output metered from a stream, for an answer that reports no usage (wallets, daily
-    budgets): one token per SSE
-    `data:` line (at a line start, so text that says "data:" is not counted), but the
-    closing `data: [DONE]`. A line split across chunks is carried over, as much of it as
-    the decision needs."""
+def _text_bytes(value: Any) -> int:
+    return len(value.encode()) if isinstance(value, str) else 0
 
-    __slots__ = ("_events", "_line")
-    _HEAD = 16  # bytes of a line kept: enough to tell `data: [DONE]` from other data
+
+def _event_text(event: Any) -> int:
+    """Bytes of generated text in one stream event: OpenAI chat deltas (content, reasoning,
+    tool-call arguments), completions text, Anthropic content deltas."""
+    if not isinstance(event, dict):
+        return 0
+    total = 0
+    choices = event.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            total += _text_bytes(choice.get("text"))
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                total += _text_bytes(delta.get("content"))
+                total += _text_bytes(delta.get("reasoning_content"))
+                total += _text_bytes(delta.get("reasoning"))
+                calls = delta.get("tool_calls")
+                if isinstance(calls, list):
+                    for call in calls:
+                        function = call.get("function") if isinstance(call, dict) else None
+                        if isinstance(function, dict):
+                            total += _text_bytes(function.get("arguments"))
+        return total
+    delta = event.get("delta")
+    if isinstance(delta, dict):  # Anthropic content_block_delta
+        for name in ("text", "partial_json", "thinking"):
+            total += _text_bytes(delta.get(name))
+    return total
+
+
+def body_text_bytes(body: bytes) -> int | None:
+    """Bytes of generated text in a whole answer that reported no usage: OpenAI chat
+    (`message` content, reasoning, tool-call arguments) and completions (`text`), Anthropic
+    `content` blocks; None when the answer has neither (embeddings, count_tokens), or is
+    too large to parse on the event loop (no text answer comes near the bound)."""
+    if len(body) > _BODY_TEXT_MAX or (b'"choices"' not in body and b'"content"' not in body):
+        return None
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    choices = decoded.get("choices")
+    if isinstance(choices, list):
+        # A whole choice reads as a stream's delta does.
+        as_deltas = [
+            {**c, "delta": c.get("message")} if isinstance(c, dict) else c for c in choices
+        ]
+        return _event_text({"choices": as_deltas})
+    content = decoded.get("content")
+    if decoded.get("type") == "message" and isinstance(content, list):
+        total = 0
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            total += _text_bytes(block.get("text")) + _text_bytes(block.get("thinking"))
+            if block.get("type") == "tool_use":
+                total += len(orjson.dumps(block.get("input")))
+        return total
+    return None
+
+
+# The string members of stream events that carry generated text (OpenAI chat deltas and
+# tool-call arguments, completions text, Anthropic content deltas).
+_TEXT_MEMBER = re.compile(
+    rb'"(?:content|text|arguments|reasoning_content|reasoning|partial_json|thinking)"'
+    rb':\s*"((?:[^"\\]|\\.)*)"'
+)
+
+
+def _decoded_length(raw: bytes) -> int:
+    """UTF-8 bytes of a JSON string's escaped contents (as sent when they do not decode)."""
+    try:
+        return len(orjson.loads(b'"' + raw + b'"').encode())
+    except orjson.JSONDecodeError:
+        return len(raw)
+
+
+class TextMeter:
+    """The generated text a stream carried, in UTF-8 bytes, for an answer whose usage is
+    unknown: complete lines are scanned once for the members that carry text. A line split
+    across chunks is carried over (up to _CARRY_MAX bytes)."""
+
+    __slots__ = ("_carry", "text_bytes")
 
     def __init__(self) -> None:
-        self._events = 0
-        self._line = b""
+        self._carry = b""
+        self.text_bytes = 0
 
     def feed(self, chunk: bytes) -> None:
-        start = 0
-        while True:
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end]
-            if len(self._line) < self._HEAD:
-                self._line += piece[: self._HEAD - len(self._line)]
-            if end < 0:
-                return
-            self._events += self._is_data(self._line)
-            self._line = b""
-            start = end + 1
+        if self._carry:
+            chunk = self._carry + chunk
+        cut = chunk.rfind(b"\n") + 1
+        carry = chunk[cut:]
+        self._carry = carry if len(carry) <= _CARRY_MAX else b""
+        if cut:
+            self._count(chunk[:cut])
 
-    @staticmethod
-    def _is_data(line: bytes) -> bool:
-        line = line.rstrip(b"\r")
-        return line.startswith(b"data:") and line[5:].strip() != b"[DONE]"
+    def _count(self, lines: bytes) -> None:
+        # One C-level scan of the chunk, not a JSON parse of each event (half the time):
+        # inside a JSON string every quote is escaped, so these keys match only as keys.
+        for raw in _TEXT_MEMBER.findall(lines):
+            self.text_bytes += _decoded_length(raw) if b"\\" in raw else len(raw)
 
-    @property
-    def events(self) -> int:
-        """Data lines so far, the unfinished last one included (a stream cut short)."""
-        return self._events + self._is_data(self._line)
+    def tokens(self, bytes_per_token: float = OUTPUT_BYTES_PER_TOKEN) -> int:
+        """Output tokens estimated from the text so far (an unfinished last line included)."""
+        if self._carry:
+            self._count(self._carry)
+            self._carry = b""
+        return math.ceil(self.text_bytes / bytes_per_token)
+
+
+class OutputRatio:
+    """Bytes of generated text per output token, per model: learned (EWMA 0.2, clamped to
+    RATIO_BOUNDS) from whole streams that reported their usage, for the streams that do
+    not. A tokenizer's ratio depends on the model and the language; this follows both."""
+
+    def __init__(self) -> None:
+        self._ratio: dict[str, float] = {}
+
+    def get(self, model: str) -> float:
+        return self._ratio.get(model, OUTPUT_BYTES_PER_TOKEN)
+
+    def learn(self, model: str, text_bytes: int, tokens: int) -> None:
+        if text_bytes <= 0 or tokens <= 0:
+            return
+        if model not in self._ratio and len(self._ratio) >= _MODELS_MAX:
+            return
+        observed = min(max(text_bytes / tokens, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+        self._ratio[model] = (1 - LEARN_WEIGHT) * self.get(model) + LEARN_WEIGHT * observed
+
+
+def wants_usage(body: bytes) -> bool:
+    """Does this request body ask for `stream_options.include_usage` itself?"""
+    if b"stream_options" not in body and b"\\u" not in body:
+        return False
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    options = decoded.get("stream_options") if isinstance(decoded, dict) else None
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def ask_for_usage(body: bytes) -> bytes | None:
+    """The request body with `stream_options.include_usage` set, for an engine that honours
+    it; None when the client asked for usage itself (or the body is not a JSON object). The
+    common body, without stream_options, gets the member appended before its closing brace;
+    the rest are rebuilt."""
+    if b"stream_options" not in body and b"\\u" not in body:
+        end = body.rfind(b"}")
+        if end > 0 and not body[end + 1 :].strip():
+            return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
+        return None
+    try:
+        decoded = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    options = decoded.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return None
+    kept = options if isinstance(options, dict) else {}
+    decoded["stream_options"] = {**kept, "include_usage": True}
+    try:
+        return orjson.dumps(decoded)
+    except TypeError:  # an integer past 64 bits: leave the body alone
+        return None
+
+
+def _event_end(data: bytes, start: int) -> int:
+    """Where the SSE event starting at `start` ends (after its blank line), or -1."""
+    lf = data.find(b"\n\n", start)
+    crlf = data.find(b"\n\r\n", start)
+    if lf < 0:
+        return crlf + 3 if crlf >= 0 else -1
+    if crlf < 0 or lf < crlf:
+        return lf + 2
+    return crlf + 3
+
+
+def _usage_only(event: bytes) -> bool:
+    """An OpenAI event with no choices and a usage object: the one include_usage adds."""
+    if b'"usage"' not in event:
+        return False
+    data = b"".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
+    try:
+        decoded = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        isinstance(decoded, dict)
+        and decoded.get("choices") == []
+        and isinstance(decoded.get("usage"), dict)
+    )
+
+
+class UsageEvents:
+    """Drops the usage-only events from the stream sent to a client that did not ask for
+    them (the router asks engines on its behalf); every other byte passes unchanged, in
+    order. An event split across
+    chunks is held until it is whole (SSE clients act only on whole events)."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if self._held:
+            chunk, self._held = self._held + chunk, b""
+        lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+        ready, self._held = chunk[:cut], chunk[cut:]
+        return _drop_usage(ready) if b'"usage"' in ready else ready
+
+    def flush(self) -> bytes:
+        """What is held at the end of the stream (an event without its blank line)."""
+        held, self._held = self._held, b""
+        return b"" if _usage_only(held) else held
+
+
+def _drop_usage(data: bytes) -> bytes:
+    kept: list[bytes] = []
+    start = 0
+    while start < len(data):
+        end = _event_end(data, start)
+        if end < 0:
+            end = len(data)
+        event = data[start:end]
+        if not _usage_only(event):
+            kept.append(event)
+        start = end
+    return b"".join(kept)
 
 
 def stream_input_tokens(first: bytes) -> int | None:

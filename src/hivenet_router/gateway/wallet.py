@@ -7,8 +7,9 @@ transaction (gateway/ledger.py). The ledger failing never fails a request: it go
 unbilled and its charge waits on local disk (fail-open).
 
 What a request costs: the usage its answer reported, at its model's price in the policy.
-An answer that reported none (a stream without `include_usage`, a stream cut short) is
-charged what was metered: the input estimate and one output token per SSE data line. An
+An answer that reported none (an engine without `include_usage`, a stream cut short) is
+charged what the answer's meter counted (domain/usage.py: the input estimate and the output
+counted from the text relayed). An
 error answer (status 400 and above) costs nothing; so does an answer a cache served when
 its policy does not bill hits. `/v1/messages/count_tokens` is free and never checked;
 embeddings and rerank pay for their input only.
@@ -17,15 +18,14 @@ embeddings and rerank pay for their input only.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import replace
 from decimal import Decimal
 from typing import Final
 
-from hivenet_router.domain.answer import Answer, Outcome
+from hivenet_router.domain.answer import Answer
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
-from hivenet_router.domain.usage import DataLines
+from hivenet_router.domain.usage import input_estimate
 from hivenet_router.gateway.blocks import PRICES
 from hivenet_router.gateway.cache import BILLED
 from hivenet_router.gateway.ledger import HoldResult, Ledger
@@ -43,7 +43,6 @@ FREE_ROUTES: Final = frozenset({"/v1/messages/count_tokens"})
 DEFAULT_OUTPUT_TOKENS: Final = 4096  # held when a request declares no max_tokens
 MESSAGE_OVERHEAD: Final = 4  # tokens of role and framing per message
 IMAGE_TOKENS: Final = 1600  # held per image (a large image in most vision models)
-ESTIMATE_TOKENS_PER_BYTE: Final = 1 / 3.2  # the metered input when no usage was reported
 _LOGGED_MODELS_MAX: Final = 1000
 # What the tenant's wallet was charged, in the price's currency, on the audit record.
 CHARGED: Final = Note[str]("charge", place=20)
@@ -62,9 +61,7 @@ def worst_case(price: Price, facts: RequestFacts, default_output: int = 0) -> De
 
 
 def estimated_input(facts: RequestFacts) -> int:
-    return (
-        math.ceil(facts.text_bytes * ESTIMATE_TOKENS_PER_BYTE) + MESSAGE_OVERHEAD * facts.messages
-    )
+    return input_estimate(facts)
 
 
 class WalletStage:
@@ -115,15 +112,8 @@ class WalletStage:
             if held.status != "skipped":  # a hold was (or may have been) taken: give it back
                 self.ledger.settle_soon(replace(base, record=False))
             raise
-        meter = DataLines()
-        if answer.streamed:
-            if answer.first is not None:
-                meter.feed(answer.first)
-            answer.on_chunk(meter.feed)
         answer.on_close(
-            lambda outcome, usage: self._settle(
-                ticket, facts, base, price, answer, outcome, usage, meter
-            )
+            lambda outcome, usage: self._settle(ticket, facts, base, price, answer, usage)
         )
         return answer
 
@@ -149,23 +139,18 @@ class WalletStage:
         base: Charge,
         price: Price,
         answer: Answer,
-        outcome: Outcome,
         usage: Usage | None,
-        meter: DataLines,
     ) -> None:
         """The close hook: work out the cost now (the audit record shows it), write it in the
         background. Runs once, whatever the outcome."""
         if answer.status >= 400:
             tokens_in = tokens_out = 0  # an error answer generated nothing
         elif usage is not None:
+            # The answer's one meter (domain/answer.py): reported, or counted from the text
+            # of a stream that reported none.
             tokens_in, tokens_out = usage.input_tokens, usage.output_tokens
-            if outcome is not Outcome.OK and answer.streamed and facts.route in GENERATING_ROUTES:
-                # Cut short before its last usage report (an Anthropic stream gives output
-                # tokens only at its end): what the client was sent is counted at least.
-                tokens_out = max(tokens_out, meter.events)
         else:
-            tokens_in = estimated_input(facts)
-            tokens_out = meter.events if facts.route in GENERATING_ROUTES else 0
+            tokens_in, tokens_out = estimated_input(facts), 0
         cost = price.cost(tokens_in, tokens_out) if ticket.get(BILLED) else Decimal(0)
         ticket.note(CHARGED, str(cost))
         self.ledger.settle_soon(

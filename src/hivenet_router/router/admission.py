@@ -20,7 +20,7 @@ from hivenet_router.clock import Clock
 from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
-from hivenet_router.domain.usage import DataLines, stream_input_tokens
+from hivenet_router.domain.usage import stream_input_tokens
 from hivenet_router.observability.events import Admitted, Refused
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
@@ -88,9 +88,6 @@ class Hold:
     input_rate: int = 0  # serverless: input tokens per minute, the estimate charged
     estimate_charged: int = 0  # the input estimate the input rate was charged
     output: int = 0  # the output bound held (0: none, output undeclared and unbounded)
-    # A stream's data lines, counted for a daily budget when the request declared no output
-    # limit: an answer that reports no usage is charged them instead of nothing.
-    lines: DataLines | None = None
     _owner: Answer | None = None
     _settled: bool = False
 
@@ -108,9 +105,6 @@ class Hold:
             for lease in self.leases:
                 lease.grow(tokens)
 
-    def lines_seen(self) -> int:
-        return self.lines.events if self.lines is not None else 0
-
     def leave_pool(self) -> None:
         """Give back the occupancy reservations early (routing left the local pool)."""
         for lease in self.leases:
@@ -124,28 +118,16 @@ class Hold:
             exact = stream_input_tokens(first)
             if exact is not None:
                 self.exact_input(exact)
-        if self.grows and answer.streamed:
-            if self.charged:
-                # The data lines a daily budget is charged when no usage comes; occupancy,
-                # if held, grows by the same count rather than by a second scan.
-                lines = self.lines = DataLines()
-                if first is not None:
-                    lines.feed(first)
-                answer.on_chunk(self._metered if self.leases else lines.feed)
-            elif self.leases:
-                # about one token per SSE event: enough to keep occupancy honest
-                answer.on_chunk(lambda chunk: self.grow(chunk.count(b"data:")))
+        if self.grows and answer.streamed and self.leases:
+            # about one token per SSE event: enough to keep occupancy honest (what is
+            # billed is the answer's usage, domain/answer.py)
+            answer.on_chunk(
+                lambda chunk: self.grow(chunk.count(b"data:") - chunk.count(b"data: [DONE]"))
+            )
         answered = answer.status < 400  # an error answer generated nothing
         answer.on_close(
             lambda outcome, usage: self.settle(usage, answered, outcome is not Outcome.OK)
         )
-
-    def _metered(self, chunk: bytes) -> None:
-        lines = self.lines
-        assert lines is not None
-        before = lines.events
-        lines.feed(chunk)
-        self.grow(lines.events - before)
 
     async def settle(self, usage: Usage | None, answered: bool, cut: bool = False) -> None:
         if self._settled:
@@ -426,23 +408,17 @@ class Admission:
         hold.leave_pool()
         await self._true_up_rates(hold, usage, answered)
         if hold.charged:
-            lines = hold.lines.events if hold.lines is not None else 0
             if not answered:
                 spent = 0
             elif usage is not None:
-                output = usage.output_tokens
-                if cut:
-                    # Cut before its last usage report (Anthropic streams give output
-                    # tokens at their end): what the client was sent counts at least.
-                    output = max(output, lines)
-                spent = usage.input_tokens + output
+                # The answer's one meter: reported usage, or for a stream that reported
+                # none (or was cut before its report) the output counted from its text.
+                spent = usage.input_tokens + usage.output_tokens
             else:
-                # Unknown usage keeps the worst case; without a declared limit that is only
-                # the input estimate, so the stream's data lines (a token each) are added:
-                # a stream without include_usage must not run free of the budget.
-                spent = hold.charged + lines
+                spent = hold.charged  # unknown usage keeps the worst case
             await self.ports.daily.settle(hold.budget_key, hold.charged, spent)
-        if usage is not None:
+        estimated = hold._owner is not None and hold._owner.usage_estimated
+        if usage is not None and not estimated:  # learn only from what an engine counted
             facts = hold.facts
             if not facts.images:
                 self.estimator.learn(
@@ -460,7 +436,7 @@ class Admission:
             elif usage is not None:
                 spent = usage.output_tokens
             else:
-                spent = hold.output if hold.output else hold.lines_seen()
+                spent = hold.output  # unknown usage keeps the bound
             if spent != hold.output:
                 await ports.output_rates.adjust(key, spent - hold.output, hold.output_rate)
         if hold.input_rate and hold.estimate_charged:

@@ -18,6 +18,7 @@ from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
 from hivenet_router.domain.request import Job, Usage
+from hivenet_router.domain.usage import USAGE_ENGINES, USAGE_ROUTES, ask_for_usage
 from hivenet_router.expiry import Deadlines
 from hivenet_router.gateway.validator import AVOID
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
@@ -417,8 +418,11 @@ class Dispatcher:
                 ApiError(ErrorCode.AGENT_DISCONNECTED, "agent connection is gone"), stale=True
             )
         sent = self.clock.monotonic()
+        body = _asking_for_usage(job, agent.reg.engine in USAGE_ENGINES)
         try:
-            stream = await link.open(INFERENCE_PROTOCOL, "POST", job.route, job.headers, job.body)
+            stream = await link.open(
+                INFERENCE_PROTOCOL, "POST", job.route, job.headers, body or job.body
+            )
         except StreamReset as exc:
             if exc.code == "head_too_large":
                 # The request itself cannot travel; no agent would do better.
@@ -553,8 +557,15 @@ class Dispatcher:
         sent = self.clock.monotonic()
         breaker = routing.provider_started(provider.engine, policy)
         try:
+            # The OpenAI API honours include_usage: ask it, as an engine is asked.
+            asked = _asking_for_usage(job, provider.engine == "openai")
             answer = await self.providers.forward(
-                provider.engine, provider.model, job.route, job.body, job.headers, job.stream
+                provider.engine,
+                provider.model,
+                job.route,
+                asked or job.body,
+                job.headers,
+                job.stream,
             )
         except ProviderRefused as exc:
             # A request the provider judged bad (a 4xx other than overload or timeout) is
@@ -575,6 +586,15 @@ class Dispatcher:
             AnswerHead(provider.engine, provider=True, seconds=self.clock.monotonic() - sent)
         )
         return answer
+
+
+def _asking_for_usage(job: Job, honoured: bool) -> bytes | None:
+    """The body to send instead of the client's so that an OpenAI-format stream reports its
+    usage (`stream_options.include_usage`), when the engine honours it and the client did
+    not ask; None to send the client's body."""
+    if not honoured or not job.stream or job.route not in USAGE_ROUTES:
+        return None
+    return ask_for_usage(job.body)
 
 
 def _turn_away(agents: list[AgentRecord]) -> None:

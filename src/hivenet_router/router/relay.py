@@ -6,6 +6,10 @@ router is shutting down) it ends with one error event in the envelope every erro
 the client's SDK raises instead of taking a truncated answer for a whole one. Whatever
 happens, the answer is closed exactly once with its outcome, which gives back everything
 the request held.
+
+On OpenAI streams whose client did not ask for usage, the usage event (which the router
+asked the engine for) is left out of what the client is sent; the answer is metered from
+what it read, usage included.
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ import contextlib
 
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.domain.usage import (
+    USAGE_ROUTES,
+    OutputRatio,
+    UsageEvents,
+    input_estimate,
+    wants_usage,
+)
 from hivenet_router.expiry import Deadlines
 from hivenet_router.http1 import messages as http
 from hivenet_router.pipeline.ticket import Ticket
@@ -30,9 +41,14 @@ class Relay:
     def __init__(self) -> None:
         self.stopping = False  # set when the shutdown grace is over and streams are cut
         self.deadlines = Deadlines()  # each stream's, on one timer per 50 ms
+        self.ratios = OutputRatio()  # text bytes per output token, learned per model
 
     async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
+        if ticket.facts is not None:
+            # How a stream without usage is counted (domain/usage.py).
+            answer.input_estimate = input_estimate(ticket.facts)
+            answer.bytes_per_token = self.ratios.get(ticket.facts.model)
         if answer.body is not None:
             return await self._whole(ticket, answer, answer.body)
         return await self._stream(request, ticket, answer)
@@ -54,14 +70,21 @@ class Relay:
         outcome = Outcome.CLIENT_GONE
         written = b""  # the last chunk the client was sent
         response: http.Stream | None = None
+        drop = _usage_events(ticket, answer)
         try:
             response = await http.stream(request, answer.status, headers)
             with self.deadlines.start(ticket.deadline):
                 chunk = answer.first
                 while chunk is not None:
+                    if drop is not None:
+                        chunk = drop(chunk)
+                    if chunk:
+                        await response.write(chunk)
+                        written = chunk
+                    chunk = await answer.next_chunk()
+                if drop is not None and (chunk := drop.flush()):
                     await response.write(chunk)
                     written = chunk
-                    chunk = await answer.next_chunk()
             outcome = Outcome.OK
         except AnswerBroken as exc:
             outcome = Outcome.BROKEN
@@ -101,10 +124,18 @@ class Relay:
             await response.end()
         return response
 
-    @staticmethod
-    async def _close(ticket: Ticket, answer: Answer, outcome: Outcome) -> None:
+    async def _close(self, ticket: Ticket, answer: Answer, outcome: Outcome) -> None:
         await answer.close(outcome)
         ticket.outcome, ticket.usage = outcome, answer.usage
+        usage = answer.usage
+        if (
+            usage is not None
+            and outcome is Outcome.OK
+            and answer.streamed
+            and not answer.usage_estimated
+            and ticket.facts is not None
+        ):
+            self.ratios.learn(ticket.facts.model, answer.text_bytes, usage.output_tokens)
 
     @staticmethod
     async def _end_with_error(
@@ -121,6 +152,15 @@ class Relay:
         with contextlib.suppress(ConnectionError, TimeoutError):
             async with asyncio.timeout(ERROR_WRITE):
                 await response.write(data)
+
+
+def _usage_events(ticket: Ticket, answer: Answer) -> UsageEvents | None:
+    """What keeps the usage event from an OpenAI stream whose client did not ask for it
+    (the router asks the engine on its behalf, router/dispatch.py); None to relay as is."""
+    job = ticket.job
+    if job is None or job.route not in USAGE_ROUTES or answer.status >= 400:
+        return None
+    return None if wants_usage(job.body) else UsageEvents()
 
 
 def complete(chunk: bytes) -> bool:

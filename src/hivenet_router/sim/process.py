@@ -31,6 +31,7 @@ def _serve_one(config: SimConfig, reuse_port: bool) -> int:
             await stop.wait()
         finally:
             await runner.cleanup()
+            sim.close()
         return 0
 
     return run(main)

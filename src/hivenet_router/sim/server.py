@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 
 from hivenet_router.config.sim import SimConfig
+from hivenet_router.observability.linewriter import LineWriter
 from hivenet_router.sim.choices import Choices
 from hivenet_router.sim.engine import Engine, Timing, count_tokens
 from hivenet_router.sim.faults import FaultDice, Faults
@@ -119,6 +120,30 @@ class Simulator:
         self.created = int(time.time())
         # The W3C trace contexts the last requests carried, for tests of trace propagation.
         self.traceparents: deque[str] = deque(maxlen=64)
+        self.usage_log = (
+            LineWriter(config.usage_log, what="usage log", mode=0o644) if config.usage_log else None
+        )
+
+    def close(self) -> None:
+        if self.usage_log is not None:
+            self.usage_log.close()
+
+    def _log_usage(
+        self, request: web.Request, prompt_tokens: int, generated: int, stream: bool, outcome: str
+    ) -> None:
+        """One line of the engine's own count per generation request (--usage-log)."""
+        if self.usage_log is None:
+            return
+        line = {
+            "request_id": request.headers.get("X-Request-ID", ""),
+            "route": request.path,
+            "model": self.config.model,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": generated,
+            "stream": stream,
+            "outcome": outcome,
+        }
+        self.usage_log.put(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
 
     def app(self) -> web.Application:
         middlewares = [self._remember_trace]
@@ -359,6 +384,7 @@ class Simulator:
             return web.Response(status=499)
         finally:
             engine.release(seq, outcome, generated * choices)
+            self._log_usage(request, prompt_tokens, generated * choices, stream, outcome)
 
     def _length(self, requested: int | None, ceiling: bool) -> tuple[int, str]:
         """Tokens to generate and the finish reason. `ceiling`: the router set the limit,

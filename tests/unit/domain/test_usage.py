@@ -1,6 +1,20 @@
 from __future__ import annotations
 
-from hivenet_router.domain.usage import StreamMeter, from_body, stream_input_tokens
+import orjson
+
+from hivenet_router.domain.answer import Answer, Outcome, Whole
+from hivenet_router.domain.request import Usage
+from hivenet_router.domain.usage import (
+    OUTPUT_BYTES_PER_TOKEN,
+    OutputRatio,
+    StreamMeter,
+    TextMeter,
+    UsageEvents,
+    ask_for_usage,
+    body_text_bytes,
+    from_body,
+    stream_input_tokens,
+)
 
 
 def test_usage_from_body() -> None:
@@ -103,3 +117,131 @@ def test_stream_input_tokens_from_message_start() -> None:
     )
     assert stream_input_tokens(first) == 80
     assert stream_input_tokens(b'data: {"choices": []}\n\n') is None
+
+
+def test_the_router_asks_for_usage_only_when_the_client_did_not() -> None:
+    plain = b'{"model": "m", "stream": true, "messages": []}\n'
+    assert ask_for_usage(plain) == (
+        b'{"model": "m", "stream": true, "messages": [],"stream_options":{"include_usage":true}}\n'
+    )
+    # the client's own options are kept; an escaped key is read as the engine reads it
+    other = ask_for_usage(b'{"model": "m", "stream_options": {"continuous_usage_stats": false}}')
+    assert other is not None and orjson.loads(other)["stream_options"] == {
+        "continuous_usage_stats": False,
+        "include_usage": True,
+    }
+    escaped = b'{"model": "m", "stream\\u005foptions": {"include_usage": false}}'
+    rebuilt = ask_for_usage(escaped)
+    assert rebuilt is not None and orjson.loads(rebuilt)["stream_options"]["include_usage"]
+    assert ask_for_usage(b'{"model": "m", "stream_options": {"include_usage": true}}') is None
+    assert ask_for_usage(b'{"model": "m", "stream\\u005foptions": {"include_usage": true}}') is None
+
+
+USAGE_EVENT = (
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[],'
+    b'"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}\n\n'
+)
+TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"usage"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def test_the_usage_event_is_dropped_and_every_other_byte_kept() -> None:
+    stream = TOKEN + TOKEN.replace(b"\n\n", b"\r\n\r\n") + USAGE_EVENT + DONE
+    for size in (1, 3, 7, 64, len(stream)):
+        drop = UsageEvents()
+        pieces = [drop(stream[i : i + size]) for i in range(0, len(stream), size)]
+        pieces.append(drop.flush())
+        assert b"".join(pieces) == stream.replace(USAGE_EVENT, b""), size
+    # a usage object on a choice chunk (an engine's own choice) is the client's to see
+    drop = UsageEvents()
+    own = b'data: {"choices":[{"delta":{}}],"usage":{"prompt_tokens":1}}\n\n'
+    assert drop(own) == own
+    # an unfinished last event is given back at the end, unless it is the usage event
+    drop = UsageEvents()
+    assert drop(TOKEN + b"data: {") == TOKEN
+    assert drop.flush() == b"data: {"
+    drop = UsageEvents()
+    assert drop(USAGE_EVENT[:-2]) == b"" and drop.flush() == b""
+
+
+def test_output_is_counted_from_the_text_relayed() -> None:
+    text = TextMeter()
+    chat = b'data: {"choices":[{"index":0,"delta":{"content":"abcd\\u00e9"}}]}\n\n'  # 6 bytes
+    tool = b'data: {"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}\n\n'
+    completion = b'data: {"choices":[{"text":"xy"}]}\n\n'
+    anthropic = b'event: content_block_delta\ndata: {"delta":{"type":"text_delta","text":"hi"}}\n\n'
+    stream = chat + tool + completion + anthropic + DONE + USAGE_EVENT
+    for piece in (stream[:10], stream[10:71], stream[71:]):
+        text.feed(piece)
+    assert text.text_bytes == 6 + 2 + 2 + 2
+    assert text.tokens() == 3  # 12 bytes at OUTPUT_BYTES_PER_TOKEN
+    cut = TextMeter()
+    cut.feed(chat[:-2])  # a stream cut before the line ended still counts what it carried
+    assert cut.tokens() == 2
+
+
+def test_an_anthropic_stream_cut_before_its_delta_reports_no_output() -> None:
+    meter = StreamMeter()
+    meter.feed(
+        b'event: message_start\ndata: {"type":"message_start","message":'
+        b'{"usage":{"input_tokens":9,"output_tokens":1}}}\n\n'
+    )
+    assert meter.reported() == (9, None)
+
+
+def test_the_bytes_per_token_are_learned_per_model() -> None:
+    ratios = OutputRatio()
+    assert ratios.get("m") == OUTPUT_BYTES_PER_TOKEN
+    for _ in range(40):
+        ratios.learn("m", 625, 100)  # an engine whose tokens are whole words
+    assert abs(ratios.get("m") - 6.25) < 0.01
+    assert ratios.get("other") == OUTPUT_BYTES_PER_TOKEN
+    ratios.learn("m", 0, 10)  # nothing to learn from
+    ratios.learn("m", 10_000, 1)  # clamped: one wild answer moves the ratio only so far
+    assert ratios.get("m") <= 0.8 * 6.25 + 0.2 * 16 + 0.01
+    text = TextMeter()
+    text.feed(b'data: {"choices":[{"text":"' + b"w" * 625 + b'"}]}\n\n')
+    assert text.tokens(6.25) == 100
+
+
+def test_a_whole_answer_without_usage_is_counted_from_its_text() -> None:
+    chat = b'{"choices": [{"message": {"role": "assistant", "content": "12345678"}}]}'
+    assert body_text_bytes(chat) == 8
+    completion = b'{"choices": [{"text": "1234"}, {"text": "5678"}]}'  # n = 2
+    assert body_text_bytes(completion) == 8
+    anthropic = (
+        b'{"type": "message", "content": [{"type": "text", "text": "1234"},'
+        b' {"type": "tool_use", "input": {"a": 1}}]}'
+    )
+    assert body_text_bytes(anthropic) == 4 + len(b'{"a":1}')
+    assert body_text_bytes(b'{"data": [{"embedding": [0.1]}]}') is None
+    assert body_text_bytes(b'{"input_tokens": 12}') is None
+    assert body_text_bytes(b"<html>") is None
+
+
+async def test_the_answer_counts_a_whole_body_without_usage() -> None:
+    body = b'{"choices": [{"message": {"content": "' + b"x" * 40 + b'"}}]}'
+    answer = Answer(200, [], Whole(), body=body)
+    answer.input_estimate = 9
+    await answer.close(Outcome.OK)
+    assert answer.usage_estimated and answer.usage == Usage(9, 10)
+    reported = Answer(
+        200, [], Whole(), body=b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2}}'
+    )
+    await reported.close(Outcome.OK)
+    assert not reported.usage_estimated and reported.usage == Usage(1, 2)
+    embeddings = Answer(200, [], Whole(), body=b'{"data": []}')
+    await embeddings.close(Outcome.OK)
+    assert embeddings.usage is None
+
+
+def test_text_members_are_counted_once_and_decoded() -> None:
+    text = TextMeter()
+    # arguments that hold JSON with a "content" key of their own: counted once, decoded
+    args = b'data: {"choices":[{"delta":{"tool_calls":[{"function":{"arguments":'
+    args += b'"{\\"content\\": \\"x\\"}"}}]}}]}\n\n'
+    text.feed(args)
+    assert text.text_bytes == len(b'{"content": "x"}')
+    role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+    text.feed(role)
+    assert text.text_bytes == len(b'{"content": "x"}')

@@ -16,6 +16,7 @@ from hivenet_router.auth.providers import Principal
 from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts
+from hivenet_router.domain.usage import input_estimate
 from hivenet_router.gateway.blocks import PRICES
 from hivenet_router.gateway.cache import BILLED
 from hivenet_router.gateway.ledger import HoldResult, Ledger
@@ -96,6 +97,8 @@ class Chunks:
 
 async def serve(stage: WalletStage, t: Ticket, next: Next, outcome: Outcome = Outcome.OK) -> None:
     answer = await stage(t, next)
+    if t.facts is not None:
+        answer.input_estimate = input_estimate(t.facts)  # as the relay does
     while await answer.next_chunk() is not None:
         pass
     await answer.close(outcome)
@@ -163,9 +166,9 @@ async def test_a_stream_without_usage_is_charged_what_was_metered(ledger: Ledger
 
     t = ticket()
     await serve(stage, t, streaming, Outcome.CLIENT_GONE)
-    # input estimated (32 bytes / 3.2 + 4 = 14 tokens), output one token per data event
-    # (3: the closing [DONE] is none)
-    assert charged(t) == Decimal("0.014") + Decimal("0.006")
+    # input estimated (32 bytes / 3.2 + 4 = 14 tokens, as the relay sets it), output
+    # counted from the text relayed: 3 bytes at 4 a token is 1, not one per data line
+    assert charged(t) == Decimal("0.014") + Decimal("0.002")
 
 
 async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was_sent(
@@ -177,7 +180,10 @@ async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was
         b'event: message_start\ndata: {"type": "message_start", "message":'
         b' {"usage": {"input_tokens": 25, "output_tokens": 1}}}\n\n'
     )
-    delta = b'event: content_block_delta\ndata: {"type": "content_block_delta"}\n\n'
+    delta = (
+        b'event: content_block_delta\ndata: {"type": "content_block_delta", "delta":'
+        b' {"type": "text_delta", "text": "abcd"}}\n\n'
+    )
 
     async def anthropic(t: Ticket) -> Answer:
         return Answer(200, [], Chunks([delta] * 50), first=start)
@@ -185,8 +191,8 @@ async def test_a_stream_cut_before_its_last_usage_is_charged_what_the_client_was
     t = ticket(route="/v1/messages")
     # The client hangs up before message_delta, which would have carried the output count.
     await serve(stage, t, anthropic, Outcome.CLIENT_GONE)
-    # 25 input tokens as reported; output at least the 51 data events it was sent
-    assert charged(t) == Decimal("0.025") + 51 * Decimal("0.002")
+    # 25 input tokens as reported; output counted from the 50 deltas of 4 bytes it was sent
+    assert charged(t) == Decimal("0.025") + 50 * Decimal("0.002")
 
 
 async def test_error_answers_and_unbilled_cache_hits_cost_nothing(ledger: Ledger) -> None:
@@ -257,8 +263,8 @@ def test_the_worst_case_counts_every_prompt_byte_and_the_declared_output() -> No
     assert worst_case(PRICE, embeddings) == Decimal("0.04")
 
 
-async def test_the_meter_counts_data_lines_not_the_word_data(ledger: Ledger) -> None:
-    """Text that says "data:" or "[DONE]" is no event; an event split across chunks is one."""
+async def test_the_meter_counts_text_not_data_lines(ledger: Ledger) -> None:
+    """Text that says "data:" or "[DONE]" is text; an event split across chunks is one."""
     await ledger.credit("acme", Decimal(1), "USD", None)
     stage = Wallet(PRICED, ledger)
     tricky = b'data: {"choices": [{"delta": {"content": "data: x data: [DONE]"}}]}\n\n'
@@ -269,7 +275,8 @@ async def test_the_meter_counts_data_lines_not_the_word_data(ledger: Ledger) -> 
 
     t = ticket()
     await serve(stage, t, streaming, Outcome.CLIENT_GONE)
-    assert charged(t) == Decimal("0.014") + 3 * Decimal("0.002")  # three data events
+    # twice 20 bytes of text (the first chunk is relayed, then read again): 10 tokens
+    assert charged(t) == Decimal("0.014") + 10 * Decimal("0.002")
 
 
 async def test_a_busy_ledger_refuses_with_503_rather_than_let_through(

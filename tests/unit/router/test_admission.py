@@ -354,45 +354,53 @@ async def test_undeclared_output_grows_with_the_stream_and_is_all_released() -> 
     await declared.close(Outcome.OK)
 
 
-async def test_a_stream_without_usage_or_max_tokens_is_charged_its_data_lines() -> None:
+async def test_a_stream_without_usage_is_charged_its_text_not_its_data_lines() -> None:
     fleet = Fleet(UNBOUNDED)
     budget = who(Quota(tokens_per_day=10_000))
-    # No max_tokens, no include_usage: 104 tokens charged at admission, and the 50 data
-    # lines the client was sent (the closing [DONE] is not one) when it ends.
+    # No max_tokens, no include_usage: 104 tokens charged at admission; at the end the
+    # input estimate (as the relay sets it) and the output counted from the text sent:
+    # 50 events of 8 bytes are 100 tokens, whatever the number of data lines around them.
     answer = await fleet.send(fleet.ticket(budget, CHAT + b"}"), stream=b"data: {}\n\n")
+    answer.input_estimate = 104
     assert fleet.ports.daily.used("t") == 104  # type: ignore[attr-defined]
-    answer.source = _Chunks([b"data: {}\n\n" * 29, b"data: {}\n\n" * 20 + b"data: [DONE]\n\n"])
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "12345678"}}]}\n\n'
+    answer.source = _Chunks([event * 29 + b"data: {}\n\n", event * 21 + b"data: [DONE]\n\n"])
     while await answer.next_chunk() is not None:
         pass
     await answer.close(Outcome.OK)
-    assert fleet.ports.daily.used("t") == 104 + 50  # type: ignore[attr-defined]
-    # Reported usage wins; a declared max_tokens is the ceiling the engine keeps to.
+    assert answer.usage_estimated
+    assert fleet.ports.daily.used("t") == 104 + 100  # type: ignore[attr-defined]
+    # Reported usage wins.
     reported = await fleet.send(
         fleet.ticket(budget, CHAT + b"}"),
         stream=b'data: {"usage": {"prompt_tokens": 90, "completion_tokens": 7}}\n\n',
     )
     await reported.close(Outcome.OK)
-    assert fleet.ports.daily.used("t") == 154 + 97  # type: ignore[attr-defined]
+    assert fleet.ports.daily.used("t") == 204 + 97  # type: ignore[attr-defined]
+    assert not reported.usage_estimated
     declared = await fleet.send(
         fleet.ticket(budget, CHAT + b', "max_tokens": 5}'), stream=b"data: {}\n\n" * 40
     )
-    charged = fleet.ports.daily.used("t")  # type: ignore[attr-defined]
-    assert charged > 251
+    declared.input_estimate = 104
+    assert fleet.ports.daily.used("t") > 301  # type: ignore[attr-defined]
     await declared.close(Outcome.OK)
-    assert fleet.ports.daily.used("t") == charged  # type: ignore[attr-defined]
+    # No usage and no text: the input estimate, not the declared worst case.
+    assert fleet.ports.daily.used("t") == 301 + 104  # type: ignore[attr-defined]
 
 
-async def test_occupancy_and_the_daily_budget_count_one_stream_alike() -> None:
+async def test_occupancy_grows_per_event_and_the_daily_budget_takes_the_meter() -> None:
     fleet = Fleet(UNBOUNDED + "mode: serverless\nadmit_budget_tokens: 10000\n")
     principal = who(Quota(tokens_per_day=10_000), share=1.0)
     answer = await fleet.send(fleet.ticket(principal, CHAT + b"}"), stream=b"data: {}\n\n")
+    answer.input_estimate = 104
     answer.source = _Chunks([b"data: {}\n\n" * 30, b"data: {}\n\n" * 20 + b"data: [DONE]\n\n"])
     while await answer.next_chunk() is not None:
         pass
     assert fleet.occupancy() == (154, 1)  # 104 at first, then a token per data line
     await answer.close(Outcome.OK)
     assert fleet.occupancy() == (0, 0)
-    assert fleet.ports.daily.used("t") == 104 + 51  # type: ignore[attr-defined]  # first too
+    # Billed what the answer's meter says: the input estimate, and no text, no output.
+    assert fleet.ports.daily.used("t") == 104  # type: ignore[attr-defined]
 
 
 async def test_the_exact_input_a_stream_announces_replaces_the_estimate() -> None:

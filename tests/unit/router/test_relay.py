@@ -6,6 +6,7 @@ import socket
 import pytest
 
 from hivenet_router.domain.answer import Answer, Outcome
+from hivenet_router.domain.request import Job
 from hivenet_router.http1 import messages as http
 from hivenet_router.http1.server import HttpServer, Limits
 from hivenet_router.observability.events import Observers
@@ -124,3 +125,62 @@ async def test_a_stream_cut_at_shutdown_ends_its_body_after_the_error_event() ->
     finally:
         writer.close()
         await server.close()
+
+
+class Pieces:
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = list(pieces)
+
+    async def read(self) -> bytes | None:
+        return self._pieces.pop(0) if self._pieces else None
+
+    def close(self, outcome: Outcome) -> None:
+        return None
+
+
+TOKENS = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n' * 3
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("asked", [False, True])
+async def test_the_usage_event_reaches_only_a_client_that_asked(asked: bool) -> None:
+    """Metered either way; relayed only to a client that asked, every other byte as is."""
+    stream = TOKENS + USAGE + DONE
+    cut = len(TOKENS) + 20  # the usage event split across two chunks
+    options = b', "stream_options": {"include_usage": true}' if asked else b""
+    body = b'{"model": "m", "stream": true, "messages": []' + options + b"}"
+    relay = Relay()
+    loop = asyncio.get_running_loop()
+    answers: list[Answer] = []
+
+    async def app(request: http.Request) -> http.Answer:
+        ticket = Ticket("rid", "/v1/chat/completions", loop.time(), Observers([]))
+        ticket.deadline = loop.time() + 60
+        ticket.job = Job("/v1/chat/completions", "m", "llm", True, body, [])
+        source = Pieces([stream[cut:]])
+        answer = Answer(200, [("content-type", "text/event-stream")], source, first=stream[:cut])
+        answers.append(answer)
+        return await relay(request, ticket, answer)
+
+    server = HttpServer(app, Limits(), error_page=lambda status, message: b"{}")
+    await server.listen("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.ports[0])
+    try:
+        writer.write(b"POST /s HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), 5)
+    finally:
+        writer.close()
+        await server.close()
+    chunked = raw.split(b"\r\n\r\n", 1)[1]
+    sent = b""
+    while True:
+        size_line, chunked = chunked.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if not size:
+            break
+        sent, chunked = sent + chunked[:size], chunked[size + 2 :]
+    assert sent == (stream if asked else TOKENS + DONE)
+    usage = answers[0].usage
+    assert usage is not None and (usage.input_tokens, usage.output_tokens) == (4, 3)
+    assert not answers[0].usage_estimated

@@ -92,8 +92,8 @@ class Answer:
         "_closers",
         "_meter",
         "_text",
+        "_unfed",
         "body",
-        "bytes_per_token",
         "first",
         "headers",
         "input_estimate",
@@ -128,19 +128,38 @@ class Answer:
         self.usage_estimated = False  # counted from the text, not reported
         # Input tokens counted for a stream that reports no usage (set by the relay).
         self.input_estimate = 0
-        # Bytes of text per output token for such a stream (set by the relay, per model).
-        self.bytes_per_token = OUTPUT_BYTES_PER_TOKEN
         self._meter: StreamMeter | None = None
+        # The text count, for a stream whose usage is not expected (`expect_usage`); the
+        # first chunk is fed to it with the second, so a stream found to report its usage
+        # before then never pays for a scan.
         self._text: TextMeter | None = None
+        self._unfed: bytes | None = None
         self._closers: list[Closer] = []
         self._chunk_hooks: list[Meter] = []
         self._closed = False
         if body is None:
             self._meter = StreamMeter()
             self._text = TextMeter()
+            self._unfed = first
             if first is not None:
                 self._meter.feed(first)
-                self._text.feed(first)
+
+    def expect_usage(self, anthropic: bool, framing: int) -> None:
+        """This stream's engine reports its usage at the end (it was asked to, or its format
+        carries it): its text is not scanned, and a stream cut before the report counts one
+        output token per content event (StreamMeter.count_events)."""
+        if self._meter is not None:
+            self._meter.count_events(anthropic, framing)
+        self._text = self._unfed = None
+
+    @property
+    def expects_usage(self) -> bool:
+        return self._meter is not None and self._meter.counts_events
+
+    @property
+    def event_counting(self) -> tuple[bool, int]:
+        """The arguments `expect_usage` was given, for an answer that wraps this one."""
+        return self._meter.counting if self._meter is not None else (False, 0)
 
     @property
     def streamed(self) -> bool:
@@ -162,12 +181,21 @@ class Answer:
     async def next_chunk(self) -> bytes | None:
         chunk = await self.source.read()
         if chunk is not None:
-            if self._meter is not None and self._text is not None:
+            if self._meter is not None:
                 self._meter.feed(chunk)
-                self._text.feed(chunk)
+                if self._text is not None:
+                    self._feed_text(chunk)
             for hook in self._chunk_hooks:
                 hook(chunk)
         return chunk
+
+    def _feed_text(self, chunk: bytes | None) -> None:
+        assert self._text is not None
+        if self._unfed is not None:
+            self._text.feed(self._unfed)
+            self._unfed = None
+        if chunk is not None:
+            self._text.feed(chunk)
 
     def _whole_usage(self, body: bytes) -> Usage | None:
         if self.status >= 400:
@@ -179,24 +207,23 @@ class Answer:
         if text is None:
             return None  # nothing generated here to count (embeddings, count_tokens)
         self.usage_estimated = True
-        return Usage(self.input_estimate, math.ceil(text / self.bytes_per_token))
+        return Usage(self.input_estimate, math.ceil(text / OUTPUT_BYTES_PER_TOKEN))
 
     def _stream_usage(self) -> Usage | None:
-        if self._meter is None or self._text is None or self.status >= 400:
+        meter = self._meter
+        if meter is None or self.status >= 400:
             return None
-        reported = self._meter.reported()
+        reported = meter.reported()
         if reported is not None and reported[1] is not None:
             return Usage(reported[0], reported[1])
-        # No output count: counted from the text relayed, the input as reported or
-        # estimated.
+        # No output count: counted from the events or the text relayed, the input as
+        # reported or estimated.
         self.usage_estimated = True
         prompt = reported[0] if reported is not None and reported[0] else self.input_estimate
-        return Usage(prompt, self._text.tokens(self.bytes_per_token))
-
-    @property
-    def text_bytes(self) -> int:
-        """Bytes of generated text the stream carried so far (0 for a whole answer)."""
-        return self._text.text_bytes if self._text is not None else 0
+        if self._text is None:
+            return Usage(prompt, meter.event_tokens())
+        self._feed_text(None)
+        return Usage(prompt, self._text.tokens())
 
     @property
     def closed(self) -> bool:

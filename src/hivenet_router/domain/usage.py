@@ -7,11 +7,13 @@ it on the way to engines that support it, `ask_for_usage`, and drops that event 
 client's stream when the client did not ask, `UsageEvents`); Anthropic streams put input
 tokens in `message_start` and output tokens in `message_delta`.
 
-Only when a stream reports no output count (an engine without include_usage, a stream cut
-short) is output counted from the text relayed (`TextMeter`): the UTF-8 bytes of the
-generated text (content, reasoning, tool-call arguments) divided by the model's bytes per
-token, rounded up. That ratio starts at OUTPUT_BYTES_PER_TOKEN and is learned per model
-from the streams that did report usage (`OutputRatio`). docs/admission.md gives the error.
+Only when a stream reports no output count is output counted from what was relayed. A
+stream whose engine was asked for usage (or that reports it by its format) and was cut
+before the report counts one output token per content event (`StreamMeter.count_events`):
+engines that stream token by token send one event a token. Any other stream (an engine
+without include_usage) counts its text (`TextMeter`): the UTF-8 bytes of the generated
+text (content, reasoning, tool-call arguments) divided by OUTPUT_BYTES_PER_TOKEN, rounded
+up. Only these streams pay for a scan of every chunk. docs/admission.md gives the error.
 """
 
 from __future__ import annotations
@@ -37,9 +39,6 @@ OUTPUT_BYTES_PER_TOKEN: Final = 4.0
 # The input counted for an answer without usage: admission's starting estimate.
 INPUT_TOKENS_PER_BYTE: Final = 1 / 3.2
 MESSAGE_OVERHEAD: Final = 4  # tokens of role and framing per message
-LEARN_WEIGHT: Final = 0.2
-RATIO_BOUNDS: Final = (1.0, 16.0)  # bytes per token a model is believed to produce
-_MODELS_MAX = 10_000  # models past this keep the starting ratio
 _CARRY_MAX = 1 << 20
 _BODY_TEXT_MAX = 4 << 20  # a partial line kept across chunks past this is dropped uncounted
 
@@ -104,17 +103,45 @@ def from_body(body: bytes) -> Usage | None:
 
 
 class StreamMeter:
-    __slots__ = ("_first", "_tail")
+    """Keeps references to a stream's first and last chunks (parsed once, at the end) and,
+    once `count_events` was called, counts its content events: one `count` per chunk."""
+
+    __slots__ = ("_first", "_framing", "_marker", "_tail", "events")
 
     def __init__(self) -> None:
         self._first: bytes | None = None
         self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
+        self._marker = b""
+        self._framing = 0
+        self.events = 0
 
     def feed(self, chunk: bytes) -> None:
         if self._first is None:
             self._first = chunk
         else:
             self._tail.append(chunk)
+        if self._marker:
+            self.events += chunk.count(self._marker)
+
+    def count_events(self, anthropic: bool, framing: int) -> None:
+        """Count content events from here on (the first chunk included): Anthropic
+        `content_block_delta` events, or OpenAI data events less `framing` (the role event
+        that opens a chat stream)."""
+        self._marker = b'"content_block_delta"' if anthropic else b"data:"
+        self._framing = framing
+        self.events = self._first.count(self._marker) if self._first is not None else 0
+
+    @property
+    def counts_events(self) -> bool:
+        return bool(self._marker)
+
+    @property
+    def counting(self) -> tuple[bool, int]:
+        return self._marker == b'"content_block_delta"', self._framing
+
+    def event_tokens(self) -> int:
+        """Output tokens for a stream cut before its usage report: one per content event."""
+        return max(0, self.events - self._framing)
 
     def result(self) -> Usage | None:
         found = self.reported()
@@ -134,8 +161,8 @@ class StreamMeter:
         prompt = 0
         completion: int | None = None
         seen = False
-        for line in text.split(b"\n"):
-            if not line.startswith(b"data:") or b'"usage"' not in line:
+        for line in _lines_with(text, b'"usage"'):
+            if not line.startswith(b"data:"):
                 continue
             try:
                 event = orjson.loads(line[5:])
@@ -159,6 +186,20 @@ class StreamMeter:
             else:
                 prompt, completion = found
         return (prompt, completion) if seen else None
+
+
+def _lines_with(text: bytes, needle: bytes) -> list[bytes]:
+    """The lines of `text` that hold `needle`, found by search rather than by splitting (a
+    stream read in one chunk has a hundred lines and one or two with usage)."""
+    lines: list[bytes] = []
+    at = text.find(needle)
+    while at >= 0:
+        start = text.rfind(b"\n", 0, at) + 1
+        end = text.find(b"\n", at)
+        end = len(text) if end < 0 else end
+        lines.append(text[start:end].rstrip(b"\r"))
+        at = text.find(needle, end)
+    return lines
 
 
 def _text_bytes(value: Any) -> int:
@@ -271,32 +312,12 @@ class TextMeter:
         for raw in _TEXT_MEMBER.findall(lines):
             self.text_bytes += _decoded_length(raw) if b"\\" in raw else len(raw)
 
-    def tokens(self, bytes_per_token: float = OUTPUT_BYTES_PER_TOKEN) -> int:
+    def tokens(self) -> int:
         """Output tokens estimated from the text so far (an unfinished last line included)."""
         if self._carry:
             self._count(self._carry)
             self._carry = b""
-        return math.ceil(self.text_bytes / bytes_per_token)
-
-
-class OutputRatio:
-    """Bytes of generated text per output token, per model: learned (EWMA 0.2, clamped to
-    RATIO_BOUNDS) from whole streams that reported their usage, for the streams that do
-    not. A tokenizer's ratio depends on the model and the language; this follows both."""
-
-    def __init__(self) -> None:
-        self._ratio: dict[str, float] = {}
-
-    def get(self, model: str) -> float:
-        return self._ratio.get(model, OUTPUT_BYTES_PER_TOKEN)
-
-    def learn(self, model: str, text_bytes: int, tokens: int) -> None:
-        if text_bytes <= 0 or tokens <= 0:
-            return
-        if model not in self._ratio and len(self._ratio) >= _MODELS_MAX:
-            return
-        observed = min(max(text_bytes / tokens, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
-        self._ratio[model] = (1 - LEARN_WEIGHT) * self.get(model) + LEARN_WEIGHT * observed
+        return math.ceil(self.text_bytes / OUTPUT_BYTES_PER_TOKEN)
 
 
 def wants_usage(body: bytes) -> bool:
@@ -379,10 +400,13 @@ class UsageEvents:
     def __call__(self, chunk: bytes) -> bytes:
         if self._held:
             chunk, self._held = self._held + chunk, b""
-        lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
-        cut = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
-        ready, self._held = chunk[:cut], chunk[cut:]
-        return _drop_usage(ready) if b'"usage"' in ready else ready
+        if chunk.endswith(b"\n\n"):  # the usual chunk: whole events
+            ready = chunk
+        else:
+            lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
+            cut = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+            ready, self._held = chunk[:cut], chunk[cut:]
+        return _drop_usage(ready) if _may_hold_usage(ready) else ready
 
     def flush(self) -> bytes:
         """What is held at the end of the stream (an event without its blank line)."""
@@ -390,17 +414,45 @@ class UsageEvents:
         return b"" if _usage_only(held) else held
 
 
+# The empty choices of the event include_usage adds. Inside a JSON string every quote is
+# escaped, so these bytes occur only as the member itself (compact or with one space, as
+# the engines and json.dumps write it); an event written otherwise reaches the client.
+_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+
+
+def _may_hold_usage(data: bytes) -> bool:
+    return _EMPTY_CHOICES[0] in data or _EMPTY_CHOICES[1] in data
+
+
+def _event_start(data: bytes, at: int, floor: int) -> int:
+    """Where the SSE event holding position `at` starts (after the previous blank line)."""
+    lf = data.rfind(b"\n\n", floor, at)
+    crlf = data.rfind(b"\n\r\n", floor, at)
+    return max(lf + 2 if lf >= 0 else floor, crlf + 3 if crlf >= 0 else floor)
+
+
 def _drop_usage(data: bytes) -> bytes:
+    """`data` without its usage-only events. Only the events holding empty choices are
+    looked at (one a stream), so a chunk of many events costs a few searches, not a walk."""
     kept: list[bytes] = []
     start = 0
-    while start < len(data):
-        end = _event_end(data, start)
+    while True:
+        hits = [i for i in (data.find(m, start) for m in _EMPTY_CHOICES) if i >= 0]
+        if not hits:
+            break
+        at = min(hits)
+        begin = _event_start(data, at, start)
+        end = _event_end(data, at)
         if end < 0:
             end = len(data)
-        event = data[start:end]
-        if not _usage_only(event):
-            kept.append(event)
+        if _usage_only(data[begin:end]):
+            kept.append(data[start:begin])
+        else:
+            kept.append(data[start:end])
         start = end
+    if not kept:
+        return data
+    kept.append(data[start:])
     return b"".join(kept)
 
 

@@ -123,6 +123,8 @@ class StreamValidator:
         hold.pending = None
         first = b"".join(hold.chunks) if hold.chunks else None
         outer = Answer(local.status, local.headers, source, first=first, origin=local.origin)
+        if local.expects_usage:
+            outer.expect_usage(*local.event_counting)
         source.outer = outer
         metrics = self.metrics
 

@@ -432,6 +432,7 @@ class Dispatcher:
             raise _Retry(ApiError(ErrorCode.AGENT_DISCONNECTED, str(exc)), stale=True) from None
         try:
             answer = await self._answer(stream, job, agent.peer_id)
+            _expect_usage(answer, job, agent.reg.engine in USAGE_ENGINES)
         except StreamReset as exc:
             stream.reset(exc)
             if exc.code == "too_large":
@@ -580,6 +581,9 @@ class Dispatcher:
         except BaseException:
             routing.provider_settled(provider.engine, policy, self._blame(ticket), breaker)
             raise
+        _expect_usage(
+            answer, job, provider.engine == ("anthropic" if _anthropic(job) else "openai")
+        )
         ok = None if 400 <= answer.status < 500 and answer.status != 429 else answer.status < 400
         routing.provider_settled(provider.engine, policy, ok, breaker)
         ticket.emit(
@@ -595,6 +599,22 @@ def _asking_for_usage(job: Job, honoured: bool) -> bytes | None:
     if not honoured or not job.stream or job.route not in USAGE_ROUTES:
         return None
     return ask_for_usage(job.body)
+
+
+def _anthropic(job: Job) -> bool:
+    return job.route == "/v1/messages"
+
+
+def _expect_usage(answer: Answer, job: Job, reports: bool) -> None:
+    """Tell a stream from an engine that reports usage at its end (asked on OpenAI routes,
+    always on Anthropic's) that its text need not be counted (domain/answer.py)."""
+    if not reports or not answer.streamed or answer.status >= 400:
+        return
+    if _anthropic(job):
+        answer.expect_usage(anthropic=True, framing=0)
+    elif job.route in USAGE_ROUTES:
+        # A chat stream opens with an event that carries the role, not a token.
+        answer.expect_usage(anthropic=False, framing=int(job.route == "/v1/chat/completions"))
 
 
 def _turn_away(agents: list[AgentRecord]) -> None:

@@ -21,7 +21,6 @@ from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.domain.usage import (
     USAGE_ROUTES,
-    OutputRatio,
     UsageEvents,
     input_estimate,
     wants_usage,
@@ -41,14 +40,12 @@ class Relay:
     def __init__(self) -> None:
         self.stopping = False  # set when the shutdown grace is over and streams are cut
         self.deadlines = Deadlines()  # each stream's, on one timer per 50 ms
-        self.ratios = OutputRatio()  # text bytes per output token, learned per model
 
     async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
         if ticket.facts is not None:
-            # How a stream without usage is counted (domain/usage.py).
+            # The input counted for an answer that reports none (domain/usage.py).
             answer.input_estimate = input_estimate(ticket.facts)
-            answer.bytes_per_token = self.ratios.get(ticket.facts.model)
         if answer.body is not None:
             return await self._whole(ticket, answer, answer.body)
         return await self._stream(request, ticket, answer)
@@ -124,18 +121,10 @@ class Relay:
             await response.end()
         return response
 
-    async def _close(self, ticket: Ticket, answer: Answer, outcome: Outcome) -> None:
+    @staticmethod
+    async def _close(ticket: Ticket, answer: Answer, outcome: Outcome) -> None:
         await answer.close(outcome)
         ticket.outcome, ticket.usage = outcome, answer.usage
-        usage = answer.usage
-        if (
-            usage is not None
-            and outcome is Outcome.OK
-            and answer.streamed
-            and not answer.usage_estimated
-            and ticket.facts is not None
-        ):
-            self.ratios.learn(ticket.facts.model, answer.text_bytes, usage.output_tokens)
 
     @staticmethod
     async def _end_with_error(

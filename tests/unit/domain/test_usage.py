@@ -5,8 +5,6 @@ import orjson
 from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.request import Usage
 from hivenet_router.domain.usage import (
-    OUTPUT_BYTES_PER_TOKEN,
-    OutputRatio,
     StreamMeter,
     TextMeter,
     UsageEvents,
@@ -189,19 +187,54 @@ def test_an_anthropic_stream_cut_before_its_delta_reports_no_output() -> None:
     assert meter.reported() == (9, None)
 
 
-def test_the_bytes_per_token_are_learned_per_model() -> None:
-    ratios = OutputRatio()
-    assert ratios.get("m") == OUTPUT_BYTES_PER_TOKEN
-    for _ in range(40):
-        ratios.learn("m", 625, 100)  # an engine whose tokens are whole words
-    assert abs(ratios.get("m") - 6.25) < 0.01
-    assert ratios.get("other") == OUTPUT_BYTES_PER_TOKEN
-    ratios.learn("m", 0, 10)  # nothing to learn from
-    ratios.learn("m", 10_000, 1)  # clamped: one wild answer moves the ratio only so far
-    assert ratios.get("m") <= 0.8 * 6.25 + 0.2 * 16 + 0.01
-    text = TextMeter()
-    text.feed(b'data: {"choices":[{"text":"' + b"w" * 625 + b'"}]}\n\n')
-    assert text.tokens(6.25) == 100
+ROLE = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+
+
+async def test_a_stream_cut_before_its_usage_counts_one_token_per_content_event() -> None:
+    """An engine asked for usage streams token by token: cut before its report, the stream
+    is counted by its content events (the chat role event is not one), its text unread."""
+    answer = Answer(200, [], Whole(), first=ROLE + TOKEN)
+    answer.expect_usage(anthropic=False, framing=1)
+    answer.input_estimate = 11
+    assert answer.expects_usage
+    await answer.close(Outcome.CLIENT_GONE)
+    assert answer.usage_estimated and answer.usage == Usage(11, 1)
+    anthropic = (
+        b'event: message_start\ndata: {"type":"message_start","message":'
+        b'{"usage":{"input_tokens":9,"output_tokens":1}}}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta",'
+        b'"delta":{"type":"text_delta","text":"hello there"}}\n\n'
+    )
+    cut = Answer(200, [], Whole(), first=anthropic)
+    cut.expect_usage(anthropic=True, framing=0)
+    await cut.close(Outcome.CLIENT_GONE)
+    assert cut.usage == Usage(9, 1)
+    # reported usage wins over the count
+    whole = Answer(200, [], Whole(), first=ROLE + TOKEN * 3 + USAGE_EVENT + DONE)
+    whole.expect_usage(anthropic=False, framing=1)
+    await whole.close(Outcome.OK)
+    assert not whole.usage_estimated and whole.usage == Usage(5, 7)
+
+
+async def test_a_stream_not_expected_to_report_is_counted_from_its_text() -> None:
+    answer = Answer(200, [], Whole(), first=ROLE + TOKEN)  # "usage": 5 bytes, 2 tokens
+    await answer.close(Outcome.CLIENT_GONE)
+    assert answer.usage_estimated and answer.usage is not None
+    assert answer.usage.output_tokens == 2
+
+
+def test_the_usage_event_is_found_in_a_chunk_of_many_events() -> None:
+    """An engine that answers at once sends the whole stream in one chunk: the usage event
+    is cut out of it wherever it is, with compact or spaced JSON."""
+    spaced = USAGE_EVENT.replace(b'"choices":[]', b'"choices": []')
+    for usage in (USAGE_EVENT, spaced):
+        stream = ROLE + TOKEN * 500 + usage + DONE
+        drop = UsageEvents()
+        assert drop(stream) + drop.flush() == ROLE + TOKEN * 500 + DONE
+    # a chunk whose empty choices are not the usage event's is left alone
+    empty = b'data: {"id":"c","choices":[]}\n\n'
+    drop = UsageEvents()
+    assert drop(TOKEN + empty + TOKEN) == TOKEN + empty + TOKEN
 
 
 def test_a_whole_answer_without_usage_is_counted_from_its_text() -> None:

@@ -5,8 +5,10 @@ meter on streams without usage").
     python bench/meter_micro.py /tmp/old/src        # an older tree (git archive REV src)
 
 Feeds one 64-token OpenAI stream through what meters it: before, the usage reader and two
-data-line counters (wallet, daily budget); now, the usage reader, the text count and the
-filter that keeps the usage event from a client that did not ask.
+data-line counters (wallet, daily budget); now, for an engine asked for usage, the usage
+reader, the event count and the filter that keeps the usage event from a client that did
+not ask (chunk by chunk, and in one chunk); for an engine that reports none, the text
+count.
 """
 
 from __future__ import annotations
@@ -37,21 +39,45 @@ def before() -> None:
 
 
 def now() -> None:
-    meter, text, drop = u.StreamMeter(), u.TextMeter(), u.UsageEvents()
+    """An engine asked for usage: events counted, the usage event filtered, no text scan."""
+    meter, drop = u.StreamMeter(), u.UsageEvents()
+    meter.count_events(anthropic=False, framing=1)
     for chunk in [EVENT] * 64 + [USAGE, DONE]:
         meter.feed(chunk)
-        text.feed(chunk)
         drop(chunk)
     meter.reported()
-    text.tokens()
     drop.flush()
 
 
+def one_chunk() -> None:
+    """The same stream read in one chunk (an engine that answers at once)."""
+    meter, drop = u.StreamMeter(), u.UsageEvents()
+    meter.count_events(anthropic=False, framing=1)
+    chunk = EVENT * 64 + USAGE + DONE
+    meter.feed(chunk)
+    drop(chunk)
+    meter.reported()
+    drop.flush()
+
+
+def text() -> None:
+    """An engine that reports no usage: every chunk's text counted."""
+    meter, count = u.StreamMeter(), u.TextMeter()
+    for chunk in [EVENT] * 64 + [DONE]:
+        meter.feed(chunk)
+        count.feed(chunk)
+    meter.reported()
+    count.tokens()
+
+
 def main() -> None:
-    run: Callable[[], None] = now if hasattr(u, "TextMeter") else before
+    runs: list[Callable[[], None]] = (
+        [now, one_chunk, text] if hasattr(u, "TextMeter") else [before]
+    )
     rounds = 3000
-    best = min(timeit.repeat(run, number=rounds, repeat=5)) / rounds * 1e6
-    print(f"{run.__name__}: {best:.1f} us per 64-token stream")
+    for run in runs:
+        best = min(timeit.repeat(run, number=rounds, repeat=5)) / rounds * 1e6
+        print(f"{run.__name__}: {best:.1f} us per 64-token stream")
 
 
 if __name__ == "__main__":

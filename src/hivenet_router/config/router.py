@@ -495,14 +495,15 @@ class RouterConfig:
         help="Where the Anthropic provider adapter sends requests (for proxies and tests)",
     )
     stages: tuple[str, ...] = option(
-        ("rate", "wallet", "cache", "admission", "validator"),
+        ("rate", "admission", "wallet", "cache", "validator"),
         parse=v.name_list,
         env="HIVENET_ROUTER_STAGES",
         help="Request stages between the edge and dispatch, in order, by name "
-        "(rate, wallet, cache, admission, validator); each gateway stage acts only where "
+        "(rate, admission, wallet, cache, validator); each gateway stage acts only where "
         "turned on. A name may appear once, rate must come first and is required with "
-        "admission, and wallet must come before cache and validator. An empty value is "
-        "refused (it would drop rate limits, budgets and wallets)",
+        "admission, admission must come before wallet, and wallet before cache and "
+        "validator. An empty value is refused (it would drop rate limits, budgets and "
+        "wallets)",
     )
     ledger_dsn: str = option(
         "",

@@ -18,6 +18,7 @@ embeddings and rerank pay for their input only.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from decimal import Decimal
 from typing import Final
@@ -30,7 +31,8 @@ from hivenet_router.gateway.blocks import PRICES
 from hivenet_router.gateway.cache import BILLED
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.pending import Charge
-from hivenet_router.gateway.settings import Price
+from hivenet_router.gateway.settings import MILLION, Price
+from hivenet_router.pipeline.output_bound import OUTPUT_BOUND, apply_bound
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Note, Ticket
 from hivenet_router.policy.document import Policy
@@ -48,16 +50,29 @@ _LOGGED_MODELS_MAX: Final = 1000
 CHARGED: Final = Note[str]("charge", place=20)
 
 
-def worst_case(price: Price, facts: RequestFacts, default_output: int = 0) -> Decimal:
+def worst_case(
+    price: Price, facts: RequestFacts, default_output: int = 0, bound: int = 0
+) -> Decimal:
     """The most this request can cost: every prompt byte a token (no tokenizer makes more),
-    plus the output it declared (times n), or the policy's default output bound (the one
-    admission forwards to the engine), or DEFAULT_OUTPUT_TOKENS when the policy has none."""
+    plus the output bound admission held (`bound`), else the output it declared (times n),
+    or the policy's default output bound, or DEFAULT_OUTPUT_TOKENS when the policy has
+    none."""
     tokens_in = facts.text_bytes + MESSAGE_OVERHEAD * facts.messages + IMAGE_TOKENS * facts.images
     tokens_out = 0
     if facts.route in GENERATING_ROUTES:
         declared = facts.max_output_tokens
         tokens_out = declared if declared is not None else default_output or DEFAULT_OUTPUT_TOKENS
+        tokens_out = bound or tokens_out
     return price.cost(tokens_in, tokens_out)
+
+
+def affordable_output(price: Price, facts: RequestFacts, available: Decimal) -> int | None:
+    """Output tokens `available` pays for after the request's estimated input, or None when
+    output is free (nothing to bound)."""
+    if price.output_per_million <= 0:
+        return None
+    spare = available - price.cost(estimated_input(facts), 0)
+    return max(0, math.floor(spare * MILLION / price.output_per_million))
 
 
 def estimated_input(facts: RequestFacts) -> int:
@@ -90,7 +105,7 @@ class WalletStage:
             ticket.request_id,
             tenant,
             currency,
-            worst_case(price, facts, ticket.policy.default_max_tokens),
+            worst_case(price, facts, ticket.policy.default_max_tokens, ticket.get(OUTPUT_BOUND)),
         )
         if held.refused:
             self.ledger.stats.refused[held.status] += 1
@@ -107,6 +122,8 @@ class WalletStage:
         if held.unbilled:
             self.ledger.stats.unbilled += 1
         try:
+            if held.status == "held" and held.detail:
+                self._fit(ticket, facts, price, currency, Decimal(held.detail))
             answer = await next(ticket)
         except BaseException:
             if held.status != "skipped":  # a hold was (or may have been) taken: give it back
@@ -116,6 +133,28 @@ class WalletStage:
             lambda outcome, usage: self._settle(ticket, facts, base, price, answer, usage)
         )
         return answer
+
+    def _fit(
+        self, ticket: Ticket, facts: RequestFacts, price: Price, currency: str, available: Decimal
+    ) -> None:
+        """Lower the output bound admission held to what the balance pays for (the hold
+        said what was available); 402 when that is under the policy's min_output_tokens."""
+        bound = ticket.get(OUTPUT_BOUND)
+        if not bound:
+            return
+        affordable = affordable_output(price, facts, available)
+        if affordable is None or affordable >= bound:
+            return
+        least = max(1, ticket.policy.min_output_tokens)
+        if affordable < least:
+            self.ledger.stats.refused["insufficient"] += 1
+            raise ApiError(
+                ErrorCode.INSUFFICIENT_BALANCE,
+                f"tenant {ticket.caller.tenant} has {available} {currency} "
+                f"available, which pays for {affordable} output tokens of {facts.model}; "
+                f"the policy asks for at least {least}",
+            )
+        apply_bound(ticket, affordable)
 
     def _price(self, policy: Policy, model: str) -> tuple[Price, str]:
         prices = policy.block(PRICES)

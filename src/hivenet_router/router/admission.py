@@ -1,4 +1,4 @@
-"""Admission before routing, as a pipeline stage after the rate, wallet and cache stages: the
+"""Admission before routing, as a pipeline stage after the rate and before the wallet and cache: the
 input estimate and its caps (B1), pressure shedding (B3), token-weighted occupancy (B2), the
 per-key serverless limits (B4) and daily token budgets, in the documented order.
 
@@ -21,17 +21,18 @@ from hivenet_router.domain.answer import Answer, Outcome
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import RequestFacts, Usage
 from hivenet_router.domain.usage import stream_input_tokens
+from hivenet_router.gateway.cache import BILLED
 from hivenet_router.observability.events import Admitted, Refused
+from hivenet_router.pipeline.output_bound import apply_bound
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
 from hivenet_router.policy.gates import OPERATORS
 from hivenet_router.policy.signals import SIGNALS, AgentFacts
 from hivenet_router.router.dispatch import LEAVE_POOL
-from hivenet_router.router.output_bound import HEADER as BOUND_HEADER
-from hivenet_router.router.output_bound import with_bound
 from hivenet_router.state.ports import Lease, Ports
 
+_NOTHING = Usage(0, 0)
 START_TOKENS_PER_BYTE = 1 / 3.2
 MESSAGE_OVERHEAD = 4  # tokens of role and framing per message, text or not
 LEARN_WEIGHT = 0.2
@@ -110,8 +111,9 @@ class Hold:
         for lease in self.leases:
             lease.release()
 
-    def hand_to(self, answer: Answer) -> None:
-        """From now on the answer owns this hold: its close settles it."""
+    def hand_to(self, answer: Answer, billed: Callable[[], bool] = lambda: True) -> None:
+        """From now on the answer owns this hold: its close settles it. An answer the cache
+        served unbilled (`bill_hits: false`) counts against no token limit."""
         self._owner = answer
         first = answer.first
         if first is not None:
@@ -126,7 +128,9 @@ class Hold:
             )
         answered = answer.status < 400  # an error answer generated nothing
         answer.on_close(
-            lambda outcome, usage: self.settle(usage, answered, outcome is not Outcome.OK)
+            lambda outcome, usage: self.settle(
+                usage if billed() else _NOTHING, answered, outcome is not Outcome.OK
+            )
         )
 
     async def settle(self, usage: Usage | None, answered: bool, cut: bool = False) -> None:
@@ -176,7 +180,7 @@ class Admission:
             ticket.emit(Admitted())
             ticket.put(LEAVE_POOL, hold.leave_pool)
             answer = await next(ticket)
-            hold.hand_to(answer)
+            hold.hand_to(answer, lambda: ticket.get(BILLED))
         return answer
 
     def sweep(self) -> None:
@@ -214,11 +218,8 @@ class Admission:
             # A later refusal gives back what earlier gates took.
             await hold.settle(None, answered=False)
             raise
-        bound = hold.output  # _daily may have lowered it
-        if bound:
-            ticket.headers_out[BOUND_HEADER] = str(bound)
-            if ticket.job is not None and bound != facts.max_output_tokens:
-                ticket.job = with_bound(ticket.job, max(1, bound // facts.choices))
+        if hold.output:  # _daily may have lowered it
+            apply_bound(ticket, hold.output)
         return hold
 
     async def _bound(

@@ -159,9 +159,9 @@ def _validator(router: Router) -> Stage:
 # configured off (wallets without a ledger, the audit log with no path).
 STAGES: dict[str, Callable[[Router], Stage | None]] = {
     "rate": lambda router: router.rate,
+    "admission": lambda router: router.admission,
     "wallet": _wallet,
     "cache": _cache,
-    "admission": lambda router: router.admission,
     "validator": _validator,
 }
 OBSERVERS: dict[str, Callable[[Router, RouterConfig], RequestObserver | None]] = {
@@ -177,11 +177,14 @@ POLICY_BLOCKS = (*GATEWAY_BLOCKS,)
 # Stages whose order decides what is billed and what is counted: the request rate comes
 # before everything that takes a shared resource (else a tenant past its rate still takes
 # a wallet hold from the ledger's pool, and cache hits and dedup followers skip the rate);
-# the wallet must hold before the cache serves (else hits and shared answers are never
-# billed) and before the validator (else it bills a rejected attempt and its replacement
-# both).
+# admission's limits come before the wallet (a request refused by a limit never touches
+# the ledger, and the wallet lowers the output bound admission set to what the balance
+# pays for); the wallet must hold before the cache serves (else hits and shared answers
+# are never billed) and before the validator (else it bills a rejected attempt and its
+# replacement both).
 _BEFORE = {
     "rate": ("wallet", "cache", "admission", "validator"),
+    "admission": ("wallet",),
     "wallet": ("cache", "validator"),
 }
 

@@ -26,7 +26,7 @@ def test_an_empty_stage_or_observer_list_is_refused(variable: str, value: str) -
 
 def test_stage_lists_that_name_something_are_taken() -> None:
     assert router(HIVENET_ROUTER_STAGES="admission").stages == ("admission",)
-    assert router().stages == ("rate", "wallet", "cache", "admission", "validator")
+    assert router().stages == ("rate", "admission", "wallet", "cache", "validator")
     # A list whose default is empty still takes an empty value.
     assert router(HIVENET_ROUTER_CORS_ALLOWED_ORIGINS="").cors_allowed_origins == ()
 

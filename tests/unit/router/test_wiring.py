@@ -12,9 +12,9 @@ from hivenet_router.router.wiring import check_names
 @pytest.mark.parametrize(
     "stages",
     [
-        ("rate", "wallet", "cache", "admission", "validator"),
+        ("rate", "admission", "wallet", "cache", "validator"),
         ("rate", "cache", "admission"),
-        ("rate", "wallet", "admission", "cache"),  # admission may come before the cache
+        ("rate", "wallet", "cache", "validator"),  # no admission: no token limits, by choice
         ("wallet", "cache"),  # no admission: nothing counts requests, by choice
         (),
     ],
@@ -28,6 +28,8 @@ def test_orders_that_bill_rightly_are_taken(stages: tuple[str, ...]) -> None:
     [
         (("wallet", "cache", "wallet"), "wallet named more than once"),
         (("cache", "wallet"), "wallet must come before cache"),
+        # a request refused by a limit never touches the ledger
+        (("rate", "wallet", "admission", "cache"), "admission must come before wallet"),
         (("rate", "admission", "validator", "wallet"), "wallet must come before validator"),
         (("wallet", "cahce"), "unknown cahce"),
         # the rate before everything that takes a shared resource

@@ -17,11 +17,26 @@ from typing import Any, Final
 import msgspec
 
 from hivenet_router.domain.request import Job
+from hivenet_router.pipeline.ticket import Key, Ticket
 
 HEADER: Final = "X-Hivenet-Output-Bound"  # output tokens held for the whole request
+# Output tokens held for the whole request (all `n` choices); 0 when none is (the request
+# generates nothing, or neither a limit nor a policy default bounds it). Admission sets it,
+# the wallet may lower it to what the balance pays for.
+OUTPUT_BOUND: Final = Key[int]("output_bound", lambda: 0)
 _FIELDS = ("max_tokens", "max_completion_tokens")
 _NAMES = tuple(b'"%s"' % field.encode() for field in _FIELDS)
 _DECODE = msgspec.json.Decoder(dict[str, Any])
+
+
+def apply_bound(ticket: Ticket, bound: int) -> None:
+    """Hold the request to `bound` output tokens: remembered for later stages, named to the
+    client, and written into the body forwarded when it differs from what was declared."""
+    facts = ticket.facts
+    ticket.put(OUTPUT_BOUND, bound)
+    ticket.headers_out[HEADER] = str(bound)
+    if ticket.job is not None and facts is not None and bound != facts.max_output_tokens:
+        ticket.job = with_bound(ticket.job, max(1, bound // facts.choices))
 
 
 def with_bound(job: Job, per_choice: int) -> Job:

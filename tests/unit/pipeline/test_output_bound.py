@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from hivenet_router.domain.request import Job
-from hivenet_router.router.output_bound import with_bound
+from hivenet_router.pipeline.output_bound import with_bound
 
 
 def job(body: bytes) -> Job:

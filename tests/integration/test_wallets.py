@@ -326,3 +326,73 @@ def test_an_unreachable_dsn_at_start_serves_unbilled_and_hides_the_password(
     log = router.proc.log()
     assert "ledger unreachable" in log and "s3cret-pw" not in log
     assert "s3cret-pw" not in text
+
+
+def test_the_output_bound_is_lowered_to_what_the_balance_pays_for(
+    make_cluster: Cluster, tmp_path: Path, pg: Postgres
+) -> None:
+    """0.02 pays for the input estimate of "Say hi." (7 tokens, 0.007) and 6 output tokens
+    at 0.002: a request for 200 goes out with 6, and the wallet does not go below zero.
+    With `min_output_tokens: 16` the same balance is refused 402, its hold given back."""
+    router = start(make_cluster, tmp_path, pg.dsn(), ["acme"])
+    serving(make_cluster, [router])
+    credit(router, "acme", "0.02")
+    with router.openai(key("acme")) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=PROMPT, max_tokens=200
+        )
+        assert raw.headers["x-hivenet-output-bound"] == "6"
+        usage = raw.parse().usage
+        assert usage is not None and usage.completion_tokens <= 6
+    wait_until(lambda: charges(pg, "acme") == 1, timeout=10)
+    balance = Decimal(pg.psql("SELECT balance FROM wallets WHERE tenant = 'acme'"))
+    assert balance >= 0
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(PRICES + "min_output_tokens: 16\nrouting_policy: {strategy: least-loaded}\n")
+    reload = admin(router, "POST", "/admin/reload")
+    assert reload.status_code == 200, reload.text
+    credit(router, "acme", str(Decimal("0.02") - balance))  # back to 0.02
+    with router.openai(key("acme")) as client, pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=200)
+    assert refused.value.status_code == 402
+    assert "pays for 6 output tokens" in str(refused.value.body)
+    wait_until(lambda: reconciled(router)["ok"] is True, timeout=10)
+    assert pg.psql("SELECT held FROM wallets WHERE tenant = 'acme'").strip() in ("0", "0.000")
+    assert charges(pg, "acme") == 1
+
+
+def hold_calls(pg: Postgres) -> int:
+    found = pg.psql("SELECT calls FROM pg_stat_user_functions WHERE funcname = 'wallet_hold'")
+    return int(found or 0)
+
+
+def test_a_request_refused_by_a_limit_never_touches_the_ledger(
+    make_cluster: Cluster, tmp_path: Path, pg: Postgres
+) -> None:
+    """Admission's limits come before the wallet: once the key's daily budget is spent, its
+    requests are refused 429 without a wallet_hold call (PostgreSQL's own function count)."""
+    pg.psql("ALTER DATABASE postgres SET track_functions = 'pl'")
+    args = files(tmp_path, ["acme"])
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        auth.read_text().replace(
+            "metadata: {name: k-acme, owner: acme}",
+            "metadata: {name: k-acme, owner: acme}\n      quota: {tokens_per_day: 30}",
+        )
+    )
+    router = make_cluster.router(
+        "--ledger-dsn", pg.dsn(), "--ledger-timeout", "500ms", *args
+    )  # fmt: skip
+    wait_until(lambda: ledger_up(router), timeout=10)
+    serving(make_cluster, [router])
+    credit(router, "acme", "5")
+    with router.openai(key("acme")) as client:
+        client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
+        wait_until(lambda: hold_calls(pg) == 1, timeout=10)  # the counter is flushed late
+        for _ in range(3):
+            with pytest.raises(openai.RateLimitError) as refused:
+                client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
+            assert "daily" in str(refused.value.body), refused.value.body
+    pg.psql("SELECT pg_stat_force_next_flush()")
+    assert hold_calls(pg) == 1
+    assert charges(pg, "acme") == 1

@@ -115,6 +115,9 @@ class Hold:
         """From now on the answer owns this hold: its close settles it. An answer the cache
         served unbilled (`bill_hits: false`) counts against no token limit."""
         self._owner = answer
+        # The input counted for an answer that reports none: the estimate learned from
+        # this model's exact usage (Estimator), not the fixed starting ratio.
+        answer.input_estimate = self.estimate
         first = answer.first
         if first is not None:
             exact = stream_input_tokens(first)

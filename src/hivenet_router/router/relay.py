@@ -43,7 +43,7 @@ class Relay:
 
     async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
-        if ticket.facts is not None:
+        if ticket.facts is not None and not answer.input_estimate:
             # The input counted for an answer that reports none (domain/usage.py).
             answer.input_estimate = input_estimate(ticket.facts)
         if answer.body is not None:

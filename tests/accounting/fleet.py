@@ -5,7 +5,7 @@ PostgreSQL ledger, three routers sharing limits through the store (`--sync-senti
 billing to the ledger, three simulators that log their own count of every request
 (`--usage-log`), and three agents, each connected to every router. Twenty tenants, each an
 API key whose owner is the tenant, with a request rate, input and output token rates, a
-daily token budget and a wallet; every fifth tenant has one of these set tight so that it is
+daily token budget and a wallet; half the tenants have one of these set tight so that it is
 reached.
 
 Faults (each waits for the state it leads to, never for a fixed time): a router killed with
@@ -46,7 +46,7 @@ SITE = "acct"
 ROUTERS = 3
 SYNC_INTERVAL = 0.25  # seconds: one sync round (--sync-interval)
 # The policy every request meets (docs/admission.md, docs/wallets.md, docs/cache.md).
-MAX_INPUT = 400  # max_input_tokens: an input token rate must be at least this
+MAX_INPUT = 150  # max_input_tokens: an input token rate must be at least this
 DEFAULT_MAX_TOKENS = 48  # the output bound of a request that declares none
 NATURAL = 24  # the simulator's answer length when the router set the bound (--output-tokens)
 ADMIT_BUDGET = 6000  # admit_budget_tokens per replica
@@ -67,15 +67,17 @@ class Tenant:
 
     @property
     def tight(self) -> str:
-        """Which limit is set to be reached: rpm, itpm, otpm, daily, wallet."""
-        return ("wallet", "rpm", "itpm", "otpm", "daily")[int(self.name[1:]) % 5]
+        """Which limit is set to be reached: wallet, rpm, itpm, otpm, daily, or none."""
+        kind = int(self.name[1:]) % 10
+        return ("wallet", "rpm", "itpm", "otpm", "daily")[kind] if kind < 5 else "none"
 
 
 def make_tenants(count: int = 20) -> list[Tenant]:
-    """`count` tenants t00, t01...; tenant i has its (i mod 5)th limit tight."""
+    """`count` tenants t00, t01...: of every ten, the first five have one limit each set
+    tight (wallet, rpm, itpm, otpm, daily, in that order), the other five none."""
     tenants = []
     for index in range(count):
-        kind = index % 5
+        kind = index % 10
         tenants.append(
             Tenant(
                 name=f"t{index:02d}",

@@ -10,7 +10,7 @@
   ledger, plus the charges lost at a router kill).
 - Wallet (docs/wallets.md): below zero by at most one request's worst case, except while
   the ledger is down (fail-open): then also by what the requests sent during the outage
-  cost.
+  (from the kill until every router has the ledger back) were charged.
 """
 
 from __future__ import annotations
@@ -96,9 +96,12 @@ def judge_limits(fleet: Fleet, results: Sequence[Result], src: Sources, v: Verdi
         for name, (used, limit, bound) in figures.items():
             if used > bound:
                 v.bad(f"{tenant.name}: {name} {used} over its bound {bound} (limit {limit})")
-        used, limit, bound = figures[tenant.tight]
-        line.worst = f"{tenant.tight} {used} of {limit} (bound {bound})"
-        if tenant.tight == "wallet":
+        shown = tenant.tight
+        if shown not in figures:  # no tight limit: the one nearest its bound
+            shown = max(figures, key=lambda k: figures[k][0] / max(figures[k][2], 1))
+        used, limit, bound = figures[shown]
+        line.worst = f"{shown} {used} of {limit} (bound {bound})"
+        if shown == "wallet":
             line.worst += f", {unchecked} of it sent while the ledger was down"
 
 
@@ -114,8 +117,14 @@ def _wallet(
     the part of the bound that requests sent while the ledger was down add."""
     balance = src.balances.get(tenant, credit)
     one = max((worst_case(r) for r in mine), default=Decimal(0))
+    # What the requests sent while the ledger was down were charged (fail-open: no check).
     unchecked = sum(
-        (worst_case(r) for r in mine if any(a <= r.started <= b for a, b in outages)),
+        (
+            row.amount
+            for r in mine
+            if any(a <= r.started <= b for a, b in outages)
+            for row in src.ledger.get(r.call.rid, [])
+        ),
         Decimal(0),
     )
     milli = Decimal("0.001")

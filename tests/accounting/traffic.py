@@ -33,6 +33,7 @@ SHAPES = (
     "messages",
     "messages_stream",
 )
+CACHED_SHAPES = ("chat", "chat_stream", "messages_stream")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa")
 CLIENT_TIMEOUT = 30.0
 
@@ -76,22 +77,25 @@ def plan(seed: int, count: int, tenants: Sequence[Tenant], routers: int = 3) -> 
     calls = []
     for index in range(count):
         shape = rng.choice(SHAPES)
-        cacheable = rng.random() < 0.15
+        tenant = rng.choice(tenants)
         if shape.startswith("messages"):
             max_tokens: int | None = rng.choice((8, 16, 32, 40))
         else:
             max_tokens = None if rng.random() < 0.3 else rng.choice((8, 16, 32, 40))
         n = 2 if not shape.startswith("messages") and rng.random() < 0.15 else 1
-        if cacheable:
-            prompt = f"Repeat after me, cached question number {rng.randrange(3)}."
-        else:
-            prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 40)))
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 40)))
+        cacheable = rng.random() < 0.15
+        if cacheable:  # one of a few bodies of two tenants: repeats, hits and followers
+            tenant = tenants[5 + rng.randrange(2)] if len(tenants) > 6 else tenant
+            shape = rng.choice(CACHED_SHAPES)
+            prompt = f"Repeat after me, cached question number {rng.randrange(2)}."
+            max_tokens, n = 16, 1
         streamed = "stream" in shape
         hangup = rng.randrange(2, 6) if streamed and not cacheable and rng.random() < 0.15 else 0
         calls.append(
             Call(
                 index=index,
-                tenant=rng.choice(tenants),
+                tenant=tenant,
                 router=rng.randrange(routers),
                 shape=shape,
                 prompt=prompt,

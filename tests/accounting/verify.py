@@ -180,6 +180,12 @@ def _judge_cut(fleet: Fleet, members: list[Result], src: Sources, v: Verdict) ->
 
 
 def judge_audit(fleet: Fleet, results: Sequence[Result], src: Sources, v: Verdict) -> None:
+    cache = Counter(str(r.get("cache")) for rs in src.audit.values() for r in rs if "cache" in r)
+    v.notes.append(
+        "cache results in the audit: "
+        + (", ".join(f"{k} {n}" for k, n in sorted(cache.items())) or "none")
+    )
+    unaudited = 0  # charged, no audit record: the router was killed before writing it
     for result in results:
         rid = result.call.rid
         records, rows = src.audit.get(rid, []), src.ledger.get(rid, [])
@@ -193,6 +199,8 @@ def judge_audit(fleet: Fleet, results: Sequence[Result], src: Sources, v: Verdic
             has_tokens = any(r["input_tokens"] or r["output_tokens"] for r in records)
             if (rows or has_tokens) and not at_risk(fleet, result):
                 v.bad(f"{rid}: audit records {records} but charge rows {rows}")
+            elif rows:
+                unaudited += 1
             continue
         record, row = records[0], rows[0]
         if record.get("billed") is False:
@@ -202,6 +210,10 @@ def judge_audit(fleet: Fleet, results: Sequence[Result], src: Sources, v: Verdic
         pair = (int(record["input_tokens"]), int(record["output_tokens"]))
         if pair != (row.tokens_in, row.tokens_out) or Decimal(record["charge"]) != row.amount:
             v.bad(f"{rid}: audit {pair} {record.get('charge')} != ledger {row}")
+    v.notes.append(
+        f"{unaudited} charged requests have no audit record: a router killed with SIGKILL"
+        " lost the lines its audit writer had not yet written"
+    )
 
 
 def judge_usage(fleet: Fleet, results: Sequence[Result], src: Sources, v: Verdict) -> None:
@@ -214,6 +226,11 @@ def judge_usage(fleet: Fleet, results: Sequence[Result], src: Sources, v: Verdic
             risk[result.call.tenant.name] += tokens
     for name, line in v.lines.items():
         line.usage = src.usage.get(name, 0)
+        if line.usage != line.ledger:
+            v.notes.append(
+                f"{name}: /admin/usage {line.usage}, ledger {line.ledger}: a router killed"
+                " with SIGKILL had not synced what it settled last"
+            )
         if abs(line.usage - line.ledger) > risk[name]:
             v.bad(
                 f"{name}: /admin/usage {line.usage} != ledger {line.ledger}"

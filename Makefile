@@ -122,7 +122,7 @@ soak: $(STAMP)
 	$(BIN)/python -m bench.soak $(ARGS)
 
 ## Every token billed once under faults: a site of 3 routers, Valkey with Sentinel, PostgreSQL,
-## 1,200 requests of 20 tenants while processes are killed (about 4 minutes); the table goes to
+## 1,200 requests of 20 tenants while processes are killed (about 2 minutes); the table goes to
 ## build/check-accounting.md. `make test` runs a short version (tests/integration/test_accounting.py).
 check-accounting: $(STAMP)
 	$(BIN)/python scripts/check_accounting.py $(ARGS)

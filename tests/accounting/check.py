@@ -60,6 +60,12 @@ def summary(fleet: Fleet, results: list[Result], judged: Verdict) -> list[str]:
         "requests by how their client saw them end: "
         + ", ".join(f"{k} {n}" for k, n in sorted(ended.items()))
     ]
+    busy = [r for r in results if r.code == "concurrency_limit_exceeded"]
+    during = [r for r in busy if any(a <= r.started <= b for _, a, b in fleet.faults)]
+    notes.append(
+        f"{len(busy)} requests refused concurrency_limit_exceeded, {len(during)} of them"
+        " sent while a fault was being recovered from"
+    )
     for life in fleet.lives:
         if life.killed is None:
             continue

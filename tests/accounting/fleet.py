@@ -292,6 +292,7 @@ HELD_GAUGES = (
     "hivenet_admission_inflight_requests",
     "hivenet_admission_occupancy_tokens",
     "hivenet_wallet_pending_charges",
+    "hivenet_agent_capacity_utilization",
 )
 
 

@@ -14,7 +14,8 @@ broke, or it got no answer (a router or agent killed under it).
    only for requests sent to that router process before its kill. A cut group is charged
    what the meter counted from the text relayed (docs/admission.md), which is not the
    engine's count: shown beside it, not judged to the token.
-2. A request refused for a limit (429, 402) reached no engine and has no charge row.
+2. A request refused for a limit (429, 402) reached no engine and has no charge row. The
+   usage a client was shown is the engine's; a stream that did not ask for it shows none.
 3. The audit record of a request equals its charge row (tokens and charge); a charged
    request without a record, or the reverse, only on a killed router.
 4. `/admin/usage` (site-wide, every router agreeing) equals the ledger per tenant, within
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from tests.accounting.fleet import PRICE_IN, PRICE_OUT, Fleet
-from tests.accounting.sources import Row, Sources
+from tests.accounting.sources import EngineLine, Row, Sources
 from tests.accounting.traffic import Result
 
 LIMIT_CODES = {402, 429}
@@ -110,10 +111,26 @@ def judge_billing(fleet: Fleet, results: Sequence[Result], src: Sources, v: Verd
         engine = src.engine.get(rid, [])
         line.engine += sum(e.prompt + e.completion for e in engine)
         line.ledger += sum(_tokens(r) for r in rows)
+        _judge_seen(result, engine, v)
         if result.status in LIMIT_CODES and (engine or rows):
             v.bad(f"{rid}: refused {result.status} {result.code} yet engine={engine} rows={rows}")
     for members in groups.values():
         _judge_group(fleet, members, src, v)
+
+
+def _judge_seen(result: Result, engine: list[EngineLine], v: Verdict) -> None:
+    """The client's own view, a fifth source: the usage it was shown is the engine's, and a
+    stream whose client did not ask for usage shows none (docs/admission.md, One meter)."""
+    rid, shape = result.call.rid, result.call.shape
+    if shape in ("chat_stream", "completion_stream"):
+        if result.seen_in or result.seen_out:
+            v.bad(f"{rid} ({shape}): usage shown to a client that did not ask for it")
+        return
+    done = [e for e in engine if e.complete]
+    if result.ended != "whole" or result.call.cacheable or len(done) != 1:
+        return
+    if (result.seen_in, result.seen_out) != (done[0].prompt, done[0].completion):
+        v.bad(f"{rid} ({shape}): client shown {result.seen_in}+{result.seen_out}, engine {done[0]}")
 
 
 def _tokens(row: Row) -> int:

@@ -27,6 +27,7 @@ def _chat(max_tokens: int) -> dict[str, object]:
 def _freed(router_metrics: str, sim_metrics: str) -> bool:
     return (
         metric(router_metrics, "hivenet_router_active_forwards") == 0.0
+        and metric(router_metrics, "hivenet_agent_capacity_utilization") == 0.0
         and metric(sim_metrics, "vllm:num_requests_running") == 0.0
     )
 

@@ -44,9 +44,10 @@ test: $(STAMP) lint engines clients prometheus
 engines:
 	PYTHON=$(PYTHON) scripts/real_engines.sh >/dev/null
 
-## Install the real clients the tests run (Claude Code), once per version, cached outside.
+## Install the real clients the tests run (Claude Code, Codex CLI), once per version, cached outside.
 clients:
 	scripts/claude_code.sh >/dev/null
+	scripts/codex_cli.sh >/dev/null
 
 ## Install Prometheus and promtool (Debian package) for the dashboard and alert-rule tests.
 prometheus:

@@ -20,6 +20,11 @@ leaving it costs no coroutine):
 As with `asyncio.timeout`, a cancel from anywhere else stays a cancel (a deadline that
 fires as well is withdrawn and the cancel goes on), and a deadline already past cancels
 at the next turn of the loop.
+
+A deadline that moves (a stream's, which runs out when no chunk came for a while) is a
+`Watch`: its owner records progress with one store per step, and the deadline is looked at
+only when its slot fires, then filed again under the later time it has moved to. A stream
+so costs one filing per idle period, not one per chunk.
 """
 
 from __future__ import annotations
@@ -43,15 +48,37 @@ class _Slot:
         self.members: set[Expiry] = set()
 
 
+class Watch:
+    """A deadline that moves: `last` (loop time) plus `idle`, never past `end`. Whoever
+    makes progress sets `last`; `idle` 0 means only `end` counts."""
+
+    __slots__ = ("end", "idle", "last")
+
+    def __init__(self, last: float, idle: float, end: float) -> None:
+        self.last = last
+        self.idle = idle
+        self.end = end
+
+    def due(self) -> float:
+        if not self.idle:
+            return self.end
+        return min(self.last + self.idle, self.end)
+
+    def ended(self, now: float) -> bool:
+        """Was it `end` (not idleness) that ran out by `now`?"""
+        return now >= self.end
+
+
 class Expiry:
-    """One task's deadline, from `Deadlines.start`."""
+    """One task's deadline, from `Deadlines.start` or `Deadlines.watch`."""
 
-    __slots__ = ("_cancelling", "_slot", "_task", "_withdrawn", "fired")
+    __slots__ = ("_cancelling", "_slot", "_task", "_watch", "_withdrawn", "fired")
 
-    def __init__(self, task: asyncio.Task[object]) -> None:
+    def __init__(self, task: asyncio.Task[object], watch: Watch | None = None) -> None:
         self._task = task
         self._cancelling = task.cancelling()
         self._slot: _Slot | None = None
+        self._watch = watch
         self.fired = False
         self._withdrawn = False
 
@@ -69,8 +96,14 @@ class Expiry:
             raise TimeoutError from error
         self.cancel()
 
-    def _fire(self) -> None:
+    def _fire(self, owner: Deadlines, now: float) -> None:
         self._slot = None
+        watch = self._watch
+        if watch is not None:
+            due = watch.due()
+            if due > now:  # it moved since it was filed: file it again, under its new time
+                owner._file(self, due)
+                return
         self.fired = True
         self._task.cancel()
 
@@ -121,6 +154,24 @@ class Deadlines:
         loop = task.get_loop()
         if loop is not self._loop:  # a new loop (tests run one each): old slots are moot
             self._loop, self._slots = loop, {}
+        self._file(expiry, when)
+        return expiry
+
+    def watch(self, watch: Watch) -> Expiry:
+        """A deadline for the running task that follows `watch` as it moves."""
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a deadline needs a running task")
+        expiry = Expiry(task, watch)
+        loop = task.get_loop()
+        if loop is not self._loop:
+            self._loop, self._slots = loop, {}
+        self._file(expiry, watch.due())
+        return expiry
+
+    def _file(self, expiry: Expiry, when: float) -> None:
+        loop = self._loop
+        assert loop is not None
         key = math.ceil(when / self._grain)
         if key * self._grain < when:  # float rounding: never fire before the deadline
             key += 1
@@ -130,7 +181,6 @@ class Deadlines:
             slot = self._slots[key] = _Slot(self, key, handle)
         slot.members.add(expiry)
         expiry._slot = slot
-        return expiry
 
     def after(self, seconds: float | None) -> Expiry:
         """A deadline `seconds` from now (None or 0: none)."""
@@ -157,5 +207,6 @@ class Deadlines:
     def _expire(self, key: int) -> None:
         slot = self._slots.pop(key, None)
         if slot is not None:
+            now = key * self._grain
             for expiry in list(slot.members):
-                expiry._fire()
+                expiry._fire(self, now)

@@ -154,10 +154,11 @@ def test_deadline_gives_request_timeout_and_frees_everything(make_cluster: Clust
 
 
 @pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages"])
-def test_deadline_during_a_stream_ends_it_with_an_error_event(
+def test_max_stream_duration_ends_a_stream_with_an_error_event(
     make_cluster: Cluster, route: str
 ) -> None:
-    router = make_cluster.router("--request-timeout", "800ms")
+    # 50 tokens at 100 ms each take 5 s: the 800 ms limit ends the stream well before.
+    router = make_cluster.router("--request-timeout", "500ms", "--max-stream-duration", "800ms")
     sim = make_cluster.sim(MODEL, "--itl", "100ms", "--ttft-base", "0")
     make_cluster.agent(router, sim)
     wait_registered(router, MODEL)
@@ -165,6 +166,6 @@ def test_deadline_during_a_stream_ends_it_with_an_error_event(
     with httpx.stream("POST", router.url + route, json=body, timeout=10) as reply:
         assert reply.status_code == 200
         text = reply.read().decode()
-    assert "request deadline expired" in text
+    assert "--max-stream-duration" in text and '"request_timeout"' in text
     assert "[DONE]" not in text and "message_stop" not in text
     assert metric(router.metrics(), "hivenet_router_active_forwards") == 0.0

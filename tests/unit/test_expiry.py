@@ -8,7 +8,8 @@ import contextlib
 
 import pytest
 
-from hivenet_router.expiry import Deadlines
+from hivenet_router.clock import ManualClock, run_in_virtual_time
+from hivenet_router.expiry import Deadlines, Watch
 
 
 async def guarded(deadlines: Deadlines, after: float | None, work: float) -> str:
@@ -143,3 +144,50 @@ async def test_the_parts_can_be_used_by_hand() -> None:
         expiry.cancel()
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0
+
+
+def _watched(gaps: list[float], idle: float, end: float) -> tuple[str, float, bool]:
+    """Chunks arrive after each of `gaps` (virtual seconds) under a Watch; how it ended,
+    when, and whether the watch says its end (not idleness) ran out."""
+    clock = ManualClock()
+
+    async def main() -> tuple[str, float, bool]:
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines()
+        start = loop.time()
+        watch = Watch(start, idle, start + end)
+        outcome = "done"
+        try:
+            with deadlines.watch(watch):
+                for gap in gaps:
+                    await asyncio.sleep(gap)
+                    watch.last = loop.time()
+        except TimeoutError:
+            outcome = "timed out"
+        assert deadlines.pending == 0 and deadlines.slots == 0
+        return outcome, loop.time() - start, watch.ended(loop.time())
+
+    return run_in_virtual_time(clock, main())
+
+
+def test_a_watch_moves_with_progress_past_its_first_due_time() -> None:
+    # 100 steps of 0.9 s under a 1 s idle limit: 90 s in all, never idle for 1 s.
+    outcome, at, _ = _watched([0.9] * 100, idle=1.0, end=600.0)
+    assert outcome == "done" and at == pytest.approx(90.0)
+
+
+def test_a_watch_fires_after_a_gap_longer_than_idle() -> None:
+    outcome, at, ended = _watched([0.5, 0.5, 30.0], idle=2.0, end=600.0)
+    assert outcome == "timed out" and not ended
+    assert 3.0 <= at <= 3.0 + 0.1  # never early, at most a grain or two late
+
+
+def test_a_watch_ends_at_its_end_however_busy() -> None:
+    outcome, at, ended = _watched([0.1] * 1000, idle=1.0, end=5.0)
+    assert outcome == "timed out" and ended
+    assert 5.0 <= at <= 5.1
+
+
+def test_a_watch_without_idle_counts_only_its_end() -> None:
+    outcome, at, ended = _watched([4.0, 4.0], idle=0.0, end=6.0)
+    assert outcome == "timed out" and ended and 6.0 <= at <= 6.1

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
-from hivenet_router.expiry import Deadlines
+from hivenet_router.expiry import Deadlines, Expiry
 from hivenet_router.http1.client import EngineClient, EngineError, EngineResponse, Unreachable
 from hivenet_router.observability.spans import AgentTracing
 from hivenet_router.slots import Slots
@@ -144,9 +144,9 @@ class BackendProxy:
     ) -> None:
         answer: EngineResponse | None = None
         try:
-            with self._deadlines.after(self._timeout):
+            with self._deadlines.after(self._timeout) as expiry:
                 answer = await self._engine.request(method, path, headers, body)
-                await self._relay(stream, answer)
+                await self._relay(stream, answer, expiry)
         except StreamReset:
             raise
         except Unreachable as exc:
@@ -159,7 +159,10 @@ class BackendProxy:
             if answer is not None:
                 answer.release()  # after a whole read it is back in the pool already
 
-    async def _relay(self, stream: Stream, answer: EngineResponse) -> None:
+    async def _relay(self, stream: Stream, answer: EngineResponse, expiry: Expiry) -> None:
+        """Send the engine's answer back. `expiry` (--http-timeout) bounds it up to the
+        head; a stream then goes on as long as the router reads it: the router's stream
+        limits end it by resetting the stream, which cancels this."""
         if answer.status >= 400:
             raw = await answer.read(MAX_ERROR_BYTES, truncate=True)
             _code, status, envelope = classify(answer.status, raw)
@@ -184,6 +187,7 @@ class BackendProxy:
         )
         if first is None:
             return
+        expiry.cancel()
         while (chunk := await answer.next_chunk()) is not None:
             await stream.write(chunk, timeout=self._write_timeout)
         await stream.end()

@@ -145,7 +145,8 @@ class AgentConfig:
     http_timeout: float = duration_option(
         120.0,
         flag="--http-timeout",
-        help="Timeout of one backend request (enforced to within 50 ms after it, never before)",
+        help="Timeout of one backend request up to its answer's head (enforced to within 50 "
+        "ms after it, never before); a stream then lasts as long as the router reads it",
     )
     stream_write_timeout: float = duration_option(
         60.0,

@@ -171,9 +171,27 @@ class RouterConfig:
         flag="--request-timeout",
         env="HIVENET_ROUTER_REQUEST_TIMEOUT",
         help=(
-            "Deadline of the whole router-side operation, streaming included "
-            "(enforced to within 50 ms after it, never before)"
+            "Deadline of the router-side operation up to the answer's head: queueing, "
+            "waiting for a slot, forwarding, a whole answer (enforced to within 50 ms after "
+            "it, never before); a stream, once begun, is bounded by --stream-idle-timeout "
+            "and --max-stream-duration instead"
         ),
+    )
+    stream_idle_timeout: float = duration_option(
+        60.0,
+        flag="--stream-idle-timeout",
+        env="HIVENET_ROUTER_STREAM_IDLE_TIMEOUT",
+        positive=False,
+        help="Longest gap between two chunks of a streamed answer before the router ends "
+        "it with a request_timeout error event; 0 disables it",
+    )
+    max_stream_duration: float = duration_option(
+        1800.0,
+        flag="--max-stream-duration",
+        env="HIVENET_ROUTER_MAX_STREAM_DURATION",
+        help="Longest life of a streamed answer, from the request's arrival; past it the "
+        "router ends the stream with a request_timeout error event (a value "
+        "below --request-timeout counts as --request-timeout)",
     )
     policy_file: str = option(
         "",

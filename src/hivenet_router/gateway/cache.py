@@ -152,7 +152,7 @@ class ResponseCache:
         # Set before the answer: reading a whole one may already decide that this follower
         # pays for the call (_bill_once).
         _bill(ticket, settings.bill_hits)
-        reader = flight.join(deadline=ticket.deadline, on_bill=_bill_once(ticket, settings))
+        reader = flight.join(deadline=_stream_end(ticket), on_bill=_bill_once(ticket, settings))
         try:
             answer = await reader.answer(ticket.deadline, origin=ORIGIN)
         except ApiError:
@@ -187,7 +187,7 @@ class ResponseCache:
         listed = settings.dedup and self.flights.add(flight)
         opener = functools.partial(self._open, ticket, next, flight, listed, want)
         reader = flight.join(first=True, on_bill=_bill_once(ticket, settings))
-        flight.start(opener, ticket.deadline, self._pumps)
+        flight.start(opener, _stream_end(ticket), self._pumps)
         try:
             answer = await reader.answer(ticket.deadline + LEADER_GRACE)
         except ApiError:
@@ -278,3 +278,9 @@ def _bill_once(ticket: Ticket, settings: CacheSettings) -> Callable[[bool], None
 def _bill(ticket: Ticket, billed: bool) -> None:
     ticket.put(BILLED, billed)
     ticket.note(UNBILLED, None if billed else False)
+
+
+def _stream_end(ticket: Ticket) -> float:
+    """How long a flight's pump may read the upstream's stream for this request: its
+    --max-stream-duration (the head is bounded by the request's deadline elsewhere)."""
+    return ticket.stream_end or ticket.deadline

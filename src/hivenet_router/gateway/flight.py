@@ -13,8 +13,10 @@ its close hooks (admission, dispatch's slots) run then. A failure reaches every 
 the same point: a refusal before the head (`ApiError`) as the same error, a break
 mid-stream (`AnswerBroken`) after the same bytes, each reader raising its own copy.
 
-The pump reads within the latest deadline of the requests that joined (so one that joined
-late is not cut at the first one's deadline), never past twice the first one's allowance.
+The pump reads within the latest stream deadline (--max-stream-duration) of the requests
+that joined (so one that joined late is not cut at the first one's), never past twice the
+first one's allowance. A stream that stalls is ended by its readers' relays
+(--stream-idle-timeout): when the last one leaves, the pump stops.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ class Flight:
             return Outcome.BROKEN
         except TimeoutError:
             self.failure = AnswerBroken(
-                ErrorCode.REQUEST_TIMEOUT, "request deadline expired during the stream"
+                ErrorCode.REQUEST_TIMEOUT, "the stream ran past --max-stream-duration"
             )
             return Outcome.TIMEOUT
         except asyncio.CancelledError:

@@ -2,7 +2,7 @@
 (a model stuck repeating itself) before the client sees it, and replaced when it fails.
 
 For a policy with a `stream_validator` block, the first chunks of a local stream are held
-back (up to `hold_chunks` chunks or `hold_ms`, never past the request's deadline) and their
+back (up to `hold_chunks` chunks or `hold_ms`, never past the stream's end) and their
 text judged (`degenerate.Detector`). Clean: the held chunks go out as one first chunk and
 the rest flows through unbuffered, still watched when `after_hold` is on: a loop found in a
 later chunk ends the stream, that chunk unsent, with the `degenerate_output` error event
@@ -99,8 +99,9 @@ class StreamValidator:
         loop = asyncio.get_running_loop()
         started = loop.time()
         until = started + settings.hold_ms / 1000
-        if ticket.deadline:
-            until = min(until, ticket.deadline)
+        end = ticket.stream_end or ticket.deadline  # the head is in: the stream's bound
+        if end:
+            until = min(until, end)
         try:
             await hold.fill(settings.hold_chunks, until, loop)
         except BaseException as exc:

@@ -91,6 +91,7 @@ class Ticket:
         "request_id",
         "source_ip",
         "started",
+        "stream_end",
         "trace_id",
         "usage",
     )
@@ -111,7 +112,10 @@ class Ticket:
         # The model's policy, resolved once when the model is known (before the first
         # stage), so that every stage and dispatch see one version across a reload.
         self.policy: Policy = BUILT_IN
-        self.deadline = 0.0  # event-loop time by which the whole request must be done
+        self.deadline = 0.0  # event-loop time by which the answer's head must be in
+        # Event-loop time by which a streamed answer must have ended (--max-stream-duration
+        # after arrival); 0: the deadline above.
+        self.stream_end = 0.0
         self.phase = "queue"  # where the request is, so a deadline can say where it expired
         self.admitted = False  # admission let it through: it counts for its tenant
         self.dispatched = False  # it reached dispatch: its failures count for its model

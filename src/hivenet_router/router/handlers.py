@@ -83,6 +83,7 @@ class Handlers:
         claims: Callable[[str], bool],
         request_timeout: float,
         body_timeout: float = 30.0,
+        max_stream_duration: float = 0.0,
         warming: Callable[[], bool] = lambda: False,
         reader: BodyReader | None = None,
         *,
@@ -95,6 +96,8 @@ class Handlers:
         self.registry = registry
         self.claims = claims  # does a per-model policy name this model?
         self.request_timeout = request_timeout
+        # A stream's whole life, from the request's arrival; never shorter than the deadline.
+        self.max_stream_duration = max(max_stream_duration, request_timeout)
         self.body_timeout = body_timeout
         self.warming = warming
 
@@ -178,6 +181,7 @@ class Handlers:
             # occupancy pools or metric series.
             raise self._unknown(ticket, model)
         ticket.deadline = ticket.started + self.request_timeout
+        ticket.stream_end = ticket.started + self.max_stream_duration
         # Once for the whole request: every stage and dispatch read this snapshot, whatever
         # a reload does meanwhile.
         ticket.policy = self.policy_for(model)

@@ -1,11 +1,13 @@
 """Write an Answer to the client, then close it with how it ended.
 
-A whole answer goes out in one response. A stream is relayed chunk by chunk within the
-request's deadline; if it breaks part-way (the source fails, the deadline passes, the
-router is shutting down) it ends with one error event in the envelope every error has, so
-the client's SDK raises instead of taking a truncated answer for a whole one. Whatever
-happens, the answer is closed exactly once with its outcome, which gives back everything
-the request held.
+A whole answer goes out in one response. A stream is relayed chunk by chunk; once its head
+is in, the request's deadline (`--request-timeout`) no longer applies: the stream may go
+on while chunks keep coming (no gap longer than `--stream-idle-timeout`) up to
+`--max-stream-duration` after the request arrived. If it breaks part-way (the source
+fails, a stream limit runs out, the router is shutting down) it ends with one error event
+in the envelope every error has, so the client's SDK raises instead of taking a truncated
+answer for a whole one. Whatever happens, the answer is closed exactly once with its
+outcome, which gives back everything the request held.
 
 On OpenAI streams whose client did not ask for usage, the usage event (which the router
 asked the engine for) is left out of what the client is sent; the answer is metered from
@@ -25,7 +27,7 @@ from hivenet_router.domain.usage import (
     input_estimate,
     wants_usage,
 )
-from hivenet_router.expiry import Deadlines
+from hivenet_router.expiry import Deadlines, Watch
 from hivenet_router.http1 import messages as http
 from hivenet_router.pipeline.ticket import Ticket
 
@@ -37,9 +39,10 @@ ERROR_WRITE = 1.0
 
 
 class Relay:
-    def __init__(self) -> None:
+    def __init__(self, idle_timeout: float = 0.0) -> None:
         self.stopping = False  # set when the shutdown grace is over and streams are cut
         self.deadlines = Deadlines()  # each stream's, on one timer per 50 ms
+        self.idle_timeout = idle_timeout  # longest gap between two chunks; 0: none
 
     async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
@@ -68,11 +71,14 @@ class Relay:
         written = b""  # the last chunk the client was sent
         response: http.Stream | None = None
         drop = _usage_events(ticket, answer)
+        time = asyncio.get_running_loop().time
+        watch = Watch(time(), self.idle_timeout, ticket.stream_end or ticket.deadline)
         try:
             response = await http.stream(request, answer.status, headers)
-            with self.deadlines.start(ticket.deadline):
+            with self.deadlines.watch(watch):
                 chunk = answer.first
                 while chunk is not None:
+                    watch.last = time()  # one store per chunk: the watch reads it when due
                     if drop is not None:
                         chunk = drop(chunk)
                     if chunk:
@@ -89,10 +95,7 @@ class Relay:
         except TimeoutError:
             outcome = Outcome.TIMEOUT
             await self._end_with_error(
-                response,
-                ticket,
-                ErrorCode.REQUEST_TIMEOUT,
-                "request deadline expired during the stream",
+                response, ticket, ErrorCode.REQUEST_TIMEOUT, self._timed_out(watch, time())
             )
         except asyncio.CancelledError:
             if complete(written):
@@ -120,6 +123,11 @@ class Relay:
         with contextlib.suppress(ConnectionError):
             await response.end()
         return response
+
+    def _timed_out(self, watch: Watch, now: float) -> str:
+        if watch.ended(now):
+            return "the stream ran past --max-stream-duration"
+        return f"no chunk came for --stream-idle-timeout ({self.idle_timeout:g}s)"
 
     @staticmethod
     async def _close(ticket: Ticket, answer: Answer, outcome: Outcome) -> None:

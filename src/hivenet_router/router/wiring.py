@@ -294,7 +294,7 @@ def assemble(
     admission = Admission(clock, healthy, ports, cfg.admit_fraction, cfg.admit_park_timeout)
     rate = RequestRate(ports.rates, healthy)
     dispatcher = Dispatcher(registry, clock, dispatch_limits(cfg), policies, shared.providers)
-    relay = Relay()
+    relay = Relay(cfg.stream_idle_timeout)
     sessions = Sessions(clock, cfg.session_ttl)
     keeper = HistoryKeeper(registry, store, cfg.universal_flush_interval)
     router = Router(
@@ -409,6 +409,7 @@ def _public_app(shared: Shared, router: Router) -> App:
         router.dispatcher.claims,
         cfg.request_timeout,
         body_timeout=cfg.http_body_timeout,
+        max_stream_duration=cfg.max_stream_duration,
         warming=lambda: clock.monotonic() < warm_until,
         reader=router.bodies,
         policy_for=router.policy_for,

@@ -3,8 +3,9 @@
 The simulator calls a tool only when the request forces one (OpenAI `tool_choice:
 "required"` or a named function, Anthropic `{"type": "any"}` or a named tool); with `auto`
 it answers in text, so an agent loop that sends a tool result back gets a text answer.
-Arguments, and answers under `response_format`, are built from the JSON schema the client
-sent: required properties with placeholder values of the declared types.
+Arguments, and structured answers (OpenAI `response_format`, Anthropic `output_format` or
+`output_config.format`), are instances of the JSON schema the client sent
+(`schema_answer.instance`), so a client that validates them accepts them.
 """
 
 from __future__ import annotations
@@ -13,46 +14,9 @@ from typing import Any
 
 import orjson
 
-_MAX_DEPTH = 6
+from hivenet_router.sim.schema_answer import instance
 
-
-def example(schema: Any, depth: int = 0) -> Any:
-    """A small value that satisfies the common parts of a JSON schema."""
-    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
-        return None
-    if "const" in schema:
-        return schema["const"]
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum:
-        return enum[0]
-    for key in ("anyOf", "oneOf", "allOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options:
-            return example(options[0], depth + 1)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind == "object" or (kind is None and "properties" in schema):
-        props = schema.get("properties")
-        props = props if isinstance(props, dict) else {}
-        required = schema.get("required")
-        names = required if isinstance(required, list) else []
-        return {str(n): example(props.get(n), depth + 1) for n in names}
-    if kind == "array":
-        least = schema.get("minItems")
-        count = least if isinstance(least, int) and 0 < least <= 3 else 0
-        return [example(schema.get("items"), depth + 1) for _ in range(count)]
-    if kind == "integer":
-        low = schema.get("minimum")
-        return low if isinstance(low, int) else 1
-    if kind == "number":
-        low = schema.get("minimum")
-        return low if isinstance(low, int | float) else 1.0
-    if kind == "boolean":
-        return True
-    if kind == "null":
-        return None
-    return "sim"
+_ECHO = 200  # characters of the prompt a json_object answer echoes
 
 
 def _openai_tools(body: dict[str, Any]) -> dict[str, Any]:
@@ -95,21 +59,49 @@ def forced_call(body: dict[str, Any], anthropic: bool) -> tuple[str, bytes] | No
                 name = function["name"]
     if name is None or name not in tools:
         return None
-    return name, orjson.dumps(example(tools[name]) or {})
+    arguments = instance(tools[name]) if tools[name] is not None else {}
+    return name, orjson.dumps(arguments if isinstance(arguments, dict) else {})
 
 
 def structured(body: dict[str, Any]) -> bytes | None:
-    """The JSON text to answer with when `response_format` asks for JSON."""
+    """The JSON text to answer with when the request asks for JSON: OpenAI's
+    `response_format` (`json_schema`, `json_object`), Anthropic's `output_format` or
+    `output_config.format` (`json_schema`)."""
     fmt = body.get("response_format")
-    if not isinstance(fmt, dict):
+    if isinstance(fmt, dict):
+        if fmt.get("type") == "json_schema":
+            spec = fmt.get("json_schema")
+            return _instance(spec.get("schema") if isinstance(spec, dict) else None)
+        if fmt.get("type") == "json_object":
+            return orjson.dumps({"answer": "sim", "prompt": _last_user_text(body)[:_ECHO]})
         return None
-    if fmt.get("type") == "json_schema":
-        spec = fmt.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        return orjson.dumps(example(schema) if schema is not None else {})
-    if fmt.get("type") == "json_object":
-        return b'{"answer": "sim"}'
+    config = body.get("output_config")
+    fmt = body.get("output_format")
+    if isinstance(config, dict) and isinstance(config.get("format"), dict):
+        fmt = config["format"]
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return _instance(fmt.get("schema"))
     return None
+
+
+def _instance(schema: Any) -> bytes:
+    return orjson.dumps(instance(schema) if schema is not None else {})
+
+
+def _last_user_text(body: dict[str, Any]) -> str:
+    """The text of the last user message (OpenAI or Anthropic shape), for an answer that
+    echoes it."""
+    messages = body.get("messages")
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            parts = [p.get("text") for p in content if isinstance(p, dict)]
+            return " ".join(p for p in parts if isinstance(p, str))
+    return ""
 
 
 def pieces(text: bytes, size: int = 8) -> list[str]:

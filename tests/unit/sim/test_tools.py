@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import orjson
 
-from hivenet_router.sim.tools import example, forced_call, pieces, structured
+from hivenet_router.sim.schema_answer import instance
+from hivenet_router.sim.tools import forced_call, pieces, structured
 
 SCHEMA = {
     "type": "object",
@@ -20,7 +21,7 @@ SCHEMA = {
 
 
 def test_examples_satisfy_the_schema_they_came_from() -> None:
-    assert example(SCHEMA) == {
+    assert instance(SCHEMA) == {
         "city": "sim",
         "unit": "c",
         "days": 2,
@@ -52,6 +53,19 @@ def test_structured_answers_and_pieces() -> None:
         {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}
     )
     assert shaped is not None and orjson.loads(shaped)["unit"] == "c"
-    assert structured({"response_format": {"type": "json_object"}}) == b'{"answer": "sim"}'
+    echoed = structured(
+        {
+            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": "say it in JSON"}],
+        }
+    )
+    assert echoed is not None and orjson.loads(echoed) == {
+        "answer": "sim",
+        "prompt": "say it in JSON",
+    }
+    anthropic = {"output_format": {"type": "json_schema", "schema": SCHEMA}}
+    assert orjson.loads(structured(anthropic) or b"")["days"] == 2
+    config = {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}
+    assert orjson.loads(structured(config) or b"")["unit"] == "c"
     assert structured({"response_format": {"type": "text"}}) is None
     assert "".join(pieces(b'{"a": "long text here"}', 4)) == '{"a": "long text here"}'

@@ -57,8 +57,8 @@ def _resolve(root: Any, ref: str) -> Any:
     if not ref.startswith("#"):
         return None
     node = root
-    for part in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
         if not isinstance(node, dict) or part not in node:
             return None
         node = node[part]
@@ -69,10 +69,8 @@ def _is(value: Any, kind: Any) -> bool:
     if kind == "string":
         return isinstance(value, str)
     if kind == "integer":
-        return (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            or (isinstance(value, float) and value.is_integer())
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
         )
     if kind == "number":
         return isinstance(value, int | float) and not isinstance(value, bool)
@@ -117,9 +115,12 @@ def _choices(value: Any, schema: dict[str, Any], root: Any, path: str, depth: in
                 return problem
     for key in ("anyOf", "oneOf"):  # oneOf is read as anyOf: lenient, never stricter
         options = schema.get(key)
-        if isinstance(options, list) and options:
-            if all(_check(value, o, root, path, depth + 1) is not None for o in options):
-                return f"{path}: fits none of {key}"
+        if (
+            isinstance(options, list)
+            and options
+            and all(_check(value, o, root, path, depth + 1) is not None for o in options)
+        ):
+            return f"{path}: fits none of {key}"
     return None
 
 

@@ -76,16 +76,9 @@ class JsonPrefix:
         return len(self._stack)
 
     def feed(self, text: str) -> int | None:
+        """Run over `text` from the current state; the error's offset, or None."""
         if self.error is not None or not text:
             return self.error
-        bad = self._scan(text)
-        if bad is not None:
-            self.error = self.seen + bad
-        self.seen += len(text)
-        return self.error
-
-    def _scan(self, text: str) -> int | None:
-        """Run over `text` from the current state; the index of the first bad character."""
         i, n = 0, len(text)
         state = self.state
         while i < n:
@@ -102,34 +95,37 @@ class JsonPrefix:
                 elif c == "\\":
                     state = ESCAPE
                 else:
-                    return self._stop(i, state)  # a control character inside a string
+                    return self._stop(i, n, state)  # a control character inside a string
                 i += 1
             elif state == DONE or (state < STRING and c in _WHITESPACE):
                 run = _SPACE_RUN.match(text, i)
                 if run is None:
-                    return self._stop(i, state)  # something after the complete document
+                    return self._stop(i, n, state)  # something after the complete document
                 i = run.end()
             elif state >= MINUS:
                 state, advance = self._number(state, text, i)
                 if state < 0:
-                    return self._stop(i, state)
+                    return self._stop(i, n, state)
                 i += advance
             elif state <= KEY:
                 state = self._open(state, c)
                 if state < 0:
-                    return self._stop(i, state)
+                    return self._stop(i, n, state)
                 i += 1
             else:
                 state = self._inside(state, c)
                 if state < 0:
-                    return self._stop(i, state)
+                    return self._stop(i, n, state)
                 i += 1
         self.state = state
+        self.seen += n
         return None
 
-    def _stop(self, i: int, state: int) -> int:
+    def _stop(self, i: int, n: int, state: int) -> int:
         self.state = state
-        return i
+        self.error = self.seen + i
+        self.seen += n
+        return self.error
 
     def _after(self) -> int:
         """Where a value that just ended leaves the checker."""

@@ -64,7 +64,8 @@ class SseText:
         pieces: list[str] = []
         if self._sink is not None:
             for line in data.split(b"\n"):
-                self._judged(line, self._sink, pieces)
+                if line:
+                    self._judged(line, self._sink, pieces)
             return pieces
         for line in data.split(b"\n"):
             if line.startswith(b"data:"):
@@ -80,13 +81,13 @@ class SseText:
         """One line, read for its text and handed to the sink."""
         if line.startswith(b"data:"):
             payload = line[5:]
-            if payload.strip() == b"[DONE]":
-                self.done = True
-                return
             try:
                 event = orjson.loads(payload)
             except orjson.JSONDecodeError:
-                sink.bad("a data line that is no JSON")
+                if payload.strip() == b"[DONE]":
+                    self.done = True
+                else:
+                    sink.bad("a data line that is no JSON")
                 return
             sink.event(event)
             if isinstance(event, dict):

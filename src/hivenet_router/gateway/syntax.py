@@ -170,12 +170,13 @@ class SyntaxJudge:
     """Feed it the answer's events in order (`event`, `bad`, then `finish` at its end), or
     its whole body (`body`); `reason` says what broke first, `check` under which check."""
 
-    __slots__ = ("_asked", "_calls", "_cut", "_on", "_texts", "check", "reason")
+    __slots__ = ("_asked", "_calls", "_cut", "_json", "_on", "_texts", "check", "reason")
 
     def __init__(self, asked: Asked, settings: SyntaxSettings) -> None:
         self._asked = asked
         on = settings.structured if asked.structured else settings.free_text
         self._on = frozenset(c for c in CHECKS if on and getattr(settings, c))
+        self._json = asked.json and "json" in self._on  # generated text is judged as JSON
         self._texts: dict[int, Doc] = {}  # generated text by choice
         self._calls: dict[tuple[int, int], Doc] = {}  # tool calls by (choice, index)
         self._cut = False  # the answer stopped at its token limit
@@ -195,7 +196,7 @@ class SyntaxJudge:
         """One parsed `data:` payload."""
         if self.reason is not None:
             return
-        if not isinstance(event, dict):
+        if type(event) is not dict:
             self.bad("an event that is no JSON object")
             return
         if "error" in event and event.get("type") in (None, "error"):
@@ -207,11 +208,11 @@ class SyntaxJudge:
             self._responses(event)
         else:
             choices = event.get("choices")
-            if not isinstance(choices, list):
+            if type(choices) is not list:
                 self.bad("an event without choices")
                 return
             for choice in choices:
-                if isinstance(choice, dict):
+                if type(choice) is dict:
                     self._choice(choice, choice.get("delta"))
 
     def finish(self) -> str | None:
@@ -249,9 +250,7 @@ class SyntaxJudge:
             self._fail(problem)
 
     def _text(self, key: int, piece: Any) -> None:
-        if not isinstance(piece, str) or not piece or not self._asked.json:
-            return
-        if "json" not in self._on:
+        if not self._json or not piece or type(piece) is not str:
             return
         doc = self._texts.get(key)
         if doc is None:
@@ -278,30 +277,47 @@ class SyntaxJudge:
         """An OpenAI choice: chat `delta` (stream) or `message` (body), or completions
         `text`; its end when it has a finish reason."""
         index = choice.get("index", 0)
-        index = index if isinstance(index, int) else 0
-        if isinstance(part, dict):
-            self._text(index, part.get("content"))
+        if type(index) is not int:
+            index = 0
+        if type(part) is dict:
+            content = part.get("content")
+            if content and self._json:
+                doc = self._texts.get(index)
+                if doc is not None and type(content) is str:
+                    problem = doc.feed(content)  # the common case, kept short
+                    if problem is not None:
+                        self._fail(problem)
+                else:
+                    self._text(index, content)
             calls = part.get("tool_calls")
-            for position, call in enumerate(calls if isinstance(calls, list) else []):
-                if not isinstance(call, dict):
-                    continue
-                at = call.get("index", position)
-                function = call.get("function")
-                function = function if isinstance(function, dict) else {}
-                key = (index, at if isinstance(at, int) else position)
-                self._call(key, function.get("name"), function.get("arguments"))
+            if calls:
+                self._tool_calls(index, calls)
         else:
             self._text(index, choice.get("text"))
         finish = choice.get("finish_reason")
         if finish is not None:
-            cut = finish in _CUT
-            self._cut = self._cut or cut
-            text = self._texts.get(index)
-            if text is not None:
-                self._result(text.end(cut))
-            for (owner, _), doc in self._calls.items():
-                if owner == index:
-                    self._result(doc.end(cut))
+            self._finished(index, finish)
+
+    def _tool_calls(self, index: int, calls: Any) -> None:
+        for position, call in enumerate(calls if isinstance(calls, list) else []):
+            if not isinstance(call, dict):
+                continue
+            at = call.get("index", position)
+            function = call.get("function")
+            function = function if isinstance(function, dict) else {}
+            key = (index, at if isinstance(at, int) else position)
+            self._call(key, function.get("name"), function.get("arguments"))
+
+    def _finished(self, index: int, finish: Any) -> None:
+        """Choice `index` stopped: its texts must be whole (unless cut by the limit)."""
+        cut = _is_cut(finish)
+        self._cut = self._cut or cut
+        text = self._texts.get(index)
+        if text is not None:
+            self._result(text.end(cut))
+        for (owner, _), doc in self._calls.items():
+            if owner == index:
+                self._result(doc.end(cut))
 
     def _anthropic(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -324,11 +340,11 @@ class SyntaxJudge:
             delta = event.get("delta")
             stop = delta.get("stop_reason") if isinstance(delta, dict) else None
             if stop is not None:
-                self._cut = stop in _CUT
+                self._cut = _is_cut(stop)
                 self.finish()
 
     def _anthropic_body(self, value: dict[str, Any]) -> None:
-        self._cut = value.get("stop_reason") in _CUT
+        self._cut = _is_cut(value.get("stop_reason"))
         content = value.get("content")
         if not isinstance(content, list):
             self.bad("a body without content")
@@ -378,3 +394,8 @@ class SyntaxJudge:
 def _index(event: dict[str, Any], name: str = "index") -> int:
     index = event.get(name, 0)
     return index if isinstance(index, int) else 0
+
+
+def _is_cut(reason: Any) -> bool:
+    """Did the answer stop at its token limit?"""
+    return isinstance(reason, str) and reason in _CUT

@@ -37,7 +37,7 @@ from hivenet_router.gateway.blocks import VALIDATOR
 from hivenet_router.gateway.degenerate import Detector
 from hivenet_router.gateway.settings import SYNTAX_OFF, SyntaxSettings, ValidatorSettings
 from hivenet_router.gateway.sse_text import SseText
-from hivenet_router.gateway.syntax import CHAT, SyntaxJudge, asked
+from hivenet_router.gateway.syntax import CHAT, Asked, SyntaxJudge, asked
 from hivenet_router.gateway.validator import StreamValidator
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
@@ -156,7 +156,7 @@ async def through_stage(chunks: list[bytes], request: bytes, settings: Validator
     ticket = Ticket("rid", CHAT, 0.0, Observers())
     ticket.job = Job(CHAT, "m", "llm", True, request, [])
     ticket.policy = policy
-    local = Answer(200, [], Chunks(chunks[1:] + [END]), first=chunks[0], origin="peer")
+    local = Answer(200, [], Chunks([*chunks[1:], END]), first=chunks[0], origin="peer")
 
     async def dispatch(_: Ticket) -> Answer:
         return local
@@ -194,9 +194,8 @@ def main() -> None:
     args = parser.parse_args()
     settings = ValidatorSettings()
     answers = {"json": answer_json, "tool": answer_tool, "text": answer_text}
-    print(
-        f"{'level':<7}{'answer':<8}{'repetition us/chunk':>22}{'syntax on us/chunk':>22}{'ratio':>8}"
-    )
+    head = f"{'level':<7}{'answer':<8}{'repetition us/chunk':>22}{'syntax on us/chunk':>22}"
+    print(f"{head}{'ratio':>8}")
     for name, build in answers.items():
         chunks = build(args.chunks)
         form = asked(CHAT, orjson.dumps(REQUESTS[name]))
@@ -205,7 +204,7 @@ def main() -> None:
         def alone() -> tuple[SseText, Detector]:
             return SseText(), Detector(settings)
 
-        def judged() -> tuple[SseText, Detector]:
+        def judged(form: Asked = form) -> tuple[SseText, Detector]:
             judge = SyntaxJudge(form, SyntaxSettings())
             return SseText(judge if judge.active else None), Detector(settings)
 

@@ -97,6 +97,18 @@ class JsonPrefix:
                 else:
                     return self._stop(i, n, state)  # a control character inside a string
                 i += 1
+            elif c == '"' and state <= KEY:  # a string starts: a key or a value
+                self._key = state in (KEY, OBJECT_FIRST)
+                if not self._key and self._object_only and not self._stack:
+                    return self._stop(i, n, state)
+                state = STRING
+                i += 1
+            elif c == ":" and state == COLON:
+                state = VALUE
+                i += 1
+            elif c == "," and state == AFTER:
+                state = KEY if self._stack[-1] == "{" else VALUE
+                i += 1
             elif state == DONE or (state < STRING and c in _WHITESPACE):
                 run = _SPACE_RUN.match(text, i)
                 if run is None:

@@ -299,14 +299,23 @@ class SyntaxJudge:
             self._finished(index, finish)
 
     def _tool_calls(self, index: int, calls: Any) -> None:
-        for position, call in enumerate(calls if isinstance(calls, list) else []):
-            if not isinstance(call, dict):
+        if type(calls) is not list:
+            return
+        for position, call in enumerate(calls):
+            if type(call) is not dict:
                 continue
             at = call.get("index", position)
+            key = (index, at if type(at) is int else position)
             function = call.get("function")
-            function = function if isinstance(function, dict) else {}
-            key = (index, at if isinstance(at, int) else position)
-            self._call(key, function.get("name"), function.get("arguments"))
+            if type(function) is not dict:
+                function = {}
+            doc = self._calls.get(key)
+            piece = function.get("arguments")
+            if doc is not None and type(piece) is str:
+                if piece:  # the common case, kept short: a piece of a call under way
+                    self._result(doc.feed(piece))
+            else:
+                self._call(key, function.get("name"), piece)
 
     def _finished(self, index: int, finish: Any) -> None:
         """Choice `index` stopped: its texts must be whole (unless cut by the limit)."""

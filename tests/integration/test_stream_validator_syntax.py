@@ -39,17 +39,20 @@ circuit_breaker:
   enabled: false
 stream_validator: {validator}
 fallback_provider:
-  engine: openai
+  engine: {engine}
   model: cloud-model
 """
 
 
-def setup(cluster: Cluster, tmp_path: Path, validator: str, rate: float) -> tuple[Router, Sim, Sim]:
+def setup(
+    cluster: Cluster, tmp_path: Path, validator: str, rate: float, engine: str = "openai"
+) -> tuple[Router, Sim, Sim]:
     policies = tmp_path / "policies"
     policies.mkdir()
-    (policies / "m.yaml").write_text(POLICY.format(validator=validator))
+    (policies / "m.yaml").write_text(POLICY.format(validator=validator, engine=engine))
     cloud = cluster.sim("cloud-model", "--zero-latency", name="cloud")
-    env = {"HIVENET_ROUTER_OPENAI_API_KEY": "k", "HIVENET_ROUTER_OPENAI_BASE_URL": cloud.url}
+    prefix = f"HIVENET_ROUTER_{engine.upper()}"
+    env = {f"{prefix}_API_KEY": "k", f"{prefix}_BASE_URL": cloud.url}
     router = cluster.router("--policy-model-dir", str(policies), env=env)
     local = cluster.sim(
         MODEL, "--itl", "2ms", "--ttft-base", "0s", "--fault-syntax-rate", str(rate), name="sim"
@@ -64,12 +67,14 @@ def counts(router: Router, *results: str) -> tuple[float | None, ...]:
     return tuple(metric(page, "hivenet_validator_streams_total", result=r) for r in results)
 
 
-def check_billing(records: list[dict[str, Any]], used: list[int], cloud: Sim) -> None:
+def check_billing(
+    records: list[dict[str, Any]], used: list[int], cloud: Sim, engine: str = "openai"
+) -> None:
     replaced = [r for r in records if r.get("replaced") == "syntax"]
     assert 0 < len(replaced) < len(records)  # seeded: some answers broke, not all
     assert requests(cloud) == len(replaced)  # the provider, exactly for those
     for record in replaced:
-        assert record["agent_id"] == "provider:openai"
+        assert record["agent_id"] == f"provider:{engine}"
         assert record["replaced_reason"].startswith(("json:", "tool_args:")), record
     assert sorted(r["output_tokens"] for r in records) == sorted(used)
     assert all(r.get("replaced") in (None, "syntax") for r in records)
@@ -142,6 +147,26 @@ def test_tool_calls_whole_and_streamed(make_cluster: Cluster, tmp_path: Path) ->
     check_billing(audit(router, total), used, cloud)
 
 
+def test_anthropic_tool_use_streams(make_cluster: Cluster, tmp_path: Path) -> None:
+    router, _local, cloud = setup(make_cluster, tmp_path, "{}", 0.4, engine="anthropic")
+    tool = {"name": "trip", "input_schema": SCHEMA}
+    total, used = 16, []
+    with router.anthropic() as client:
+        for index in range(total):
+            with client.messages.stream(
+                model=MODEL,
+                max_tokens=64,
+                messages=[{"role": "user", "content": f"go {index}"}],
+                tools=[tool],  # type: ignore[list-item]
+                tool_choice={"type": "any"},
+            ) as stream:
+                message = stream.get_final_message()  # the SDK parses the input's JSON
+            calls = [block for block in message.content if block.type == "tool_use"]
+            assert calls and violation(calls[0].input, SCHEMA) is None, (index, message)
+            used.append(message.usage.output_tokens)
+    check_billing(audit(router, total), used, cloud, engine="anthropic")
+
+
 def test_a_late_break_ends_the_stream_with_malformed_output(
     make_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -166,3 +191,33 @@ def test_a_late_break_ends_the_stream_with_malformed_output(
     assert all(r["error_code"] == "malformed_output" for r in records), records
     assert requests(cloud) == 0  # too late to replace
     assert counts(router, "late_syntax") == (3,)
+
+
+def test_without_a_provider_the_other_agent_serves(make_cluster: Cluster, tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    text = POLICY.format(validator="{}", engine="openai").split("fallback_provider")[0]
+    (policies / "m.yaml").write_text(text)
+    router = make_cluster.router("--policy-model-dir", str(policies))
+    broken = make_cluster.sim(MODEL, "--zero-latency", "--fault-syntax-rate", "1", name="broken")
+    sound = make_cluster.sim(MODEL, "--zero-latency", name="sound")
+    # The broken agent joins first, so it is chosen first (of agents that have not served
+    # yet, the first to join goes first); after its failure the request avoids it.
+    make_cluster.agent(router, broken, name="agent-broken")
+    wait_registered(router, MODEL)
+    make_cluster.agent(router, sound, name="agent-sound")
+    wait_registered(router, MODEL, replicas=2)
+    total = 8
+    with router.openai() as client:
+        for index in range(total):
+            reply = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"again {index}"}],
+                response_format=FORMAT,  # type: ignore[arg-type]
+            )
+            content = reply.choices[0].message.content or ""
+            assert violation(json.loads(content), SCHEMA) is None, (index, content)
+    records = audit(router, total)
+    replaced = sum(1 for r in records if r.get("replaced") == "syntax")
+    assert replaced == requests(broken) > 0
+    assert requests(sound) == total

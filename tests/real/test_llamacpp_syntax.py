@@ -128,3 +128,25 @@ def test_real_structured_output_has_no_false_positives(router: Router) -> None:
     # (an answer it found unsound would have been a miss, not a false positive).
     assert judged == {"clean": answers, "syntax": 0, "late_syntax": 0}, (judged, unsound)
     assert unsound == [], unsound
+
+
+@pytest.mark.timeout(300)
+def test_real_anthropic_tool_use_has_no_false_positives(router: Router) -> None:
+    """The Messages route's events (llama.cpp's own /v1/messages), with tools offered."""
+    tool = {"name": "plan_trip", "input_schema": SCHEMA}
+    before = metric(router.metrics(), "hivenet_validator_streams_total", result="clean") or 0.0
+    with router.anthropic() as client:
+        for prompt in PROMPTS[:2]:
+            with client.messages.stream(
+                model=CHAT_MODEL,
+                max_tokens=80,
+                messages=[{"role": "user", "content": prompt}],
+                tools=[tool],  # type: ignore[list-item]
+                tool_choice={"type": "any"},
+            ) as stream:
+                message = stream.get_final_message()  # a 502 would raise
+            print("anthropic", message.stop_reason, message.content)
+    page = router.metrics()
+    assert metric(page, "hivenet_validator_streams_total", result="clean") == before + 2
+    for result in ("syntax", "late_syntax"):
+        assert metric(page, "hivenet_validator_streams_total", result=result) == 0.0

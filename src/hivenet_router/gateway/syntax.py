@@ -41,6 +41,7 @@ RESPONSES: Final = "/v1/responses"
 ROUTES: Final = frozenset({CHAT, COMPLETIONS, MESSAGES, RESPONSES})
 # A request without one of these asks for no structure (read before the body is parsed).
 _HINTS: Final = (b'"response_format"', b'"tools"', b'"output_format"', b'"format"')
+MAX_REASON: Final = 200  # characters of a reason kept
 _CUT: Final = frozenset({"length", "max_tokens", "max_output_tokens"})
 
 
@@ -242,7 +243,9 @@ class SyntaxJudge:
 
     def _fail(self, reason: str) -> None:
         if self.reason is None:
-            self.reason = reason
+            # Names in it come from the model's output (keys, a tool's name): bounded, as
+            # the reason goes to the audit record and the error message.
+            self.reason = reason if len(reason) <= MAX_REASON else reason[:MAX_REASON] + "..."
             self.check = reason.partition(":")[0]
 
     def _result(self, problem: str | None) -> None:

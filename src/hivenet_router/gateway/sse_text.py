@@ -62,10 +62,22 @@ class SseText:
         self._rest = b""
         self._keep(chunk[end + 1 :])
         pieces: list[str] = []
-        if self._sink is not None:
+        sink = self._sink
+        if sink is not None:
             for line in data.split(b"\n"):
-                if line:
-                    self._judged(line, self._sink, pieces)
+                if line.startswith(b"data:"):
+                    try:
+                        event = orjson.loads(line[5:])
+                    except orjson.JSONDecodeError:
+                        self._no_json(line[5:], sink)
+                        continue
+                    sink.event(event)
+                    if type(event) is dict:
+                        _parsed_text(event, pieces)
+                        if event.get("type") == "message_stop":
+                            self.done = True
+                elif line:
+                    self._other(line, sink)
             return pieces
         for line in data.split(b"\n"):
             if line.startswith(b"data:"):
@@ -77,24 +89,15 @@ class SseText:
                 self.done = True
         return pieces
 
-    def _judged(self, line: bytes, sink: EventSink, pieces: list[str]) -> None:
-        """One line, read for its text and handed to the sink."""
-        if line.startswith(b"data:"):
-            payload = line[5:]
-            try:
-                event = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                if payload.strip() == b"[DONE]":
-                    self.done = True
-                else:
-                    sink.bad("a data line that is no JSON")
-                return
-            sink.event(event)
-            if isinstance(event, dict):
-                _parsed_text(event, pieces)
-                if event.get("type") == "message_stop":
-                    self.done = True
-        elif line.startswith(b"event:"):
+    def _no_json(self, payload: bytes, sink: EventSink) -> None:
+        if payload.strip() == b"[DONE]":
+            self.done = True
+        else:
+            sink.bad("a data line that is no JSON")
+
+    def _other(self, line: bytes, sink: EventSink) -> None:
+        """A line other than `data:`, read when a sink judges them all."""
+        if line.startswith(b"event:"):
             if line[6:].strip() == b"message_stop":
                 self.done = True
         elif line.strip() and not line.startswith(_OTHER_FIELDS):

@@ -213,8 +213,24 @@ class SyntaxJudge:
                 self.bad("an event without choices")
                 return
             for choice in choices:
-                if type(choice) is dict:
-                    self._choice(choice, choice.get("delta"))
+                if type(choice) is not dict:
+                    continue
+                delta = choice.get("delta")
+                if type(delta) is not dict:
+                    self._choice(choice, delta)
+                    continue
+                content = delta.get("content")
+                index = choice.get("index", 0)
+                doc = self._texts.get(index) if content and type(index) is int else None
+                if (
+                    doc is not None
+                    and type(content) is str
+                    and "tool_calls" not in delta
+                    and choice.get("finish_reason") is None
+                ):
+                    self._result(doc.feed(content))  # the common case, kept short
+                else:
+                    self._choice(choice, delta)
 
     def finish(self) -> str | None:
         """The answer is over: every text still open must be complete."""

@@ -319,3 +319,26 @@ def test_any_valid_json_stream_cut_anywhere_is_never_judged_broken(data: st.Data
         start = cut
         assert judge.reason is None, (text, cut)
     assert sse.done and judge.finish() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_any_event_or_body_is_judged_without_raising(data: st.DataObject) -> None:
+    """Whatever an engine sends (any JSON where an event or a body goes, in any route's
+    shape), the judge gives a verdict and never raises."""
+    leaf = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
+    keys = st.sampled_from(
+        ["choices", "delta", "message", "content", "index", "tool_calls", "function",
+         "arguments", "name", "finish_reason", "type", "text", "partial_json",
+         "content_block", "stop_reason", "error", "item", "output", "input"]
+    )  # fmt: skip
+    value = st.recursive(
+        leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=4)
+    )
+    route = data.draw(st.sampled_from(["/v1/chat/completions", "/v1/messages", "/v1/responses"]))
+    form = Asked(route, json=True, schema=SCHEMA, tools={"trip": SCHEMA})
+    judge = SyntaxJudge(form, SyntaxSettings())
+    for event in data.draw(st.lists(value, max_size=6)):
+        judge.event(event)
+    judge.finish()
+    SyntaxJudge(form, SyntaxSettings()).body(data.draw(value))

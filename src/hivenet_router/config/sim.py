@@ -151,6 +151,13 @@ class SimConfig:
         flag="--fault-repeat-rate",
         help="Share of answers stuck repeating one phrase",
     )
+    fault_syntax_rate: float = option(
+        0.0,
+        parse=v.fraction,
+        flag="--fault-syntax-rate",
+        help="Share of JSON answers (structured output, tool-call arguments) broken halfway "
+        "so that no continuation makes them valid JSON",
+    )
     fault_crash_after: int = option(
         0,
         parse=v.non_negative_int,

@@ -41,6 +41,7 @@ class ErrorCode(StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     INSUFFICIENT_BALANCE = "insufficient_balance"
     DEGENERATE_OUTPUT = "degenerate_output"
+    MALFORMED_OUTPUT = "malformed_output"
 
 
 STATUS: dict[ErrorCode, int] = {
@@ -66,6 +67,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.REQUEST_TIMEOUT: 504,
     ErrorCode.INSUFFICIENT_BALANCE: 402,
     ErrorCode.DEGENERATE_OUTPUT: 502,
+    ErrorCode.MALFORMED_OUTPUT: 502,
 }
 
 # OpenAI SDKs read `type`; keep it a small, stable vocabulary.

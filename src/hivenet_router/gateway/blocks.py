@@ -11,7 +11,7 @@ named policy claims (nothing is merged between them).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
@@ -21,10 +21,13 @@ from hivenet_router.gateway.settings import (
     CACHE_RANGES,
     CURRENCIES,
     DEFAULT_CURRENCY,
+    SYNTAX_ALL,
+    SYNTAX_OFF,
     VALIDATOR_RANGES,
     CacheSettings,
     Price,
     Prices,
+    SyntaxSettings,
     ValidatorSettings,
     check_cache,
     check_validator,
@@ -149,11 +152,66 @@ class SettingsBlock(Generic[S]):
         return {"type": ["object", "null"], "properties": properties, "additionalProperties": False}
 
 
+def _no_check(_: SyntaxSettings) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatorBlock:
+    """`stream_validator`: the settings block, with `syntax` as a nested mapping of switches
+    (or `true`/`false` for all of them, free text included, or none)."""
+
+    name: str = "stream_validator"
+    flat: SettingsBlock[ValidatorSettings] = SettingsBlock(
+        "stream_validator", ValidatorSettings, check_validator, VALIDATOR_RANGES
+    )
+
+    def parse(self, reader: Reader, node: yaml.Node, where: str) -> ValidatorSettings | None:
+        syntax: SyntaxSettings | None = None
+        if isinstance(node, yaml.MappingNode):
+            rest = []
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == "syntax":
+                    syntax = self._syntax(reader, value, f"{where}.syntax")
+                else:
+                    rest.append((key, value))
+            node = yaml.MappingNode(node.tag, rest, node.start_mark, node.end_mark)
+        made = self.flat.parse(reader, node, where)
+        if made is None or syntax is None:
+            return made
+        return replace(made, syntax=syntax)
+
+    @staticmethod
+    def _syntax(reader: Reader, node: yaml.Node, where: str) -> SyntaxSettings:
+        if isinstance(node, yaml.ScalarNode):
+            if node.value in ("", "null", "~"):
+                return SyntaxSettings()
+            value = reader.scalar(node, where)
+            if not isinstance(value, bool):
+                raise reader.fail(node, where, "must be true, false or a mapping of checks")
+            return SYNTAX_ALL if value else SYNTAX_OFF
+        return reader.settings(node, where, SyntaxSettings, _no_check)
+
+    def default(self) -> ValidatorSettings | None:
+        return None
+
+    def schema(self) -> dict[str, object]:
+        made = self.flat.schema()
+        switches = {f.name: {"type": "boolean"} for f in fields(SyntaxSettings)}
+        syntax = {
+            "type": ["object", "boolean", "null"],
+            "properties": switches,
+            "additionalProperties": False,
+        }
+        properties = made["properties"]
+        assert isinstance(properties, dict)
+        properties["syntax"] = syntax
+        return made
+
+
 PRICES: Final = PricesBlock()
 CACHE: Final = SettingsBlock("response_cache", CacheSettings, check_cache, CACHE_RANGES)
-VALIDATOR: Final = SettingsBlock(
-    "stream_validator", ValidatorSettings, check_validator, VALIDATOR_RANGES
-)
+VALIDATOR: Final = ValidatorBlock()
 # In the order they are parsed and published (docs/policy.schema.json).
 GATEWAY_BLOCKS: Final[tuple[Block[Any], ...]] = (PRICES, CACHE, VALIDATOR)
 

@@ -84,9 +84,33 @@ CACHE_RANGES: Final[Mapping[str, tuple[float, float]]] = MappingProxyType(
 
 
 @dataclass(frozen=True, slots=True)
+class SyntaxSettings:
+    """`stream_validator.syntax`: which answers have their syntax judged, and which checks
+    run (docs/validator.md). A request asks for structure with `response_format` JSON,
+    Anthropic `output_format`, Responses `text.format` JSON, or by offering tools."""
+
+    structured: bool = True  # judge answers to requests that ask for structure
+    free_text: bool = False  # judge the other answers too (their events and any tool call)
+    json: bool = True  # JSON asked for that can no longer become valid, or ends unfinished
+    schema: bool = True  # a complete value that does not fit the requested schema
+    tool_args: bool = True  # tool-call arguments that do not parse or fit the tool's schema
+    events: bool = True  # engine events that are not SSE, or not JSON of the route's shape
+
+    @property
+    def any(self) -> bool:
+        return (self.structured or self.free_text) and (
+            self.json or self.schema or self.tool_args or self.events
+        )
+
+
+SYNTAX_OFF: Final = SyntaxSettings(structured=False)
+SYNTAX_ALL: Final = SyntaxSettings(free_text=True)
+
+
+@dataclass(frozen=True, slots=True)
 class ValidatorSettings:
-    """A policy's `stream_validator` block: how long a local stream is held back and what
-    makes it degenerate."""
+    """A policy's `stream_validator` block: how long a local stream is held back, what
+    makes it degenerate, and which syntax checks run."""
 
     hold_chunks: int = 15  # chunks held before the first is released
     hold_ms: int = 1500  # ... or this long, whichever comes first
@@ -95,7 +119,8 @@ class ValidatorSettings:
     min_compression_ratio: float = 0.1  # compressed/raw size of the text below which it loops
     max_same_chunk: int = 8  # the same chunk text this many times in a row loops
     min_words: int = 12  # text shorter than this is never judged by the ratios
-    after_hold: bool = True  # keep checking after the window; a loop then ends the stream
+    after_hold: bool = True  # keep checking after the window; a failure then ends the stream
+    syntax: SyntaxSettings = SyntaxSettings()
 
 
 VALIDATOR_RANGES: Final[Mapping[str, tuple[float, float]]] = MappingProxyType(

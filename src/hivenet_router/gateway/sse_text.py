@@ -14,7 +14,7 @@ once a chunk carrying it has gone out, the client holds a complete answer.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -23,17 +23,30 @@ import orjson
 MAX_LINE: Final = 1 << 20
 _HINTS: Final = (b'"content"', b'"text"', b'"reasoning', b'"thinking"')
 _DELTA_FIELDS: Final = ("content", "reasoning_content", "reasoning")
+# SSE fields other than data and event, and comments: no text, no fault.
+_OTHER_FIELDS: Final = (b":", b"id:", b"id\r", b"retry:")
+
+
+class EventSink(Protocol):
+    """Who else reads every event (the syntax judge): handed each parsed `data:` payload,
+    and told of each line that is no SSE field or payload that is no JSON."""
+
+    def event(self, event: Any) -> None: ...
+
+    def bad(self, why: str) -> None: ...
 
 
 class SseText:
     """Feed it a stream's chunks in order; each call returns the text pieces (one per
-    event) the chunk completed."""
+    event) the chunk completed. With a `sink`, every line is read and every `data:` payload
+    parsed (once) and handed to it as well."""
 
-    __slots__ = ("_rest", "_skip", "done")
+    __slots__ = ("_rest", "_sink", "_skip", "done")
 
-    def __init__(self) -> None:
+    def __init__(self, sink: EventSink | None = None) -> None:
         self._rest = b""
         self._skip = False  # inside an overlong line: drop until its end
+        self._sink = sink
         self.done = False  # the terminal event has been fed: no text follows
 
     def feed(self, chunk: bytes) -> list[str]:
@@ -49,6 +62,23 @@ class SseText:
         self._rest = b""
         self._keep(chunk[end + 1 :])
         pieces: list[str] = []
+        sink = self._sink
+        if sink is not None:
+            for line in data.split(b"\n"):
+                if line.startswith(b"data:"):
+                    try:
+                        event = orjson.loads(line[5:])
+                    except orjson.JSONDecodeError:
+                        self._no_json(line[5:], sink)
+                        continue
+                    sink.event(event)
+                    if type(event) is dict:
+                        _parsed_text(event, pieces)
+                        if event.get("type") == "message_stop":
+                            self.done = True
+                elif line:
+                    self._other(line, sink)
+            return pieces
         for line in data.split(b"\n"):
             if line.startswith(b"data:"):
                 if any(hint in line for hint in _HINTS):
@@ -58,6 +88,20 @@ class SseText:
             elif line.startswith(b"event:") and line[6:].strip() == b"message_stop":
                 self.done = True
         return pieces
+
+    def _no_json(self, payload: bytes, sink: EventSink) -> None:
+        if payload.strip() == b"[DONE]":
+            self.done = True
+        else:
+            sink.bad("a data line that is no JSON")
+
+    def _other(self, line: bytes, sink: EventSink) -> None:
+        """A line other than `data:`, read when a sink judges them all."""
+        if line.startswith(b"event:"):
+            if line[6:].strip() == b"message_stop":
+                self.done = True
+        elif line.strip() and not line.startswith(_OTHER_FIELDS):
+            sink.bad("a line that is no SSE field")
 
     def _keep(self, tail: bytes) -> None:
         if self._skip or not tail:
@@ -88,8 +132,11 @@ def _event_text(payload: bytes, out: list[str]) -> None:
         event = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return
-    if not isinstance(event, dict):
-        return
+    if isinstance(event, dict):
+        _parsed_text(event, out)
+
+
+def _parsed_text(event: dict[str, Any], out: list[str]) -> None:
     choices = event.get("choices")
     if isinstance(choices, list):
         for choice in choices:
@@ -131,6 +178,11 @@ def body_text(body: bytes) -> str:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
         return ""
+    return value_text(value)
+
+
+def value_text(value: Any) -> str:
+    """The generated text of a whole answer's parsed body."""
     if not isinstance(value, dict):
         return ""
     out: list[str] = []

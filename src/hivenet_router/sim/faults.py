@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final
 
 
 @dataclass
@@ -14,6 +14,7 @@ class Faults:
     hang_rate: float = 0.0
     stall_rate: float = 0.0
     repeat_rate: float = 0.0
+    syntax_rate: float = 0.0  # JSON answers (structured output, tool calls) broken halfway
     crash_after: int = 0
     # Multiplies every delay of the engine model; 1 leaves them as configured. A benchmark
     # raises it mid-run to see whether the router moves traffic off a slowed engine.
@@ -53,6 +54,7 @@ class Draw:
     hang: bool
     stall: bool
     repeat: bool
+    syntax: bool = False
 
 
 class FaultDice:
@@ -62,7 +64,7 @@ class FaultDice:
 
     def draw(self) -> Draw:
         f = self.faults
-        if not (f.error_rate or f.hang_rate or f.stall_rate or f.repeat_rate):
+        if not (f.error_rate or f.hang_rate or f.stall_rate or f.repeat_rate or f.syntax_rate):
             return _CLEAN
         rng = self._rng
         return Draw(
@@ -70,7 +72,32 @@ class FaultDice:
             hang=rng.random() < f.hang_rate,
             stall=rng.random() < f.stall_rate,
             repeat=rng.random() < f.repeat_rate,
+            # Drawn only when set, so runs seeded before this fault existed draw as they did.
+            syntax=rng.random() < f.syntax_rate if f.syntax_rate else False,
         )
 
 
 _CLEAN = Draw(error=False, hang=False, stall=False, repeat=False)
+
+
+# What the syntax fault writes into a JSON answer: inside a string an escape JSON does not
+# have, outside one a character no JSON value starts with. Either way no continuation can
+# make the text valid again, as when a model's constrained decoding slips.
+BREAK: Final = "\\q"
+
+
+def break_json(tokens: list[str]) -> list[str]:
+    """A JSON answer's tokens with `BREAK` put in halfway (at a token boundary not right
+    after a backslash, which would make it an escaped backslash); the rest follows as it
+    was. The answer stays as many tokens long."""
+    if not tokens:
+        return tokens
+    text_before = 0
+    half = sum(map(len, tokens)) // 2
+    for index, token in enumerate(tokens):
+        text_before += len(token)
+        if text_before >= half and not token.endswith("\\"):
+            out = list(tokens)
+            out[index] = token + BREAK
+            return out
+    return [*tokens[:-1], tokens[-1] + BREAK]

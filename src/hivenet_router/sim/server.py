@@ -22,7 +22,7 @@ from hivenet_router.config.sim import SimConfig
 from hivenet_router.observability.linewriter import LineWriter
 from hivenet_router.sim.choices import Choices
 from hivenet_router.sim.engine import Engine, Timing, count_tokens
-from hivenet_router.sim.faults import FaultDice, Faults
+from hivenet_router.sim.faults import FaultDice, Faults, break_json
 from hivenet_router.sim.formats import (
     ChatFormat,
     CompletionFormat,
@@ -101,6 +101,7 @@ class Simulator:
             hang_rate=config.fault_hang_rate,
             stall_rate=config.fault_stall_rate,
             repeat_rate=config.fault_repeat_rate,
+            syntax_rate=config.fault_syntax_rate,
             crash_after=config.fault_crash_after,
             slowdown=config.fault_slowdown,
         )
@@ -341,6 +342,8 @@ class Simulator:
                 await asyncio.sleep(delay)
             engine.stats.ttft.observe(time.monotonic() - arrived)
             tokens, shaped = self._answer(body, prompt, max_new, draw.repeat, fmt, anthropic)
+            if shaped and draw.syntax:
+                tokens = break_json(tokens)
             if shaped:
                 finish = "stop"
             if choices > 1:

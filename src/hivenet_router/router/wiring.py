@@ -44,6 +44,7 @@ from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
+from hivenet_router.responses.store import ResponseStore
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.admission import Admission
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
@@ -60,6 +61,7 @@ from hivenet_router.router.providers import Providers
 from hivenet_router.router.rate import RequestRate
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.relay import Relay
+from hivenet_router.router.responses_api import ResponsesApi
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
 from hivenet_router.state.ports import Ports
 from hivenet_router.storage.history import HistoryStore
@@ -121,6 +123,8 @@ class Router:
     cache: ResponseCache | None = None
     # Reads request bodies, the costly ones in a child process: stopped at shutdown.
     bodies: BodyReader = field(default_factory=BodyReader)
+    # Stored Responses API responses: opened by the process before it serves, closed last.
+    responses: ResponseStore | None = None
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -349,6 +353,9 @@ def assemble(
         built.append(tracing)
     observers.observers = tuple(observer for observer in built if observer is not None)
     _collect(router)
+    router.responses = ResponseStore(
+        Path(cfg.disk_db_path), cfg.responses_store_ttl, cfg.responses_store_max_bytes, clock.wall
+    )
     router.public_app = _public_app(shared, router)
     return router
 
@@ -410,7 +417,9 @@ def _public_app(shared: Shared, router: Router) -> App:
         reader=router.bodies,
         policy_for=router.policy_for,
     )
-    return build_app(handlers, router.admin, router.edge)
+    # The Responses API runs on the same handlers, translated (responses/).
+    responses = ResponsesApi(handlers, router.responses, cfg.http_body_timeout)
+    return build_app(handlers, router.admin, router.edge, responses.routes())
 
 
 def _collect(router: Router) -> None:

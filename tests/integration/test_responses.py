@@ -279,7 +279,10 @@ BAD = [
     ({"model": MODEL, "input": [{"role": "robot", "content": "x"}]}, "request_invalid"),
     ({"model": MODEL, "input": "x", "max_output_tokens": 0}, "request_invalid"),
     ({"model": MODEL, "input": "x", "stream": "yes"}, "request_invalid"),
-    ({"model": MODEL, "input": "x", "text": {"format": {"type": "json_schema"}}}, "request_invalid"),
+    (
+        {"model": MODEL, "input": "x", "text": {"format": {"type": "json_schema"}}},
+        "request_invalid",
+    ),
     ({"model": MODEL, "input": "x", "tool_choice": {"type": "web_search"}}, "unsupported_tool"),
     ({"model": MODEL, "input": "x", "background": True}, "unsupported_parameter"),
     ({"model": MODEL, "input": "x", "previous_response_id": "resp_nope"}, "response_not_found"),

@@ -34,6 +34,11 @@ def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(ErrorCode.REQUEST_INVALID, message, param=param)
 
 
+def refused(message: str, param: str) -> ApiError:
+    """A value the schema allows that cannot be served as it stands."""
+    return ApiError(ErrorCode.INVALID_PARAMETER, message, param=param)
+
+
 def unsupported(message: str, param: str) -> ApiError:
     return ApiError(ErrorCode.UNSUPPORTED_PARAMETER, message, param=param)
 
@@ -85,14 +90,14 @@ def parse(body: bytes) -> ResponsesRequest:
         _typed(raw, name, (bool,), "a boolean")
     limit = _typed(raw, "max_output_tokens", (int,), "an integer")
     if limit is not None and limit < 1:
-        raise invalid("max_output_tokens: must be at least 1", "max_output_tokens")
+        raise refused("max_output_tokens: must be at least 1", "max_output_tokens")
     previous = _typed(raw, "previous_response_id", (str,), "a response ID")
     instructions = _typed(raw, "instructions", (str,), "a string")
     _check_options(raw)
     request = ResponsesRequest(
         raw=raw,
         model=model,
-        items=input_items(raw.get("input")),
+        items=input_items(raw.get("input"), previous is not None or bool(instructions)),
         stream=raw.get("stream") is True,
         store=raw.get("store") is not False,
         previous_response_id=previous,
@@ -154,9 +159,14 @@ def _metadata(value: Any) -> dict[str, str]:
 _PARTS: Final = frozenset({"input_text", "output_text", "refusal", "input_image"})
 
 
-def input_items(value: Any) -> list[dict[str, Any]]:
+def input_items(value: Any, optional: bool = False) -> list[dict[str, Any]]:
     """The input as a list of items, each checked and given an ID (a string is one user
-    message), as GET /v1/responses/{id}/input_items lists them."""
+    message), as GET /v1/responses/{id}/input_items lists them. `optional`: a request that
+    continues a response, or has instructions, may leave it out."""
+    if value is None:
+        if optional:
+            return []
+        raise refused("input: required (there is nothing else to answer)", "input")
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
     if not isinstance(value, list):
@@ -186,7 +196,9 @@ def _item(item: Any, where: str) -> dict[str, Any]:
         return {"id": item.get("id") or new_id("rs"), **item}
     if kind == "item_reference":
         raise unsupported("item references are not supported: send the item itself", where)
-    raise invalid(f"{where}.type: unknown or unsupported item type {kind!r}", f"{where}.type")
+    if not isinstance(kind, str):
+        raise invalid(f"{where}.type: expected a string", f"{where}.type")
+    raise unsupported(f"input items of type {kind!r} are not supported", f"{where}.type")
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -216,13 +228,15 @@ def _part(part: Any, where: str) -> dict[str, Any]:
     kind = part.get("type")
     if kind == "input_file":
         raise unsupported("file inputs are not supported by this router", f"{where}.type")
+    if not isinstance(kind, str):
+        raise invalid(f"{where}.type: expected a string", f"{where}.type")
     if kind not in _PARTS:
-        raise invalid(f"{where}.type: unknown content part type {kind!r}", f"{where}.type")
+        raise unsupported(f"content parts of type {kind!r} are not supported", f"{where}.type")
     if kind == "input_image":
         if part.get("file_id") is not None:
             raise unsupported("images by file_id are not supported: send image_url", where)
         if not isinstance(part.get("image_url"), str):
-            raise invalid(f"{where}.image_url: expected a URL or data URL", where)
+            raise refused(f"{where}.image_url: expected a URL or data URL", where)
         return part
     field_name = "refusal" if kind == "refusal" else "text"
     if not isinstance(part.get(field_name), str):
@@ -272,7 +286,7 @@ def tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
     names = {tool["name"] for tool in tools}
     if kind == "function":
         if value.get("name") not in names:
-            raise invalid("tool_choice.name: names no function in tools", "tool_choice.name")
+            raise refused("tool_choice.name: names no function in tools", "tool_choice.name")
         return value
     if kind == "allowed_tools":
         allowed = value.get("tools")

@@ -172,12 +172,22 @@ def skeleton(request: ResponsesRequest, response_id: str) -> dict[str, Any]:
         "temperature": raw.get("temperature", 1.0),
         "text": {"format": text.get("format") or {"type": "text"}},
         "tool_choice": request.tool_choice,
-        "tools": request.tools,
+        "tools": [
+            {
+                "type": "function",
+                "name": tool["name"],
+                "description": tool.get("description"),
+                "parameters": tool.get("parameters"),
+                "strict": tool.get("strict"),
+            }
+            for tool in request.tools
+        ],
         "top_p": raw.get("top_p", 1.0),
         "truncation": raw.get("truncation") or "disabled",
-        "usage": None,
-        "user": raw.get("user"),
         "metadata": request.metadata,
+        # `usage` is set once known; `user` only when the client sent one (neither is
+        # nullable in OpenAI's schema).
+        **({"user": raw["user"]} if isinstance(raw.get("user"), str) else {}),
     }
 
 
@@ -209,7 +219,8 @@ def finish(response: dict[str, Any], reason: str | None, used: dict[str, Any] | 
     incomplete = INCOMPLETE.get(reason or "")
     response["status"] = "incomplete" if incomplete else "completed"
     response["incomplete_details"] = {"reason": incomplete} if incomplete else None
-    response["usage"] = used
+    if used is not None:
+        response["usage"] = used
     if not incomplete:
         response["completed_at"] = int(time.time())
 

@@ -120,7 +120,7 @@ def test_allowed_tools_narrow_the_tools() -> None:
         ({"input": "x", "metadata": {"k": 1}}, ErrorCode.REQUEST_INVALID, "metadata"),
         (
             {"input": "x", "tool_choice": {"type": "function", "name": "f"}},
-            ErrorCode.REQUEST_INVALID,
+            ErrorCode.INVALID_PARAMETER,
             "tool_choice.name",
         ),
     ],

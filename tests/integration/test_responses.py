@@ -343,7 +343,7 @@ def test_stored_responses_expire(tmp_path: Path) -> None:
 def test_what_the_router_writes_matches_the_official_spec(fleet: tuple[Cluster, Router]) -> None:
     """Responses, stream events, item lists and deletions, each against the schema the
     official OpenAI document gives it."""
-    from tests.conformance import specs  # noqa: PLC0415 (loads the specs only here)
+    from tests.conformance import specs  # loads the specs only here
 
     _, router = fleet
     body = {"model": MODEL, "input": "Weather?", "tools": [WEATHER], "tool_choice": "required"}

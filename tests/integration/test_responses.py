@@ -364,3 +364,36 @@ def test_what_the_router_writes_matches_the_official_spec(fleet: tuple[Cluster, 
     found += specs.violations("openai", "ResponseItemList", listed)
     assert httpx.delete(url, headers=auth, timeout=5).json()["deleted"] is True
     assert not found, sorted({(v.schema, v.path, v.validator, v.message[:80]) for v in found})
+
+
+def test_with_a_ledger_responses_are_billed_and_shared_by_the_site(tmp_path: Path) -> None:
+    """With --ledger-dsn the wallet bills a Response as the chat request it is, and the
+    stored responses live in PostgreSQL: a response made on one router is read and
+    continued on another."""
+    from tests.integration.test_gateway import PRICES, charges, credit
+    from tests.postgres import postgres_server
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(PRICES + "routing_policy: {strategy: least-loaded}\n")
+    with postgres_server() as pg, cluster(tmp_path) as c:
+        dsn = pg.database()
+        first, second = (
+            c.router("--ledger-dsn", dsn, "--policy-file", str(policy), name=name)
+            for name in ("router-a", "router-b")
+        )
+        sim = c.sim(MODEL, "--zero-latency")
+        for router in (first, second):
+            c.agent(router, sim, name=f"agent-{router.http}")
+            wait_registered(router, MODEL)
+        credit(first, "100")
+        made = first.openai().responses.create(model=MODEL, input="Hello.")
+        wait_until(lambda: any(e["request_id"] == made._request_id for e in charges(first)))
+        client = second.openai()
+        assert client.responses.retrieve(made.id).output_text == made.output_text
+        continued = client.responses.create(
+            model=MODEL, input="And then?", previous_response_id=made.id
+        )
+        assert continued.usage is not None and made.usage is not None
+        assert continued.usage.input_tokens > made.usage.input_tokens
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve("resp_" + "0" * 48)

@@ -1,14 +1,17 @@
 """Stored responses: what `store: true` keeps for `previous_response_id` and the GET,
 DELETE and input_items routes.
 
-One SQLite file (`responses.sqlite3`) beside the router's history store, on one worker
-thread, so the event loop never waits on the disk. Every read and delete names the tenant:
-a response stored under another tenant is absent. Records live `ttl` seconds from their
-creation (an expired one reads as absent and is deleted by the next sweep), and the file's
-records together stay under `max_bytes`: past it the oldest go first.
+Two backends with one behaviour: one SQLite file (`responses.sqlite3`) beside the router's
+history store, on one worker thread so the event loop never waits on the disk
+(`SqliteResponses`); or, with `--ledger-dsn`, a table in the ledger's PostgreSQL, shared by
+every router of a site (`store_pg.PgResponses`). Every read and delete names the tenant: a
+response stored under another tenant is absent. Records live `ttl` seconds from their
+creation (an expired one reads as absent and is deleted by the next sweep), and together
+stay under `max_bytes`: past it the oldest go first.
 
 A record is visible from the moment `keep` is called (a stream keeps its Response before
-its last event is sent, so a GET right after the stream finds it), and written behind.
+its last event is sent, so a GET right after the stream finds it), and written behind; a
+delete waits for the write of the same record.
 """
 
 from __future__ import annotations
@@ -46,8 +49,108 @@ class Stored:
         """The items a response continuing this one starts from."""
         return [*self.history, *self.items, *self.response.get("output", ())]
 
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "response": self.response,
+                "items": self.items,
+                "history": self.history,
+                "created": self.created,
+            }
+        )
+
+    @staticmethod
+    def decode(tenant: str, data: bytes) -> Stored:
+        d = orjson.loads(data)
+        return Stored(tenant, d["response"], d["items"], d["history"], d["created"])
+
+
+Key = tuple[str, str]  # (tenant, response ID)
+
 
 class ResponseStore:
+    """What both backends share: the records not yet written, expiry on read, the order of
+    a write and a delete of one record. A backend writes, reads and erases rows."""
+
+    def __init__(self, ttl: float, max_bytes: int, wall: Callable[[], float]) -> None:
+        self.ttl = ttl
+        self.max_bytes = max_bytes
+        self.wall = wall
+        self._pending: dict[Key, Stored] = {}
+        self._writes: dict[Key, asyncio.Future[None]] = {}
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    def _write(self, key: Key, created: float, data: bytes) -> asyncio.Future[None]:
+        """Start writing a row now (a backend keeps the order of its writes)."""
+        raise NotImplementedError
+
+    async def _read(self, key: Key) -> bytes | None:
+        raise NotImplementedError
+
+    async def _erase(self, key: Key) -> None:
+        raise NotImplementedError
+
+    def _live(self, record: Stored | None) -> Stored | None:
+        if record is None or record.created + self.ttl <= self.wall():
+            return None
+        return record
+
+    def keep(
+        self,
+        tenant: str,
+        response: dict[str, Any],
+        items: list[dict[str, Any]],
+        history: list[dict[str, Any]],
+    ) -> None:
+        """Store a response: visible at once, written behind."""
+        record = Stored(tenant, response, items, history, self.wall())
+        key = (tenant, response["id"])
+        self._pending[key] = record
+        write = self._write(key, record.created, record.encode())
+        self._writes[key] = write
+
+        def written(done: asyncio.Future[None]) -> None:
+            if self._writes.get(key) is done:
+                del self._writes[key]
+            if self._pending.get(key) is record:
+                del self._pending[key]
+            if not done.cancelled() and done.exception() is not None:
+                log.error("storing response %s failed: %s", key[1], done.exception())
+
+        write.add_done_callback(written)
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None:
+        key = (tenant, response_id)
+        found = self._pending.get(key)
+        if found is not None:
+            return self._live(found)
+        data = await self._read(key)
+        return self._live(Stored.decode(tenant, data)) if data is not None else None
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        """Forget a response; False when the tenant has no such response."""
+        key = (tenant, response_id)
+        if await self.get(tenant, response_id) is None:
+            return False
+        writing = self._writes.get(key)
+        if writing is not None:
+            await asyncio.wait([writing])  # its row first, then its deletion
+        self._pending.pop(key, None)
+        await self._erase(key)
+        return True
+
+    async def close(self) -> None:
+        if self._writes:
+            await asyncio.wait(set(self._writes.values()), timeout=5.0)
+        await self._close()
+
+
+class SqliteResponses(ResponseStore):
     def __init__(
         self,
         directory: Path,
@@ -55,23 +158,36 @@ class ResponseStore:
         max_bytes: int,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__(ttl, max_bytes, wall)
         self._path = directory / DB_FILE
-        self._ttl = ttl
-        self._max = max_bytes
-        self._wall = wall
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hivenet-responses")
         self._db: sqlite3.Connection | None = None
-        self._pending: dict[tuple[str, str], Stored] = {}
-        self._writes: set[asyncio.Future[None]] = set()
         self._total = 0
         self._swept = 0.0
-        self.records = 0
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     async def open(self) -> None:
         await self._run(self._open)
+
+    async def _close(self) -> None:
+        await self._run(self._disconnect)
+        self._pool.shutdown(wait=False)
+
+    def _write(self, key: Key, created: float, data: bytes) -> asyncio.Future[None]:
+        # Handed to the one worker thread now: its queue keeps writes and deletes in order.
+        return asyncio.get_running_loop().run_in_executor(
+            self._pool, self._insert, key, created, data
+        )
+
+    async def _read(self, key: Key) -> bytes | None:
+        return await self._run(lambda: self._select(key))
+
+    async def _erase(self, key: Key) -> None:
+        await self._run(lambda: self._remove(key))
+
+    # -- on the worker thread -------------------------------------------------------------------
 
     def _open(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,123 +204,63 @@ class ResponseStore:
         self._db = db
         self._sweep()
 
-    def _live(self, record: Stored | None) -> Stored | None:
-        if record is None or record.created + self._ttl <= self._wall():
-            return None
-        return record
-
-    def keep(
-        self,
-        tenant: str,
-        response: dict[str, Any],
-        items: list[dict[str, Any]],
-        history: list[dict[str, Any]],
-    ) -> None:
-        """Store a response: visible at once, written behind."""
-        record = Stored(tenant, response, items, history, self._wall())
-        key = (tenant, response["id"])
-        self._pending[key] = record
-        data = orjson.dumps(
-            {"response": response, "items": items, "history": history, "created": record.created}
-        )
-        write = asyncio.get_running_loop().run_in_executor(
-            self._pool, self._insert, tenant, response["id"], record.created, data
-        )
-        self._writes.add(write)
-
-        def written(done: asyncio.Future[None]) -> None:
-            self._writes.discard(done)
-            if self._pending.get(key) is record:
-                del self._pending[key]
-            if not done.cancelled() and done.exception() is not None:
-                log.error("storing response %s failed: %s", key[1], done.exception())
-
-        write.add_done_callback(written)
-
-    async def get(self, tenant: str, response_id: str) -> Stored | None:
-        found = self._pending.get((tenant, response_id))
-        if found is not None:
-            return self._live(found)
-        return self._live(await self._run(lambda: self._select(tenant, response_id)))
-
-    async def delete(self, tenant: str, response_id: str) -> bool:
-        """Forget a response; False when the tenant has no such response."""
-        if await self.get(tenant, response_id) is None:
-            return False
-        self._pending.pop((tenant, response_id), None)
-        await self._run(lambda: self._remove(tenant, response_id))
-        return True
-
-    async def close(self) -> None:
-        if self._writes:
-            await asyncio.wait(set(self._writes), timeout=5.0)
-        await self._run(self._close)
-        self._pool.shutdown(wait=False)
-
-    # -- on the worker thread -------------------------------------------------------------------
-
-    def _close(self) -> None:
+    def _disconnect(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
 
-    def _select(self, tenant: str, response_id: str) -> Stored | None:
+    def _select(self, key: Key) -> bytes | None:
         if self._db is None:
             return None
         row = self._db.execute(
-            "SELECT data FROM responses WHERE tenant = ? AND id = ?", (tenant, response_id)
+            "SELECT data FROM responses WHERE tenant = ? AND id = ?", key
         ).fetchone()
-        if row is None:
-            return None
-        data = orjson.loads(row[0])
-        return Stored(tenant, data["response"], data["items"], data["history"], data["created"])
+        return bytes(row[0]) if row is not None else None
 
-    def _insert(self, tenant: str, response_id: str, created: float, data: bytes) -> None:
+    def _insert(self, key: Key, created: float, data: bytes) -> None:
         if self._db is None:
             return
-        if len(data) > self._max:
-            log.warning("response %s (%d bytes) is over the store's bound", response_id, len(data))
+        if len(data) > self.max_bytes:
+            log.warning("response %s (%d bytes) is over the store's bound", key[1], len(data))
             return
-        self._remove(tenant, response_id, commit=False)
+        self._remove(key, commit=False)
         self._db.execute(
             "INSERT INTO responses (tenant, id, created, size, data) VALUES (?, ?, ?, ?, ?)",
-            (tenant, response_id, created, len(data), data),
+            (*key, created, len(data), data),
         )
         self._total += len(data)
-        self.records += 1
         self._db.commit()
-        if self._total > self._max or self._wall() - self._swept > SWEEP_EVERY:
+        if self._total > self.max_bytes or self.wall() - self._swept > SWEEP_EVERY:
             self._sweep()
 
-    def _remove(self, tenant: str, response_id: str, commit: bool = True) -> None:
+    def _remove(self, key: Key, commit: bool = True) -> None:
         if self._db is None:
             return
         row = self._db.execute(
-            "DELETE FROM responses WHERE tenant = ? AND id = ? RETURNING size",
-            (tenant, response_id),
+            "DELETE FROM responses WHERE tenant = ? AND id = ? RETURNING size", key
         ).fetchone()
         if row is not None:
             self._total -= row[0]
-            self.records -= 1
         if commit:
             self._db.commit()
 
     def _sweep(self) -> None:
-        """Delete the expired records, then the oldest while over the size bound."""
+        """Delete the expired records, then the oldest (64 a statement) while over the size
+        bound."""
         db = self._db
         if db is None:
             return
-        self._swept = self._wall()
-        db.execute("DELETE FROM responses WHERE created <= ?", (self._swept - self._ttl,))
-        total, count = db.execute(
-            "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM responses"
-        ).fetchone()
-        while total > self._max and count:
+        self._swept = self.wall()
+        db.execute("DELETE FROM responses WHERE created <= ?", (self._swept - self.ttl,))
+        (total,) = db.execute("SELECT COALESCE(SUM(size), 0) FROM responses").fetchone()
+        while total > self.max_bytes:
             rows = db.execute(
                 "DELETE FROM responses WHERE rowid IN"
-                " (SELECT rowid FROM responses ORDER BY created LIMIT 64) RETURNING size"
+                " (SELECT rowid FROM responses ORDER BY created LIMIT 64)"
+                " RETURNING size"
             ).fetchall()
+            if not rows:
+                break
             total -= sum(row[0] for row in rows)
-            count -= len(rows)
         db.commit()
-        self._total, self.records = total, count
+        self._total = total

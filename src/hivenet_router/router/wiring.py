@@ -44,7 +44,8 @@ from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
-from hivenet_router.responses.store import ResponseStore
+from hivenet_router.responses.store import ResponseStore, SqliteResponses
+from hivenet_router.responses.store_pg import PgResponses
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.admission import Admission
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
@@ -353,9 +354,7 @@ def assemble(
         built.append(tracing)
     observers.observers = tuple(observer for observer in built if observer is not None)
     _collect(router)
-    router.responses = ResponseStore(
-        Path(cfg.disk_db_path), cfg.responses_store_ttl, cfg.responses_store_max_bytes, clock.wall
-    )
+    router.responses = _responses(cfg, clock)
     router.public_app = _public_app(shared, router)
     return router
 
@@ -370,6 +369,15 @@ def _gateway(router: Router, cfg: RouterConfig, policy_for: Callable[[str], Poli
 
         router.ledger = Ledger(cfg.ledger_dsn, Path(cfg.disk_db_path), cfg.ledger_timeout)
         router.admin.more.extend(WalletApi(router.ledger, cfg.http_body_timeout).routes())
+
+
+def _responses(cfg: RouterConfig, clock: Clock) -> ResponseStore:
+    """Stored responses: in the ledger's PostgreSQL when there is one (shared by the site's
+    routers), else in SQLite beside the history store."""
+    ttl, most = cfg.responses_store_ttl, cfg.responses_store_max_bytes
+    if cfg.ledger_dsn:
+        return PgResponses(cfg.ledger_dsn, ttl, most, cfg.ledger_timeout, clock.wall)
+    return SqliteResponses(Path(cfg.disk_db_path), ttl, most, clock.wall)
 
 
 def _edge(shared: Shared, observers: Observers, tracing: Tracing | None) -> Edge:

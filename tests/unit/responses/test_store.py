@@ -1,11 +1,20 @@
-"""Stored responses: per tenant, bounded by age (in virtual time) and by size."""
+"""Stored responses, in SQLite and in PostgreSQL: per tenant, bounded by age (in virtual
+time) and by size, surviving a restart."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hivenet_router.responses.store import ResponseStore
+import pytest
+from blockbuster import BlockBuster
+
+from hivenet_router.responses.store import ResponseStore, SqliteResponses
+from hivenet_router.responses.store_pg import PgResponses
+from tests.postgres import Postgres, allow_connect_reads, postgres_server
+
+Make = Callable[[float, int], ResponseStore]
 
 
 def _response(rid: str, text: str = "x") -> dict[str, Any]:
@@ -20,9 +29,30 @@ class Wall:
         return self.now
 
 
-async def test_tenants_ttl_and_delete(tmp_path: Path) -> None:
-    wall = Wall()
-    store = ResponseStore(tmp_path, ttl=60.0, max_bytes=1 << 20, wall=wall)
+@pytest.fixture(scope="module")
+def server() -> Iterator[Postgres]:
+    with postgres_server() as pg:
+        yield pg
+
+
+@pytest.fixture
+def wall() -> Wall:
+    return Wall()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make(
+    request: pytest.FixtureRequest, tmp_path: Path, wall: Wall, blockbuster: BlockBuster
+) -> Make:
+    if request.param == "sqlite":
+        return lambda ttl, most: SqliteResponses(tmp_path, ttl, most, wall)
+    allow_connect_reads(blockbuster)
+    dsn = request.getfixturevalue("server").database()
+    return lambda ttl, most: PgResponses(dsn, ttl, most, 5.0, wall)
+
+
+async def test_tenants_ttl_and_delete(make: Make, wall: Wall) -> None:
+    store = make(60.0, 1 << 20)
     await store.open()
     try:
         store.keep("a", _response("r1"), [{"id": "i1"}], [{"id": "h"}])
@@ -30,7 +60,7 @@ async def test_tenants_ttl_and_delete(tmp_path: Path) -> None:
         assert await store.get("b", "r1") is None
         assert not await store.delete("b", "r1")
         await store.close()
-        store = ResponseStore(tmp_path, ttl=60.0, max_bytes=1 << 20, wall=wall)
+        store = make(60.0, 1 << 20)
         await store.open()  # what was kept survives a restart
         found = await store.get("a", "r1")
         assert found is not None
@@ -40,23 +70,25 @@ async def test_tenants_ttl_and_delete(tmp_path: Path) -> None:
         wall.now += 0.1
         assert await store.get("a", "r1") is None
         store.keep("a", _response("r2"), [], [])
-        assert await store.delete("a", "r2")
+        assert await store.delete("a", "r2")  # waits for its write, then deletes it
+        assert await store.get("a", "r2") is None
+        await store.close()
+        store = make(60.0, 1 << 20)
+        await store.open()
         assert await store.get("a", "r2") is None
     finally:
         await store.close()
 
 
-async def test_the_oldest_go_past_the_size_bound(tmp_path: Path) -> None:
-    wall = Wall()
-    store = ResponseStore(tmp_path, ttl=3600.0, max_bytes=2000, wall=wall)
+async def test_the_oldest_go_past_the_size_bound(make: Make, wall: Wall) -> None:
+    store = make(3600.0, 2000)
     await store.open()
     try:
         for n in range(6):
             wall.now += 1
             store.keep("a", _response(f"r{n}", "y" * 400), [], [])
-            await store.get("a", f"r{n}")
         await store.close()
-        store = ResponseStore(tmp_path, ttl=3600.0, max_bytes=2000, wall=wall)
+        store = make(3600.0, 2000)
         await store.open()
         kept = [n for n in range(6) if await store.get("a", f"r{n}") is not None]
         assert kept and kept == list(range(6 - len(kept), 6)) and len(kept) < 6

@@ -1,0 +1,152 @@
+"""Stored responses in PostgreSQL (the ledger's database, `--ledger-dsn`): one table shared
+by every router of a site, so a conversation continues on whichever router a client
+reaches. The same behaviour as the SQLite store (store.py); asyncpg is imported only by a
+router that has a DSN.
+
+A read the database cannot answer in time is a `503 backend_unavailable` (the client may
+retry); a write that fails is logged, and the response it would have kept reads as absent
+once its in-memory copy is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.responses.store import SWEEP_EVERY, Key, ResponseStore, log
+
+T = TypeVar("T")
+POOL_SIZE = 4
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS hivenet_responses (tenant TEXT NOT NULL, id TEXT NOT NULL,"
+    " created DOUBLE PRECISION NOT NULL, size INTEGER NOT NULL, data BYTEA NOT NULL,"
+    " PRIMARY KEY (tenant, id));"
+    " CREATE INDEX IF NOT EXISTS hivenet_responses_created ON hivenet_responses (created)"
+)
+
+
+class PgResponses(ResponseStore):
+    def __init__(
+        self,
+        dsn: str,
+        ttl: float,
+        max_bytes: int,
+        timeout: float,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(ttl, max_bytes, wall)
+        self._dsn = dsn
+        self._timeout = timeout
+        self._pool: Any = None
+        self._total = 0
+        self._swept = 0.0
+        # Writes one at a time, in the order kept (tasks take an asyncio lock first come,
+        # first served), so a sweep never races the inserts it counts.
+        self._writing = asyncio.Lock()
+
+    async def open(self) -> None:
+        """Make the pool and the table. Raises OSError (the database unreachable)."""
+        import asyncpg  # type: ignore[import-untyped]  # noqa: PLC0415 (only with a DSN)
+
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=0, max_size=POOL_SIZE, command_timeout=self._timeout
+            )
+            await self._call(lambda conn: conn.execute(_SCHEMA))
+        except ApiError as exc:
+            raise OSError(exc.message) from None
+        except Exception as exc:  # a malformed DSN is a ValueError: said, never quoted
+            raise OSError(f"the response store's database: {type(exc).__name__}") from None
+        await self._sweep()
+
+    async def _close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await pool.close()
+            except Exception:
+                pool.terminate()
+
+    async def _call(self, query: Callable[[Any], Awaitable[T]]) -> T:
+        pool = self._pool
+        if pool is None:
+            raise ApiError(ErrorCode.BACKEND_UNAVAILABLE, "the response store is closed")
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with pool.acquire() as conn:
+                    return await query(conn)
+        except (asyncio.CancelledError, ApiError):
+            raise
+        except Exception as exc:
+            log.warning("the response store's database failed: %s", type(exc).__name__)
+            raise ApiError(
+                ErrorCode.BACKEND_UNAVAILABLE, "the response store is unavailable; retry"
+            ) from None
+
+    def _write(self, key: Key, created: float, data: bytes) -> asyncio.Future[None]:
+        return asyncio.ensure_future(self._in_turn(key, created, data))
+
+    async def _in_turn(self, key: Key, created: float, data: bytes) -> None:
+        async with self._writing:
+            await self._insert(key, created, data)
+
+    async def _insert(self, key: Key, created: float, data: bytes) -> None:
+        if len(data) > self.max_bytes:
+            log.warning("response %s (%d bytes) is over the store's bound", key[1], len(data))
+            return
+        await self._call(
+            lambda conn: conn.execute(
+                "INSERT INTO hivenet_responses (tenant, id, created, size, data)"
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, id) DO UPDATE"
+                " SET created = $3, size = $4, data = $5",
+                *key,
+                created,
+                len(data),
+                data,
+            )
+        )
+        self._total += len(data)
+        if self._total > self.max_bytes or self.wall() - self._swept > SWEEP_EVERY:
+            await self._sweep()
+
+    async def _read(self, key: Key) -> bytes | None:
+        row = await self._call(
+            lambda conn: conn.fetchval(
+                "SELECT data FROM hivenet_responses WHERE tenant = $1 AND id = $2", *key
+            )
+        )
+        return bytes(row) if row is not None else None
+
+    async def _erase(self, key: Key) -> None:
+        await self._call(
+            lambda conn: conn.execute(
+                "DELETE FROM hivenet_responses WHERE tenant = $1 AND id = $2", *key
+            )
+        )
+
+    async def _sweep(self) -> None:
+        """Delete the expired records, then the oldest while the table is over the bound
+        (every router of the site sweeps the one table)."""
+        self._swept = self.wall()
+
+        async def sweep(conn: Any) -> int:
+            await conn.execute(
+                "DELETE FROM hivenet_responses WHERE created <= $1", self._swept - self.ttl
+            )
+            total: int = await conn.fetchval("SELECT COALESCE(SUM(size), 0) FROM hivenet_responses")
+            while total > self.max_bytes:
+                freed = await conn.fetchval(
+                    "WITH gone AS (DELETE FROM hivenet_responses WHERE (tenant, id) IN"
+                    " (SELECT tenant, id FROM hivenet_responses ORDER BY created LIMIT 64)"
+                    " RETURNING size) SELECT COALESCE(SUM(size), 0) FROM gone"
+                )
+                if not freed:
+                    break
+                total -= freed
+            return total
+
+        self._total = await self._call(sweep)

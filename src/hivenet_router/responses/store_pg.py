@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.responses.store import SWEEP_EVERY, Key, ResponseStore, log
+from hivenet_router.responses.store import SWEEP_EVERY, SWEEP_TARGET, Key, ResponseStore, log
 
 T = TypeVar("T")
 POOL_SIZE = 4
@@ -129,24 +129,26 @@ class PgResponses(ResponseStore):
         )
 
     async def _sweep(self) -> None:
-        """Delete the expired records, then the oldest while the table is over the bound
-        (every router of the site sweeps the one table)."""
+        """Delete the expired records, then, over the size bound, the oldest until the rest
+        take at most SWEEP_TARGET of it (every router of the site sweeps the one table)."""
         self._swept = self.wall()
+        target = int(self.max_bytes * SWEEP_TARGET)
 
         async def sweep(conn: Any) -> int:
             await conn.execute(
                 "DELETE FROM hivenet_responses WHERE created <= $1", self._swept - self.ttl
             )
             total: int = await conn.fetchval("SELECT COALESCE(SUM(size), 0) FROM hivenet_responses")
-            while total > self.max_bytes:
-                freed = await conn.fetchval(
-                    "WITH gone AS (DELETE FROM hivenet_responses WHERE (tenant, id) IN"
-                    " (SELECT tenant, id FROM hivenet_responses ORDER BY created LIMIT 64)"
-                    " RETURNING size) SELECT COALESCE(SUM(size), 0) FROM gone"
-                )
-                if not freed:
-                    break
-                total -= freed
-            return total
+            if total <= self.max_bytes:
+                return total
+            freed: int = await conn.fetchval(
+                "WITH ordered AS (SELECT tenant, id, size,"
+                " SUM(size) OVER (ORDER BY created, id) AS running FROM hivenet_responses),"
+                " gone AS (DELETE FROM hivenet_responses r USING ordered o"
+                " WHERE r.tenant = o.tenant AND r.id = o.id AND o.running - o.size < $1"
+                " RETURNING r.size) SELECT COALESCE(SUM(size), 0) FROM gone",
+                total - target,
+            )
+            return total - freed
 
         self._total = await self._call(sweep)

@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 import httpx2 as httpx
+from tests.procs import cluster, wait_registered
 
 from bench.common import tree_cpu_seconds
-from tests.procs import cluster, wait_registered
 
 MODEL = "bench-model"
 PROMPT = "hello"

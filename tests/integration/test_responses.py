@@ -397,3 +397,24 @@ def test_with_a_ledger_responses_are_billed_and_shared_by_the_site(tmp_path: Pat
         assert continued.usage.input_tokens > made.usage.input_tokens
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve("resp_" + "0" * 48)
+
+
+def test_the_response_cache_serves_responses_as_chat(make_cluster: Cluster, tmp_path: Path) -> None:
+    """The cache stage keys the chat request a Response becomes: the second identical
+    request is served from it, as a Response with an ID of its own, stream or not."""
+    from tests.integration.test_response_cache import ACME, engine_calls, start
+
+    router, sim = start(make_cluster, tmp_path, "{}")
+    client = router.openai(ACME)
+    asked = {"model": MODEL, "input": "Tell me something.", "temperature": 0}
+    first = client.responses.create(**asked)  # type: ignore[call-overload]
+    calls = engine_calls(sim)
+    again = client.responses.create(**asked)  # type: ignore[call-overload]
+    assert engine_calls(sim) == calls
+    assert again.output_text == first.output_text and again.id != first.id
+    assert client.responses.retrieve(again.id).id == again.id
+    stream_events = _events(client.responses.create(**asked, stream=True))  # type: ignore[call-overload]
+    _events(client.responses.create(**asked, stream=True))  # type: ignore[call-overload]
+    assert engine_calls(sim) == calls + 1
+    assert stream_events[-1].type == "response.completed"
+    assert metric(router.metrics(), "hivenet_cache_requests_total", result="hit") == 2.0

@@ -1,7 +1,7 @@
 """A Responses request as a chat completions request, and a chat answer as a Response.
 
 Items become chat messages in order: `instructions` first as a system message, a
-`developer` message as a system one, consecutive `function_call` items one assistant
+`developer` message as a system one (consecutive system messages joined into one), consecutive `function_call` items one assistant
 message with `tool_calls` (joined to the assistant text just before them), a
 `function_call_output` a `tool` message. Reasoning items are dropped: chat engines take no
 reasoning back. Function tools, `tool_choice`, `text.format`, `max_output_tokens`,
@@ -58,7 +58,12 @@ def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict
         kind = item.get("type", "message")
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            out.append({"role": role, "content": _content(role, item["content"])})
+            content = _content(role, item["content"])
+            if role == "system" and out and out[-1]["role"] == "system":
+                # One system message: many chat templates refuse a second in a row.
+                out[-1]["content"] += "\n\n" + content
+            else:
+                out.append({"role": role, "content": content})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],

@@ -45,21 +45,15 @@ def test_items_become_messages_in_order() -> None:
         }
     )
     messages = chat["messages"]
-    assert [m["role"] for m in messages] == [
-        "system",
-        "system",
-        "user",
-        "assistant",
-        "tool",
-        "tool",
-    ]
-    assert messages[2]["content"][1] == {
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool"]
+    assert messages[0]["content"] == "Be brief.\n\nRules."
+    assert messages[1]["content"][1] == {
         "type": "image_url",
         "image_url": {"url": "data:image/png;base64,AA"},
     }
-    assert messages[3]["content"] == "Let me look."
-    assert [c["id"] for c in messages[3]["tool_calls"]] == ["c1", "c2"]
-    assert messages[5] == {"role": "tool", "tool_call_id": "c2", "content": "two"}
+    assert messages[2]["content"] == "Let me look."
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]
+    assert messages[4] == {"role": "tool", "tool_call_id": "c2", "content": "two"}
 
 
 def test_options_map_to_their_chat_names() -> None:

@@ -1,12 +1,13 @@
 """A Responses request as a chat completions request, and a chat answer as a Response.
 
 Items become chat messages in order: `instructions` first as a system message, a
-`developer` message as a system one (consecutive system messages joined into one), consecutive `function_call` items one assistant
-message with `tool_calls` (joined to the assistant text just before them), a
-`function_call_output` a `tool` message. Reasoning items are dropped: chat engines take no
-reasoning back. Function tools, `tool_choice`, `text.format`, `max_output_tokens`,
-sampling, `reasoning.effort` (as `reasoning_effort`, which engines without it ignore) map
-to their chat names; `include`, `truncation`, `metadata` and `store` stay with the router.
+`developer` message as a system one (system messages in a row joined into one),
+consecutive `function_call` items one assistant message with `tool_calls` (joined to the
+assistant text just before them), a `function_call_output` a `tool` message. Reasoning
+items are dropped: chat engines take no reasoning back. Function tools, `tool_choice`,
+`text.format`, `max_output_tokens`, sampling, `reasoning.effort` (as `reasoning_effort`,
+which engines without it ignore) map to their chat names; `include`, `truncation`,
+`metadata` and `store` stay with the router.
 """
 
 from __future__ import annotations

@@ -88,7 +88,12 @@ def parse(body: bytes) -> ResponsesRequest:
         _typed(raw, name, (int, float), "a number")
     for name in ("stream", "store", "parallel_tool_calls"):
         _typed(raw, name, (bool,), "a boolean")
-    limit = _typed(raw, "max_output_tokens", (int,), "an integer")
+    limit = _typed(raw, "max_output_tokens", (int, float), "an integer")
+    if isinstance(limit, float):
+        # JSON Schema's integers include 64.0; a fraction is no integer.
+        if not limit.is_integer():
+            raise invalid("max_output_tokens: expected an integer", "max_output_tokens")
+        limit = int(limit)
     if limit is not None and limit < 1:
         raise refused("max_output_tokens: must be at least 1", "max_output_tokens")
     previous = _typed(raw, "previous_response_id", (str,), "a response ID")
@@ -131,7 +136,7 @@ def _check_options(raw: dict[str, Any]) -> None:
             "text.format.type: expected one of text, json_object, json_schema", "text.format"
         )
     if fmt["type"] == "json_schema":
-        if not isinstance(fmt.get("name"), str) or not fmt["name"]:
+        if not isinstance(fmt.get("name"), str):
             raise invalid("text.format.name: required for json_schema", "text.format.name")
         if not isinstance(fmt.get("schema"), dict):
             raise invalid("text.format.schema: expected a JSON schema object", "text.format")

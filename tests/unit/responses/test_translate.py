@@ -156,3 +156,12 @@ def test_a_chat_answer_as_a_response() -> None:
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}
     assert response["usage"]["total_tokens"] == 7
     assert response["output"][2]["call_id"] == "c"
+
+
+def test_integral_floats_are_integers_and_format_names_any_string() -> None:
+    """As JSON Schema reads them (the fuzz run found both refused)."""
+    fmt = {"type": "json_schema", "name": "", "schema": {}}
+    chat = _chat({"input": "x", "max_output_tokens": 64.0, "text": {"format": fmt}})
+    assert chat["max_tokens"] == 64 and isinstance(chat["max_tokens"], int)
+    with pytest.raises(ApiError):
+        parse(b'{"model": "m", "input": "x", "max_output_tokens": 1.5}')

@@ -145,15 +145,11 @@ def _check_options(raw: dict[str, Any]) -> None:
 def _metadata(value: Any) -> dict[str, str]:
     if value is None:
         return {}
-    if (
-        not isinstance(value, dict)
-        or len(value) > METADATA_KEYS
-        or not all(isinstance(k, str) and len(k) <= 64 for k in value)
-        or not all(isinstance(v, str) and len(v) <= 512 for v in value.values())
-    ):
-        raise invalid(
-            f"metadata: at most {METADATA_KEYS} string pairs (keys up to 64 characters, "
-            "values up to 512)",
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise invalid("metadata: expected an object of strings", "metadata")
+    if len(value) > METADATA_KEYS or any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
+        raise refused(
+            f"metadata: at most {METADATA_KEYS} pairs, keys up to 64 characters, values up to 512",
             "metadata",
         )
     return value

@@ -112,6 +112,7 @@ def test_allowed_tools_narrow_the_tools() -> None:
         ({"input": "x", "conversation": "c"}, ErrorCode.UNSUPPORTED_PARAMETER, "conversation"),
         ({"input": [{"role": "user", "content": 3}]}, ErrorCode.REQUEST_INVALID, "input[0]"),
         ({"input": "x", "metadata": {"k": 1}}, ErrorCode.REQUEST_INVALID, "metadata"),
+        ({"input": "x", "metadata": {"k" * 65: "v"}}, ErrorCode.INVALID_PARAMETER, "metadata"),
         (
             {"input": "x", "tool_choice": {"type": "function", "name": "f"}},
             ErrorCode.INVALID_PARAMETER,

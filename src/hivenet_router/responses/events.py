@@ -118,7 +118,7 @@ class StreamShape:
                 for call in calls:
                     if isinstance(call, dict):
                         self._call(out, call)
-        if choice.get("finish_reason"):
+        if isinstance(choice.get("finish_reason"), str):
             self._reason = choice["finish_reason"]
 
     def _delta(self, out: list[bytes], kind: str, text: str) -> None:
@@ -177,6 +177,7 @@ class StreamShape:
 
     def _call(self, out: list[bytes], call: dict[str, Any]) -> None:
         index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
         item = self._calls.get(index)
         function: dict[str, Any] = (
             call["function"] if isinstance(call.get("function"), dict) else {}
@@ -186,8 +187,8 @@ class StreamShape:
             shown = {
                 "type": "function_call",
                 "id": new_id("fc"),
-                "call_id": call.get("id") or new_id("call"),
-                "name": function.get("name") or "",
+                "call_id": call["id"] if isinstance(call.get("id"), str) else new_id("call"),
+                "name": function["name"] if isinstance(function.get("name"), str) else "",
                 "arguments": "",
                 "status": "in_progress",
             }
@@ -195,7 +196,7 @@ class StreamShape:
             self._items.append(item)
             self._calls[index] = item
             self._event(out, "response.output_item.added", output_index=item["_index"], item=shown)
-        elif function.get("name") and not item["name"]:
+        elif isinstance(function.get("name"), str) and not item["name"]:
             item["name"] = function["name"]
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:

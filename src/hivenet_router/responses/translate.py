@@ -197,6 +197,11 @@ def skeleton(request: ResponsesRequest, response_id: str) -> dict[str, Any]:
     }
 
 
+def _count(details: Any, name: str) -> int:
+    value = details.get(name) if isinstance(details, dict) else None
+    return value if isinstance(value, int) else 0
+
+
 def usage(chat: Any) -> dict[str, Any] | None:
     """A chat `usage` object in the Responses shape (None for none)."""
     if not isinstance(chat, dict):
@@ -205,8 +210,8 @@ def usage(chat: Any) -> dict[str, Any] | None:
     completion = chat.get("completion_tokens")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
-    cached = (chat.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (chat.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    cached = _count(chat.get("prompt_tokens_details"), "cached_tokens")
+    reasoning = _count(chat.get("completion_tokens_details"), "reasoning_tokens")
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
@@ -214,6 +219,10 @@ def usage(chat: Any) -> dict[str, Any] | None:
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
     }
+
+
+def _text_or(value: Any, default: str) -> str:
+    return value if isinstance(value, str) and value else default
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -237,8 +246,13 @@ def response_from_chat(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
     output: list[dict[str, Any]] = []
     choices = chat.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else {}
-    message = choice.get("message") or {}
+    choice = choice if isinstance(choice, dict) else {}
+    message = choice.get("message")
+    message = message if isinstance(message, dict) else {}
     reason = choice.get("finish_reason")
+    reason = reason if isinstance(reason, str) else None
+    calls = message.get("tool_calls")
+    calls = calls if isinstance(calls, list) else []
     status = "incomplete" if reason in INCOMPLETE else "completed"
     thought = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(thought, str) and thought:
@@ -252,7 +266,7 @@ def response_from_chat(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
             }
         )
     content = message.get("content")
-    if isinstance(content, str) and (content or not message.get("tool_calls")):
+    if isinstance(content, str) and (content or not calls):
         output.append(
             {
                 "type": "message",
@@ -262,15 +276,17 @@ def response_from_chat(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
                 "content": [text_part(content)],
             }
         )
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
         output.append(
             {
                 "type": "function_call",
                 "id": new_id("fc"),
-                "call_id": call.get("id") or new_id("call"),
-                "name": function.get("name", ""),
-                "arguments": function.get("arguments") or "",
+                "call_id": _text_or(call.get("id"), new_id("call")),
+                "name": _text_or(function.get("name"), ""),
+                "arguments": _text_or(function.get("arguments"), ""),
                 "status": "completed",
             }
         )

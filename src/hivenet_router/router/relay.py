@@ -90,7 +90,7 @@ class Relay:
         if shape is not None:
             try:
                 body = shape.whole(body)
-            except ValueError:
+            except Exception:  # ValueError by contract; whatever it is, the answer is closed
                 await self._close(ticket, answer, Outcome.BROKEN)
                 raise ApiError(
                     ErrorCode.BACKEND_ERROR, "the engine's answer is not a chat completion"

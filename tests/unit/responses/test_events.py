@@ -96,3 +96,19 @@ def test_a_stream_cut_without_done_still_ends() -> None:
     shape(b"data: " + orjson.dumps(_delta(content="a")) + b"\n\n")
     events = _read(shape.flush())
     assert events[-1]["type"] == "response.completed"
+
+
+def test_odd_chat_events_are_skipped_not_raised() -> None:
+    request = parse(b'{"model": "m", "input": "x"}')
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    odd = [
+        {"choices": [{"delta": {"tool_calls": [{"index": [1], "function": {"name": 3}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [5]}, "finish_reason": ["x"]}]},
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "completion_tokens_details": 7},
+        },
+        [1, 2],
+    ]
+    out = b"".join(shape(b"data: " + orjson.dumps(e) + b"\n\n") for e in odd) + shape.flush()
+    assert _read(out)[-1]["type"] == "response.completed"

@@ -166,3 +166,22 @@ def test_integral_floats_are_integers_and_format_names_any_string() -> None:
     assert chat["max_tokens"] == 64 and isinstance(chat["max_tokens"], int)
     with pytest.raises(ApiError):
         parse(b'{"model": "m", "input": "x", "max_output_tokens": 1.5}')
+
+
+@pytest.mark.parametrize(
+    "chat",
+    [
+        {"choices": "x"},
+        {"choices": [3]},
+        {"choices": [{"message": [], "finish_reason": []}]},
+        {"choices": [{"message": {"tool_calls": [1, {"function": 2}], "content": 5}}]},
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "prompt_tokens_details": [1]},
+        },
+    ],
+)
+def test_an_odd_chat_answer_is_still_a_response(chat: dict[str, Any]) -> None:
+    request = parse(b'{"model": "m", "input": "x"}')
+    response = response_from_chat(skeleton(request, "resp_1"), chat)
+    assert response["status"] == "completed"

@@ -302,8 +302,15 @@ def test_bad_input_is_a_stable_4xx(fleet: tuple[Cluster, Router], body: Any, cod
 
 
 def test_hang_up_mid_stream_frees_what_it_held(tmp_path: Path) -> None:
+    # A budget, so that the stream holds an occupancy reservation the check can see.
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "admit_budget_tokens: 10000000\nmax_inflight: 1000\n"
+        "routing_policy: {strategy: least-loaded}\n"
+    )
+    reserved = ("hivenet_admission_occupancy_tokens", "hivenet_admission_inflight_requests")
     with cluster(tmp_path) as c:
-        router = c.router()
+        router = c.router("--policy-file", str(policy))
         sim = c.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
         c.agent(router, sim)
         wait_registered(router, MODEL)
@@ -314,8 +321,11 @@ def test_hang_up_mid_stream_frees_what_it_held(tmp_path: Path) -> None:
             seen = [next(lines) for _ in range(16)]
             assert any("response.output_text.delta" in line for line in seen)
             assert metric(sim.metrics(), "vllm:num_requests_running") == 1.0
+            held = router.metrics()
+            holding = (*reserved, "hivenet_router_active_forwards", "hivenet_agent_link_streams")
+            assert all(metric(held, name) for name in holding)
         wait_until(lambda: metric(sim.metrics(), "vllm:num_requests_running") == 0.0)
-        for name in HELD:
+        for name in (*HELD, *reserved):
             wait_until(lambda name=name: metric(router.metrics(), name) == 0.0)
         assert router.openai().responses.create(model=MODEL, input="x", max_output_tokens=2)
 

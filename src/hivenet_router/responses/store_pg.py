@@ -4,7 +4,7 @@ reaches. The same behaviour as the SQLite store (store.py); asyncpg is imported 
 router that has a DSN.
 
 A read the database cannot answer in time is a `503 backend_unavailable` (the client may
-retry); a write that fails is logged, and the response it would have kept reads as absent
+retry), also while it is down at the router's start; a write that fails is logged, and the response it would have kept reads as absent
 once its in-memory copy is gone.
 """
 
@@ -41,6 +41,7 @@ class PgResponses(ResponseStore):
         self._dsn = dsn
         self._timeout = timeout
         self._pool: Any = None
+        self._ready = False  # the table is known to exist
         self._total = 0
         self._swept = 0.0
         # Writes one at a time, in the order kept (tasks take an asyncio lock first come,
@@ -48,19 +49,21 @@ class PgResponses(ResponseStore):
         self._writing = asyncio.Lock()
 
     async def open(self) -> None:
-        """Make the pool and the table. Raises OSError (the database unreachable)."""
+        """Make the pool, then the table and a first sweep if the database answers; if it
+        does not, the router starts all the same (as the ledger does) and the table is made
+        by the first call that reaches it. Raises OSError for a DSN that cannot be used."""
         import asyncpg  # type: ignore[import-untyped]  # noqa: PLC0415 (only with a DSN)
 
         try:
             self._pool = await asyncpg.create_pool(
                 self._dsn, min_size=0, max_size=POOL_SIZE, command_timeout=self._timeout
             )
-            await self._call(lambda conn: conn.execute(_SCHEMA))
-        except ApiError as exc:
-            raise OSError(exc.message) from None
         except Exception as exc:  # a malformed DSN is a ValueError: said, never quoted
             raise OSError(f"the response store's database: {type(exc).__name__}") from None
-        await self._sweep()
+        try:
+            await self._sweep()
+        except ApiError:
+            log.warning("the response store's database does not answer yet; continuing")
 
     async def _close(self) -> None:
         pool, self._pool = self._pool, None
@@ -78,6 +81,9 @@ class PgResponses(ResponseStore):
         try:
             async with asyncio.timeout(self._timeout):
                 async with pool.acquire() as conn:
+                    if not self._ready:
+                        await conn.execute(_SCHEMA)
+                        self._ready = True
                     return await query(conn)
         except (asyncio.CancelledError, ApiError):
             raise

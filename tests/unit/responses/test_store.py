@@ -3,6 +3,7 @@ time) and by size, surviving a restart."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from blockbuster import BlockBuster
 
+from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.responses.store import ResponseStore, SqliteResponses
 from hivenet_router.responses.store_pg import PgResponses
 from tests.postgres import Postgres, allow_connect_reads, postgres_server
@@ -95,3 +97,26 @@ async def test_the_oldest_go_past_the_size_bound(make: Make, wall: Wall) -> None
         assert kept == list(range(6 - len(kept), 6)) and 1 < len(kept) < 6
     finally:
         await store.close()
+
+
+async def test_postgres_down_at_start_then_back(
+    server: Postgres, wall: Wall, blockbuster: BlockBuster
+) -> None:
+    """The router starts without its database (as the ledger does): reads are a 503 until
+    it answers, and the table is made by the first call that reaches it."""
+    allow_connect_reads(blockbuster)
+    dsn = server.database()
+    await asyncio.to_thread(server.kill)
+    store = PgResponses(dsn, 60.0, 1 << 20, 1.0, wall)
+    try:
+        await store.open()  # does not raise
+        with pytest.raises(ApiError) as down:
+            await store.get("a", "r1")
+        assert down.value.code is ErrorCode.BACKEND_UNAVAILABLE
+        await asyncio.to_thread(server.start)
+        store.keep("a", _response("r1"), [], [])
+        assert await store.delete("a", "r1")
+        assert await store.get("a", "r1") is None
+    finally:
+        await store.close()
+        await asyncio.to_thread(server.start)  # returns at once when it runs

@@ -4,8 +4,8 @@ reaches. The same behaviour as the SQLite store (store.py); asyncpg is imported 
 router that has a DSN.
 
 A read the database cannot answer in time is a `503 backend_unavailable` (the client may
-retry), also while it is down at the router's start; a write that fails is logged, and the response it would have kept reads as absent
-once its in-memory copy is gone.
+retry), also while it is down at the router's start; a write that fails is logged, and
+the response it would have kept reads as absent once its in-memory copy is gone.
 """
 
 from __future__ import annotations

@@ -151,6 +151,9 @@ def test_parse_reads_structured_output(fleet: tuple[Cluster, Router]) -> None:
         model=MODEL, input="A city, please.", text_format=City
     )
     assert isinstance(parsed.output_parsed, City)
+    client = router.openai(KEY)
+    with client.responses.stream(model=MODEL, input="A city.", text_format=City) as stream:
+        assert isinstance(stream.get_final_response().output_parsed, City)
 
 
 def test_function_tool_round_trip(fleet: tuple[Cluster, Router]) -> None:

@@ -322,6 +322,21 @@ class RouterConfig:
         help="Days a persisted record lives without updates (at most 36500); 0 keeps records "
         "forever",
     )
+    responses_store_ttl: float = duration_option(
+        30 * 86400.0,
+        flag="--responses-store-ttl",
+        env="HIVENET_ROUTER_RESPONSES_STORE_TTL",
+        help="How long a stored response (POST /v1/responses with store: true) can be "
+        "read, listed and continued, from its creation",
+    )
+    responses_store_max_bytes: int = option(
+        1 << 30,
+        parse=v.positive_int,
+        flag="--responses-store-max-bytes",
+        env="HIVENET_ROUTER_RESPONSES_STORE_MAX_BYTES",
+        help="Bytes the stored responses may take together (responses.sqlite3 in "
+        "--disk-db-path); past it the oldest are deleted first",
+    )
     universal_flush_interval: float = duration_option(
         30.0,
         flag="--universal-flush-interval",

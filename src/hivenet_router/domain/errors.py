@@ -42,6 +42,11 @@ class ErrorCode(StrEnum):
     INSUFFICIENT_BALANCE = "insufficient_balance"
     DEGENERATE_OUTPUT = "degenerate_output"
     MALFORMED_OUTPUT = "malformed_output"
+    # The Responses API (docs/responses.md).
+    UNSUPPORTED_TOOL = "unsupported_tool"
+    UNSUPPORTED_PARAMETER = "unsupported_parameter"
+    RESPONSE_NOT_FOUND = "response_not_found"
+    RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"
 
 
 STATUS: dict[ErrorCode, int] = {
@@ -68,6 +73,10 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.INSUFFICIENT_BALANCE: 402,
     ErrorCode.DEGENERATE_OUTPUT: 502,
     ErrorCode.MALFORMED_OUTPUT: 502,
+    ErrorCode.UNSUPPORTED_TOOL: 400,
+    ErrorCode.UNSUPPORTED_PARAMETER: 400,
+    ErrorCode.RESPONSE_NOT_FOUND: 404,
+    ErrorCode.RESPONSE_NOT_CANCELLABLE: 400,
 }
 
 # OpenAI SDKs read `type`; keep it a small, stable vocabulary.
@@ -97,6 +106,8 @@ NON_RETRYABLE: frozenset[ErrorCode] = frozenset(
         ErrorCode.INPUT_TOO_LONG,
         ErrorCode.TOKEN_LIMIT_EXCEEDED,
         ErrorCode.REQUEST_TOO_LARGE,
+        ErrorCode.UNSUPPORTED_TOOL,
+        ErrorCode.UNSUPPORTED_PARAMETER,
     }
 )
 

@@ -259,14 +259,22 @@ class Routes:
         raise ApiError(ErrorCode.NOT_FOUND, f"no route {request.method} {path}")
 
 
-def build_app(handlers: Handlers, admin: AdminApi, edge: Edge) -> App:
-    """The public routes, each behind the edge with its guard."""
+def build_app(
+    handlers: Handlers,
+    admin: AdminApi,
+    edge: Edge,
+    client_routes: list[tuple[str, str, Handler]] | None = None,
+) -> App:
+    """The public routes, each behind the edge with its guard; `client_routes` are more
+    routes for API clients (the Responses API)."""
     routes = Routes(edge)
     routes.add("GET", "/health", handlers.health, "")
     routes.add("GET", "/v1/models", handlers.models, "client")
     routes.add("GET", "/v1/models/{model:.+}", handlers.model, "client")
     for route in INFERENCE_ROUTES:
         routes.add("POST", route, handlers.inference, "client")
+    for method, path, handler in client_routes or ():
+        routes.add(method, path, handler, "client")
     for method, path, handler in admin.routes():
         routes.add(method, path, handler, "admin")
     return routes

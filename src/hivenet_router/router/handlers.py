@@ -17,7 +17,7 @@ from hivenet_router.policy.document import Policy
 from hivenet_router.router import catalog
 from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.registry import Registry
-from hivenet_router.router.relay import Relay
+from hivenet_router.router.relay import Relay, Shape
 from hivenet_router.router.requests import read_body
 
 log = logging.getLogger("hivenet.api")
@@ -137,9 +137,16 @@ class Handlers:
     # -- inference ------------------------------------------------------------------------------
 
     async def inference(self, request: Request) -> Answer:
-        ticket: Ticket = request.ticket
-        route = request.path
         body = await read_body(request, self.body_timeout)
+        return await self.run(request, request.path, body)
+
+    async def run(
+        self, request: Request, route: str, body: bytes, shape: Shape | None = None
+    ) -> Answer:
+        """Serve `body` as a request for `route` (what the agent is sent; the ticket's
+        endpoint, which metrics label, stays the route the client called), its answer
+        rewritten by `shape` when one is given."""
+        ticket: Ticket = request.ticket
         headers = forward_headers(request, ticket.request_id)  # after the body: its trailers
         principal = ticket.caller
         facts = await self.reader.parse(route, body, principal.tenant)
@@ -186,7 +193,7 @@ class Handlers:
         # a reload does meanwhile.
         ticket.policy = self.policy_for(model)
         answer = await self.pipeline(ticket)
-        return await self.relay(request, ticket, answer)
+        return await self.relay(request, ticket, answer, shape)
 
     def _unknown(self, ticket: Ticket, model: str) -> ApiError:
         if self.warming():

@@ -192,6 +192,9 @@ class RouterProcess:
             await router.site.client.aclose()
             await store.close()
             return 1
+        if not await _open_responses(router):
+            await store.close()
+            return 1
         guards = self._guards()
         router.metrics.registry.register(ConnectionsCollector(lambda: guards))
         auth_server = GrpcAuthServer(
@@ -423,6 +426,8 @@ class RouterProcess:
             await router.site.leave()  # hands its credits back to the site
         if router.ledger is not None:
             await router.ledger.close()  # what is still unbilled stays on disk
+        if router.responses is not None:
+            await router.responses.close()
         await router.keeper.flush()
         await self._save_quota(router, store)
         await store.close()
@@ -536,3 +541,16 @@ def _say_what_site_id_does(cfg: RouterConfig) -> None:
             "cross-site redirect",
             cfg.site_id,
         )
+
+
+async def _open_responses(router: Router) -> bool:
+    """Open the stored responses' database; False (logged) when it cannot be."""
+    if router.responses is None:
+        return True
+    try:
+        await router.responses.open()
+    except (OSError, sqlite3.Error) as exc:
+        log.error("cannot open the stored responses' database: %s", exc)
+        await router.responses.close()
+        return False
+    return True

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Protocol
 
 from hivenet_router.domain.answer import Answer, AnswerBroken, Outcome
-from hivenet_router.domain.errors import ErrorCode, error_body
+from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.domain.usage import (
     USAGE_ROUTES,
     UsageEvents,
@@ -36,6 +37,32 @@ _JSON = "application/json"
 # it the event is dropped, so a client that stopped reading cannot keep what the request
 # holds (its forwarding slot, its agent stream) after the stream has ended.
 ERROR_WRITE = 1.0
+# Routes whose streams end an error with an `event: error` line (their SDKs read it).
+_NAMED_ERRORS = ("/v1/messages", "/v1/responses")
+
+
+class Reshape(Protocol):
+    """Rewrites a stream chunk by chunk for its client; `finished` once the client has
+    been sent the answer's last event."""
+
+    finished: bool
+
+    def __call__(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+class Shape(Protocol):
+    """How a route answers in another API than the engine's (the Responses API over chat
+    completions): a whole answer rewritten, or a stream's rewriter. Only answers under 400
+    are rewritten; an error passes in the one envelope every route shares. The answer is
+    metered as the engine sent it."""
+
+    def whole(self, body: bytes) -> bytes:
+        """Raises ValueError for an answer it cannot read."""
+        ...
+
+    def stream(self) -> Reshape: ...
 
 
 class Relay:
@@ -44,23 +71,39 @@ class Relay:
         self.deadlines = Deadlines()  # each stream's, on one timer per 50 ms
         self.idle_timeout = idle_timeout  # longest gap between two chunks; 0: none
 
-    async def __call__(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
+    async def __call__(
+        self, request: http.Request, ticket: Ticket, answer: Answer, shape: Shape | None = None
+    ) -> http.Answer:
         ticket.origin = ticket.origin or answer.origin
         if ticket.facts is not None and not answer.input_estimate:
             # The input counted for an answer that reports none (domain/usage.py).
             answer.input_estimate = input_estimate(ticket.facts)
+        if answer.status >= 400:
+            shape = None
         if answer.body is not None:
-            return await self._whole(ticket, answer, answer.body)
-        return await self._stream(request, ticket, answer)
+            return await self._whole(ticket, answer, answer.body, shape)
+        return await self._stream(request, ticket, answer, shape.stream() if shape else None)
 
-    async def _whole(self, ticket: Ticket, answer: Answer, body: bytes) -> http.Response:
+    async def _whole(
+        self, ticket: Ticket, answer: Answer, body: bytes, shape: Shape | None
+    ) -> http.Response:
+        if shape is not None:
+            try:
+                body = shape.whole(body)
+            except Exception:  # ValueError by contract; whatever it is, the answer is closed
+                await self._close(ticket, answer, Outcome.BROKEN)
+                raise ApiError(
+                    ErrorCode.BACKEND_ERROR, "the engine's answer is not a chat completion"
+                ) from None
         response = http.Response(
             body, answer.status, answer.header("content-type") or _JSON, ticket.headers_out
         )
         await self._close(ticket, answer, Outcome.OK)
         return response
 
-    async def _stream(self, request: http.Request, ticket: Ticket, answer: Answer) -> http.Answer:
+    async def _stream(
+        self, request: http.Request, ticket: Ticket, answer: Answer, reshape: Reshape | None
+    ) -> http.Answer:
         headers = {
             **ticket.headers_out,
             "Content-Type": answer.header("content-type") or "text/event-stream",
@@ -70,7 +113,8 @@ class Relay:
         outcome = Outcome.CLIENT_GONE
         written = b""  # the last chunk the client was sent
         response: http.Stream | None = None
-        drop = _usage_events(ticket, answer)
+        # A reshaped stream reads the usage event itself (the Response carries it).
+        drop: Reshape | UsageEvents | None = reshape or _usage_events(ticket, answer)
         time = asyncio.get_running_loop().time
         watch = Watch(time(), self.idle_timeout, ticket.stream_end or ticket.deadline)
         try:
@@ -98,7 +142,7 @@ class Relay:
                 response, ticket, ErrorCode.REQUEST_TIMEOUT, self._timed_out(watch, time())
             )
         except asyncio.CancelledError:
-            if complete(written):
+            if complete(written) or (reshape is not None and reshape.finished):
                 # SDKs hang up as soon as they read the last event, often before the
                 # source's own end arrives: the client had the whole answer.
                 outcome = Outcome.OK
@@ -138,13 +182,14 @@ class Relay:
     async def _end_with_error(
         response: http.Stream | None, ticket: Ticket, code: ErrorCode, message: str
     ) -> None:
-        """One error event: the envelope every error has, as an Anthropic `event: error` on
-        /v1/messages and as a bare `data:` line elsewhere (none if the stream never began)."""
+        """One error event: the envelope every error has, as an `event: error` on
+        /v1/messages and /v1/responses, and as a bare `data:` line elsewhere (none if the
+        stream never began)."""
         ticket.failure = code
         if response is None:
             return
         data = b"data: " + error_body(code, message, request_id=ticket.request_id) + b"\n\n"
-        if ticket.endpoint.startswith("/v1/messages"):
+        if ticket.endpoint.startswith(_NAMED_ERRORS):
             data = b"event: error\n" + data
         with contextlib.suppress(ConnectionError, TimeoutError):
             async with asyncio.timeout(ERROR_WRITE):

@@ -44,6 +44,8 @@ from hivenet_router.pipeline.stage import Next, Stage, build
 from hivenet_router.policy.document import BUILT_IN, Policy
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
+from hivenet_router.responses.store import ResponseStore, SqliteResponses
+from hivenet_router.responses.store_pg import PgResponses
 from hivenet_router.router.admin import AdminApi
 from hivenet_router.router.admission import Admission
 from hivenet_router.router.agent_auth import AgentAuthenticator, Sessions
@@ -60,6 +62,7 @@ from hivenet_router.router.providers import Providers
 from hivenet_router.router.rate import RequestRate
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.relay import Relay
+from hivenet_router.router.responses_api import ResponsesApi
 from hivenet_router.state.local import DailyCounter, LocalPool, RateCounter
 from hivenet_router.state.ports import Ports
 from hivenet_router.storage.history import HistoryStore
@@ -121,6 +124,8 @@ class Router:
     cache: ResponseCache | None = None
     # Reads request bodies, the costly ones in a child process: stopped at shutdown.
     bodies: BodyReader = field(default_factory=BodyReader)
+    # Stored Responses API responses: opened by the process before it serves, closed last.
+    responses: ResponseStore | None = None
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -352,6 +357,7 @@ def assemble(
         built.append(tracing)
     observers.observers = tuple(observer for observer in built if observer is not None)
     _collect(router)
+    router.responses = _responses(cfg, clock)
     router.public_app = _public_app(shared, router)
     return router
 
@@ -366,6 +372,15 @@ def _gateway(router: Router, cfg: RouterConfig, policy_for: Callable[[str], Poli
 
         router.ledger = Ledger(cfg.ledger_dsn, Path(cfg.disk_db_path), cfg.ledger_timeout)
         router.admin.more.extend(WalletApi(router.ledger, cfg.http_body_timeout).routes())
+
+
+def _responses(cfg: RouterConfig, clock: Clock) -> ResponseStore:
+    """Stored responses: in the ledger's PostgreSQL when there is one (shared by the site's
+    routers), else in SQLite beside the history store."""
+    ttl, most = cfg.responses_store_ttl, cfg.responses_store_max_bytes
+    if cfg.ledger_dsn:
+        return PgResponses(cfg.ledger_dsn, ttl, most, cfg.ledger_timeout, clock.wall)
+    return SqliteResponses(Path(cfg.disk_db_path), ttl, most, clock.wall)
 
 
 def _edge(shared: Shared, observers: Observers, tracing: Tracing | None) -> Edge:
@@ -414,7 +429,9 @@ def _public_app(shared: Shared, router: Router) -> App:
         reader=router.bodies,
         policy_for=router.policy_for,
     )
-    return build_app(handlers, router.admin, router.edge)
+    # The Responses API runs on the same handlers, translated (responses/).
+    responses = ResponsesApi(handlers, router.responses, cfg.http_body_timeout)
+    return build_app(handlers, router.admin, router.edge, responses.routes())
 
 
 def _collect(router: Router) -> None:

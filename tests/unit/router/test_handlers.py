@@ -64,7 +64,9 @@ async def test_the_models_policy_is_resolved_once_and_every_stage_reads_that_sna
         seen.append(ticket.policy.name)
         return Answer(200, [], Whole(), body=b"{}")
 
-    async def relay(request: Request, ticket: Ticket, answer: Answer) -> Response:
+    async def relay(
+        request: Request, ticket: Ticket, answer: Answer, shape: object = None
+    ) -> Response:
         return Response(answer.body or b"")
 
     handlers = Handlers(

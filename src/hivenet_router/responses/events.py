@@ -1,0 +1,296 @@
+"""A chat completions stream as the Responses stream events.
+
+`StreamShape` reads the chat stream's SSE events as they arrive and writes the Responses
+events in the order OpenAI sends them, each with its `sequence_number`:
+`response.created`, `response.in_progress`, then for each output item
+`response.output_item.added`, its content part (`response.content_part.added`), deltas
+(`response.output_text.delta`, `response.reasoning_text.delta`,
+`response.function_call_arguments.delta`), their `.done` events and
+`response.output_item.done`; last `response.completed`, or `response.incomplete` when the
+output limit (or a content filter) cut the answer, or `response.failed` when the engine
+sent an error inside the stream. The engine's usage event becomes the Response's `usage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from hivenet_router.responses.request import new_id
+from hivenet_router.responses.translate import INCOMPLETE, finish, text_part, usage
+
+_CARRY_MAX = 1 << 22  # an event split across chunks kept up to this, then dropped
+
+
+def _events(data: bytes) -> tuple[list[bytes], bytes]:
+    """The `data:` payloads of the whole SSE events in `data`, and what is left over."""
+    data = data.replace(b"\r\n", b"\n")
+    cut = data.rfind(b"\n\n")
+    if cut < 0:
+        return [], data
+    payloads = []
+    for event in data[:cut].split(b"\n\n"):
+        lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            payloads.append(b"\n".join(lines))
+    return payloads, data[cut + 2 :]
+
+
+class StreamShape:
+    """Chat SSE chunks in, Responses SSE bytes out. `on_done` gets the final Response
+    (before its last event is sent, so a GET right after the stream finds it stored)."""
+
+    def __init__(self, base: dict[str, Any], on_done: Callable[[dict[str, Any]], None]) -> None:
+        self.response = base
+        self._on_done = on_done
+        self._seq = 0
+        self._carry = b""
+        self._started = False
+        self.finished = False
+        self._items: list[dict[str, Any]] = []
+        self._current: dict[str, Any] | None = None  # the open message or reasoning item
+        self._calls: dict[int, dict[str, Any]] = {}  # open function calls by chat index
+        self._reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def _event(self, out: list[bytes], kind: str, **fields: Any) -> None:
+        body = orjson.dumps({"type": kind, "sequence_number": self._seq, **fields})
+        self._seq += 1
+        out.append(b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n")
+
+    def __call__(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        if not self._started:
+            self._started = True
+            self._event(out, "response.created", response=self.response)
+            self._event(out, "response.in_progress", response=self.response)
+        if self.finished:
+            return b"".join(out)
+        payloads, self._carry = _events(self._carry + chunk)
+        if len(self._carry) > _CARRY_MAX:
+            self._carry = b""
+        for payload in payloads:
+            if payload == b"[DONE]":
+                self._end(out)
+                break
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                self._read(out, event)
+            if self.finished:
+                break
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """The events that end the Response, when the chat stream ended without [DONE]."""
+        out: list[bytes] = []
+        if not self.finished:
+            self._end(out)
+        return b"".join(out)
+
+    # -- reading chat events ------------------------------------------------------------------
+
+    def _read(self, out: list[bytes], event: dict[str, Any]) -> None:
+        if isinstance(event.get("error"), dict):
+            self._fail(out, event["error"])
+            return
+        found = usage(event.get("usage"))
+        if found is not None:
+            self._usage = found
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                self._delta(out, "reasoning", thought)
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                self._delta(out, "message", content)
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if isinstance(call, dict):
+                        self._call(out, call)
+        if isinstance(choice.get("finish_reason"), str):
+            self._reason = choice["finish_reason"]
+
+    def _delta(self, out: list[bytes], kind: str, text: str) -> None:
+        item = self._current
+        if item is None or item["type"] != kind:
+            self._close_current(out)
+            item = self._open(out, kind)
+        item["_text"].append(text)
+        if kind == "message":
+            self._event(
+                out,
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=item["_index"],
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        else:
+            self._event(
+                out,
+                "response.reasoning_text.delta",
+                item_id=item["id"],
+                output_index=item["_index"],
+                content_index=0,
+                delta=text,
+            )
+
+    def _open(self, out: list[bytes], kind: str) -> dict[str, Any]:
+        if kind == "message":
+            shown: dict[str, Any] = {
+                "type": "message",
+                "id": new_id("msg"),
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            part: dict[str, Any] = text_part("")
+        else:
+            shown = {"type": "reasoning", "id": new_id("rs"), "summary": [], "content": []}
+            part = {"type": "reasoning_text", "text": ""}
+        index = len(self._items)
+        self._event(out, "response.output_item.added", output_index=index, item=shown)
+        self._event(
+            out,
+            "response.content_part.added",
+            item_id=shown["id"],
+            output_index=index,
+            content_index=0,
+            part=part,
+        )
+        item = {**shown, "_index": index, "_text": []}
+        self._items.append(item)
+        self._current = item
+        return item
+
+    def _call(self, out: list[bytes], call: dict[str, Any]) -> None:
+        index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
+        item = self._calls.get(index)
+        function: dict[str, Any] = (
+            call["function"] if isinstance(call.get("function"), dict) else {}
+        )
+        if item is None:
+            self._close_current(out)
+            shown = {
+                "type": "function_call",
+                "id": new_id("fc"),
+                "call_id": call["id"] if isinstance(call.get("id"), str) else new_id("call"),
+                "name": function["name"] if isinstance(function.get("name"), str) else "",
+                "arguments": "",
+                "status": "in_progress",
+            }
+            item = {**shown, "_index": len(self._items), "_text": []}
+            self._items.append(item)
+            self._calls[index] = item
+            self._event(out, "response.output_item.added", output_index=item["_index"], item=shown)
+        elif isinstance(function.get("name"), str) and not item["name"]:
+            item["name"] = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            item["_text"].append(arguments)
+            self._event(
+                out,
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=item["_index"],
+                delta=arguments,
+            )
+
+    # -- closing ----------------------------------------------------------------------------------
+
+    def _status(self) -> str:
+        return "incomplete" if self._reason in INCOMPLETE else "completed"
+
+    def _close_current(self, out: list[bytes]) -> None:
+        item, self._current = self._current, None
+        if item is None:
+            return
+        text = "".join(item.pop("_text"))
+        index = item.pop("_index")
+        if item["type"] == "message":
+            part = text_part(text)
+            self._event(
+                out,
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=text,
+                logprobs=[],
+            )
+        else:
+            part = {"type": "reasoning_text", "text": text}
+            self._event(
+                out,
+                "response.reasoning_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=text,
+            )
+        self._event(
+            out,
+            "response.content_part.done",
+            item_id=item["id"],
+            output_index=index,
+            content_index=0,
+            part=part,
+        )
+        item["content"] = [part]
+        item["status"] = self._status()
+        self._event(out, "response.output_item.done", output_index=index, item=item)
+
+    def _close_call(self, out: list[bytes], item: dict[str, Any]) -> None:
+        arguments = "".join(item.pop("_text"))
+        index = item.pop("_index")
+        item["arguments"] = arguments
+        item["status"] = "completed"
+        self._event(
+            out,
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=index,
+            name=item["name"],
+            arguments=arguments,
+        )
+        self._event(out, "response.output_item.done", output_index=index, item=item)
+
+    def _end(self, out: list[bytes]) -> None:
+        self._close_current(out)
+        for index in sorted(self._calls):
+            self._close_call(out, self._calls[index])
+        self._calls = {}
+        response = dict(self.response)
+        response["output"] = self._items
+        finish(response, self._reason, self._usage)
+        self._last(out, response)
+
+    def _fail(self, out: list[bytes], error: dict[str, Any]) -> None:
+        response = dict(self.response)
+        response["output"] = [i for i in self._items if "_index" not in i]
+        response["status"] = "failed"
+        response["error"] = {
+            "code": str(error.get("code") or "server_error"),
+            "message": str(error.get("message") or "the engine failed"),
+        }
+        self._last(out, response)
+
+    def _last(self, out: list[bytes], response: dict[str, Any]) -> None:
+        self.finished = True
+        self.response = response
+        self._on_done(response)
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}
+        self._event(out, kind.get(response["status"], "response.failed"), response=response)

@@ -1,0 +1,308 @@
+"""Reading a Responses request: the fields the router acts on, checked as the OpenAI
+schema types them, with a stable error code naming the field at fault.
+
+Every way a body can be wrong is a 400 before anything reaches an agent: `request_invalid`
+for a missing or ill-typed field, `unsupported_tool` for a tool the fleet cannot run (the
+hosted tools: web search, file search, code interpreter, computer use, MCP, image
+generation, shells), `unsupported_parameter` for a feature the router does not offer
+(background responses, conversations, stored prompts, file inputs).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from hivenet_router.domain.errors import ApiError, ErrorCode
+
+ROLES: Final = frozenset({"user", "assistant", "system", "developer"})
+FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
+EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
+# Refused as `unsupported_parameter` when set to anything but null/false.
+_UNSUPPORTED: Final = ("background", "conversation", "prompt")
+METADATA_KEYS: Final = 16
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+def invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(ErrorCode.REQUEST_INVALID, message, param=param)
+
+
+def refused(message: str, param: str) -> ApiError:
+    """A value the schema allows that cannot be served as it stands."""
+    return ApiError(ErrorCode.INVALID_PARAMETER, message, param=param)
+
+
+def unsupported(message: str, param: str) -> ApiError:
+    return ApiError(ErrorCode.UNSUPPORTED_PARAMETER, message, param=param)
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    """A checked Responses request. `raw` is the client's object (its other fields are
+    echoed in the Response); `items` the input as items, each with an ID."""
+
+    raw: dict[str, Any]
+    model: str
+    items: list[dict[str, Any]]
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: Any = "auto"
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def _typed(raw: dict[str, Any], name: str, kinds: tuple[type, ...], what: str) -> Any:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise invalid(f"{name}: expected {what}", name)
+    return value
+
+
+def parse(body: bytes) -> ResponsesRequest:
+    """The request in `body`; raises ApiError (400) naming the field at fault."""
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"body is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise invalid("body must be a JSON object")
+    model = raw.get("model")
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise invalid("model: expected a model name (1 to 256 characters)", "model")
+    for name in _UNSUPPORTED:
+        if raw.get(name) not in (None, False):
+            raise unsupported(f"{name} is not supported by this router", name)
+    for name in ("temperature", "top_p"):
+        _typed(raw, name, (int, float), "a number")
+    for name in ("stream", "store", "parallel_tool_calls"):
+        _typed(raw, name, (bool,), "a boolean")
+    limit = _typed(raw, "max_output_tokens", (int, float), "an integer")
+    if isinstance(limit, float):
+        # JSON Schema's integers include 64.0; a fraction is no integer.
+        if not limit.is_integer():
+            raise invalid("max_output_tokens: expected an integer", "max_output_tokens")
+        limit = int(limit)
+    if limit is not None and limit < 1:
+        raise refused("max_output_tokens: must be at least 1", "max_output_tokens")
+    previous = _typed(raw, "previous_response_id", (str,), "a response ID")
+    instructions = _typed(raw, "instructions", (str,), "a string")
+    _check_options(raw)
+    request = ResponsesRequest(
+        raw=raw,
+        model=model,
+        items=input_items(raw.get("input"), previous is not None or bool(instructions)),
+        stream=raw.get("stream") is True,
+        store=raw.get("store") is not False,
+        previous_response_id=previous,
+        instructions=instructions,
+        max_output_tokens=limit,
+        tools=function_tools(raw.get("tools")),
+        metadata=_metadata(raw.get("metadata")),
+    )
+    request.tool_choice = tool_choice(raw.get("tool_choice"), request.tools)
+    return request
+
+
+def _check_options(raw: dict[str, Any]) -> None:
+    truncation = raw.get("truncation")
+    if truncation not in (None, "auto", "disabled"):
+        raise invalid("truncation: expected 'auto' or 'disabled'", "truncation")
+    include = _typed(raw, "include", (list,), "a list of strings")
+    if include is not None and not all(isinstance(x, str) for x in include):
+        raise invalid("include: expected a list of strings", "include")
+    reasoning = _typed(raw, "reasoning", (dict,), "an object")
+    if reasoning is not None and reasoning.get("effort") not in (None, *EFFORTS):
+        raise invalid(
+            f"reasoning.effort: expected one of {', '.join(sorted(EFFORTS))}", "reasoning.effort"
+        )
+    text = _typed(raw, "text", (dict,), "an object")
+    fmt = text.get("format") if text is not None else None
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict) or fmt.get("type") not in FORMATS:
+        raise invalid(
+            "text.format.type: expected one of text, json_object, json_schema", "text.format"
+        )
+    if fmt["type"] == "json_schema":
+        if not isinstance(fmt.get("name"), str):
+            raise invalid("text.format.name: required for json_schema", "text.format.name")
+        if not isinstance(fmt.get("schema"), dict):
+            raise invalid("text.format.schema: expected a JSON schema object", "text.format")
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise invalid("metadata: expected an object of strings", "metadata")
+    if len(value) > METADATA_KEYS or any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
+        raise refused(
+            f"metadata: at most {METADATA_KEYS} pairs, keys up to 64 characters, values up to 512",
+            "metadata",
+        )
+    return value
+
+
+# -- input -------------------------------------------------------------------------------------
+
+_PARTS: Final = frozenset({"input_text", "output_text", "refusal", "input_image"})
+
+
+def input_items(value: Any, optional: bool = False) -> list[dict[str, Any]]:
+    """The input as a list of items, each checked and given an ID (a string is one user
+    message), as GET /v1/responses/{id}/input_items lists them. `optional`: a request that
+    continues a response, or has instructions, may leave it out."""
+    if value is None:
+        if optional:
+            return []
+        raise refused("input: required (there is nothing else to answer)", "input")
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise invalid("input: expected a string or a list of items", "input")
+    return [_item(item, f"input[{i}]") for i, item in enumerate(value)]
+
+
+def _item(item: Any, where: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise invalid(f"{where}: expected an object", where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        return _message(item, where)
+    if kind == "function_call":
+        for name in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(name), str):
+                raise invalid(f"{where}.{name}: expected a string", f"{where}.{name}")
+        return {"id": item.get("id") or new_id("fc"), **item, "status": "completed"}
+    if kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str):
+            raise invalid(f"{where}.call_id: expected a string", f"{where}.call_id")
+        output = item.get("output")
+        if not isinstance(output, (str, list)):
+            raise invalid(f"{where}.output: expected a string or parts", f"{where}.output")
+        return {"id": item.get("id") or new_id("fco"), **item, "status": "completed"}
+    if kind == "reasoning":
+        return {"id": item.get("id") or new_id("rs"), **item}
+    if kind == "item_reference":
+        raise unsupported("item references are not supported: send the item itself", where)
+    if not isinstance(kind, str):
+        raise invalid(f"{where}.type: expected a string", f"{where}.type")
+    raise unsupported(f"input items of type {kind!r} are not supported", f"{where}.type")
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ROLES:
+        raise invalid(f"{where}.role: expected one of {', '.join(sorted(ROLES))}", f"{where}.role")
+    content = item.get("content")
+    if isinstance(content, str):
+        kind = "output_text" if role == "assistant" else "input_text"
+        parts: list[dict[str, Any]] = [{"type": kind, "text": content}]
+    elif isinstance(content, list):
+        parts = [_part(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
+    else:
+        raise invalid(f"{where}.content: expected a string or a list of parts", where)
+    return {
+        "type": "message",
+        "id": item.get("id") or new_id("msg"),
+        "role": role,
+        "content": parts,
+        "status": "completed",
+    }
+
+
+def _part(part: Any, where: str) -> dict[str, Any]:
+    if not isinstance(part, dict):
+        raise invalid(f"{where}: expected an object", where)
+    kind = part.get("type")
+    if kind == "input_file":
+        raise unsupported("file inputs are not supported by this router", f"{where}.type")
+    if not isinstance(kind, str):
+        raise invalid(f"{where}.type: expected a string", f"{where}.type")
+    if kind not in _PARTS:
+        raise unsupported(f"content parts of type {kind!r} are not supported", f"{where}.type")
+    if kind == "input_image":
+        if part.get("file_id") is not None:
+            raise unsupported("images by file_id are not supported: send image_url", where)
+        if not isinstance(part.get("image_url"), str):
+            raise refused(f"{where}.image_url: expected a URL or data URL", where)
+        return part
+    field_name = "refusal" if kind == "refusal" else "text"
+    if not isinstance(part.get(field_name), str):
+        raise invalid(f"{where}.{field_name}: expected a string", f"{where}.{field_name}")
+    return part
+
+
+# -- tools --------------------------------------------------------------------------------------
+
+
+def function_tools(value: Any) -> list[dict[str, Any]]:
+    """The function tools; any other kind is a 400 `unsupported_tool` naming it."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid("tools: expected a list", "tools")
+    tools = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise invalid(f"{where}: expected a tool object with a type", where)
+        if tool["type"] != "function":
+            raise ApiError(
+                ErrorCode.UNSUPPORTED_TOOL,
+                f"tool {tool['type']!r} is a hosted tool this router cannot run; only "
+                "function tools (run by the client) are supported",
+                param=f"{where}.type",
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid(f"{where}.name: expected a function name", f"{where}.name")
+        parameters = tool.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise invalid(f"{where}.parameters: expected a JSON schema", f"{where}.parameters")
+        tools.append(tool)
+    return tools
+
+
+def tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
+    if value is None:
+        return "auto"
+    if value in ("none", "auto", "required"):
+        return value
+    if not isinstance(value, dict):
+        raise invalid("tool_choice: expected none, auto, required or an object", "tool_choice")
+    kind = value.get("type")
+    names = {tool["name"] for tool in tools}
+    if kind == "function":
+        if value.get("name") not in names:
+            raise refused("tool_choice.name: names no function in tools", "tool_choice.name")
+        return value
+    if kind == "allowed_tools":
+        allowed = value.get("tools")
+        if value.get("mode") not in ("auto", "required") or not isinstance(allowed, list):
+            raise invalid("tool_choice: allowed_tools needs a mode and tools", "tool_choice")
+        for tool in allowed:
+            if not isinstance(tool, dict) or tool.get("type") != "function":
+                raise ApiError(
+                    ErrorCode.UNSUPPORTED_TOOL,
+                    "allowed_tools may name function tools only",
+                    param="tool_choice.tools",
+                )
+        return value
+    raise ApiError(
+        ErrorCode.UNSUPPORTED_TOOL,
+        f"tool_choice {kind!r} names a hosted tool this router cannot run",
+        param="tool_choice.type",
+    )

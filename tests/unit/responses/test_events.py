@@ -1,0 +1,114 @@
+"""A chat stream as the Responses events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from hivenet_router.responses.events import StreamShape
+from hivenet_router.responses.request import parse
+from hivenet_router.responses.translate import skeleton
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def _read(data: bytes) -> list[dict[str, Any]]:
+    out = []
+    for event in data.split(b"\n\n"):
+        if event:
+            name, body = event.split(b"\n")
+            decoded = orjson.loads(body[6:])
+            assert name == b"event: " + decoded["type"].encode()
+            out.append(decoded)
+    return out
+
+
+def _delta(**delta: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+def test_events_in_order_whatever_the_chunking() -> None:
+    chat = _sse(
+        _delta(role="assistant", content=""),
+        _delta(reasoning_content="hm"),
+        _delta(content="Hel"),
+        _delta(content="lo"),
+        _delta(tool_calls=[{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{"}}]),
+        _delta(tool_calls=[{"index": 0, "function": {"arguments": "}"}}]),
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
+    )
+    request = parse(b'{"model": "m", "input": "x"}')
+    for size in (1, 7, len(chat)):
+        done: list[dict[str, Any]] = []
+        shape = StreamShape(skeleton(request, "resp_1"), done.append)
+        out = b"".join(shape(chat[i : i + size]) for i in range(0, len(chat), size))
+        out += shape.flush()
+        events = _read(out)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert [e["type"] for e in events] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.reasoning_text.delta",
+            "response.reasoning_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+        final = events[-1]["response"]
+        assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call"]
+        assert final["output"][1]["content"][0]["text"] == "Hello"
+        assert final["output"][2]["arguments"] == "{}"
+        assert final["usage"]["total_tokens"] == 7
+        assert done == [final] and shape.finished
+
+
+def test_an_engine_error_in_the_stream_fails_the_response() -> None:
+    request = parse(b'{"model": "m", "input": "x"}')
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    out = shape(_sse(_delta(content="a"), {"error": {"code": "oops", "message": "broke"}}))
+    events = _read(out)
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"] == {"code": "oops", "message": "broke"}
+    assert shape.flush() == b""
+
+
+def test_a_stream_cut_without_done_still_ends() -> None:
+    request = parse(b'{"model": "m", "input": "x"}')
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    shape(b"data: " + orjson.dumps(_delta(content="a")) + b"\n\n")
+    events = _read(shape.flush())
+    assert events[-1]["type"] == "response.completed"
+
+
+def test_odd_chat_events_are_skipped_not_raised() -> None:
+    request = parse(b'{"model": "m", "input": "x"}')
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    odd = [
+        {"choices": [{"delta": {"tool_calls": [{"index": [1], "function": {"name": 3}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [5]}, "finish_reason": ["x"]}]},
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "completion_tokens_details": 7},
+        },
+        [1, 2],
+    ]
+    out = b"".join(shape(b"data: " + orjson.dumps(e) + b"\n\n") for e in odd) + shape.flush()
+    assert _read(out)[-1]["type"] == "response.completed"

@@ -1,0 +1,187 @@
+"""A Responses request as chat messages and a chat answer as a Response."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from hivenet_router.domain.errors import ApiError, ErrorCode
+from hivenet_router.responses.request import parse
+from hivenet_router.responses.translate import chat_body, response_from_chat, skeleton
+
+
+def _chat(body: dict[str, Any], history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    request = parse(orjson.dumps({"model": "m", **body}))
+    chat: dict[str, Any] = orjson.loads(chat_body(request, history or []))
+    return chat
+
+
+def test_items_become_messages_in_order() -> None:
+    chat = _chat(
+        {
+            "instructions": "Be brief.",
+            "input": [
+                {"role": "developer", "content": "Rules."},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "What is this?"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,AA"},
+                    ],
+                },
+                {"type": "message", "role": "assistant", "content": "Let me look."},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+                {"type": "reasoning", "summary": []},
+                {"type": "function_call_output", "call_id": "c1", "output": "one"},
+                {
+                    "type": "function_call_output",
+                    "call_id": "c2",
+                    "output": [{"type": "input_text", "text": "two"}],
+                },
+            ],
+        }
+    )
+    messages = chat["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool"]
+    assert messages[0]["content"] == "Be brief.\n\nRules."
+    assert messages[1]["content"][1] == {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64,AA"},
+    }
+    assert messages[2]["content"] == "Let me look."
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]
+    assert messages[4] == {"role": "tool", "tool_call_id": "c2", "content": "two"}
+
+
+def test_options_map_to_their_chat_names() -> None:
+    chat = _chat(
+        {
+            "input": "x",
+            "max_output_tokens": 7,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "parallel_tool_calls": False,
+            "text": {"format": {"type": "json_schema", "name": "n", "schema": {}, "strict": True}},
+            "reasoning": {"effort": "low"},
+            "store": False,
+            "metadata": {"a": "b"},
+            "include": ["reasoning.encrypted_content"],
+            "truncation": "auto",
+        }
+    )
+    assert chat["max_tokens"] == 7 and chat["temperature"] == 0.5 and chat["top_p"] == 0.9
+    assert chat["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert chat["parallel_tool_calls"] is False
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": {}, "strict": True},
+    }
+    assert chat["reasoning_effort"] == "low"
+    for name in ("store", "metadata", "include", "truncation", "input"):
+        assert name not in chat
+
+
+def test_allowed_tools_narrow_the_tools() -> None:
+    tools = [{"type": "function", "name": n} for n in ("a", "b")]
+    choice = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": "b"}],
+    }
+    chat = _chat({"input": "x", "tools": tools, "tool_choice": choice})
+    assert [t["function"]["name"] for t in chat["tools"]] == ["b"]
+    assert chat["tool_choice"] == "required"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        (
+            {"input": "x", "tools": [{"type": "file_search"}]},
+            ErrorCode.UNSUPPORTED_TOOL,
+            "tools[0].type",
+        ),
+        ({"input": "x", "conversation": "c"}, ErrorCode.UNSUPPORTED_PARAMETER, "conversation"),
+        ({"input": [{"role": "user", "content": 3}]}, ErrorCode.REQUEST_INVALID, "input[0]"),
+        ({"input": "x", "metadata": {"k": 1}}, ErrorCode.REQUEST_INVALID, "metadata"),
+        ({"input": "x", "metadata": {"k" * 65: "v"}}, ErrorCode.INVALID_PARAMETER, "metadata"),
+        (
+            {"input": "x", "tool_choice": {"type": "function", "name": "f"}},
+            ErrorCode.INVALID_PARAMETER,
+            "tool_choice.name",
+        ),
+    ],
+)
+def test_refusals_name_the_field(body: dict[str, Any], code: ErrorCode, param: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        parse(orjson.dumps({"model": "m", **body}))
+    assert refused.value.code is code and refused.value.param == param
+
+
+def test_a_chat_answer_as_a_response() -> None:
+    request = parse(b'{"model": "m", "input": "x", "max_output_tokens": 2}')
+    chat = {
+        "choices": [
+            {
+                "finish_reason": "length",
+                "message": {
+                    "content": "Hi",
+                    "reasoning_content": "think",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+    }
+    response = response_from_chat(skeleton(request, "resp_1"), chat)
+    assert [item["type"] for item in response["output"]] == [
+        "reasoning",
+        "message",
+        "function_call",
+    ]
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["usage"]["total_tokens"] == 7
+    assert response["output"][2]["call_id"] == "c"
+
+
+def test_integral_floats_are_integers_and_format_names_any_string() -> None:
+    """As JSON Schema reads them (the fuzz run found both refused)."""
+    fmt = {"type": "json_schema", "name": "", "schema": {}}
+    chat = _chat({"input": "x", "max_output_tokens": 64.0, "text": {"format": fmt}})
+    assert chat["max_tokens"] == 64 and isinstance(chat["max_tokens"], int)
+    with pytest.raises(ApiError):
+        parse(b'{"model": "m", "input": "x", "max_output_tokens": 1.5}')
+
+
+@pytest.mark.parametrize(
+    "chat",
+    [
+        {"choices": "x"},
+        {"choices": [3]},
+        {"choices": [{"message": [], "finish_reason": []}]},
+        {"choices": [{"message": {"tool_calls": [1, {"function": 2}], "content": 5}}]},
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "prompt_tokens_details": [1]},
+        },
+    ],
+)
+def test_an_odd_chat_answer_is_still_a_response(chat: dict[str, Any]) -> None:
+    request = parse(b'{"model": "m", "input": "x"}')
+    response = response_from_chat(skeleton(request, "resp_1"), chat)
+    assert response["status"] == "completed"

@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from hivenet_router.clock import Clock
-from hivenet_router.domain.answer import Answer, AnswerBroken, Closer, Outcome
+from hivenet_router.domain.answer import Answer, Closer, Outcome
 from hivenet_router.domain.classify import MESSAGE_LIMIT, message_of, structured_code
 from hivenet_router.domain.errors import NON_RETRYABLE, ApiError, ErrorCode
+from hivenet_router.domain.metering import asking_for_usage, expect_usage, native_provider
 from hivenet_router.domain.request import Job, Usage
-from hivenet_router.domain.usage import USAGE_ENGINES, USAGE_ROUTES, ask_for_usage
+from hivenet_router.domain.usage import USAGE_ENGINES
 from hivenet_router.expiry import Deadlines
 from hivenet_router.gateway.validator import AVOID
 from hivenet_router.observability.events import AnswerHead, Attempt, Exhausted, Queued
@@ -28,6 +29,7 @@ from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.policy.store import PolicyStore
+from hivenet_router.router.agent_source import AgentSource
 from hivenet_router.router.forwarding import DispatchLimits, follow_fleet
 from hivenet_router.router.providers import ProviderRefused, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
@@ -56,33 +58,6 @@ def _stay() -> None:
 # What gives back the local capacity a request holds when routing leaves the local pool
 # (provider fallback): a stage that holds some puts its release here.
 LEAVE_POOL: Final = Key[Callable[[], None]]("leave_pool", lambda: _stay)
-
-
-class AgentSource:
-    """The rest of an agent's answer. Closing it resets the stream if it is not done."""
-
-    __slots__ = ("_peer", "_stream")
-
-    def __init__(self, stream: Stream, peer: str) -> None:
-        self._stream = stream
-        self._peer = peer
-
-    async def read(self) -> bytes | None:
-        try:
-            return await self._stream.read()
-        except StreamReset as exc:
-            log.warning("stream from %s broke: %s", self._peer, exc)
-            if isinstance(exc, LinkClosed):
-                raise AnswerBroken(
-                    ErrorCode.AGENT_DISCONNECTED, "the agent's connection was lost"
-                ) from None
-            raise AnswerBroken(
-                ErrorCode.BACKEND_ERROR, "the engine stopped answering mid-stream"
-            ) from None
-
-    def close(self, outcome: Outcome) -> None:
-        if not self._stream.finished:
-            self._stream.reset(StreamReset("cancelled", "router abandoned the request"))
 
 
 class _Retry(Exception):
@@ -418,7 +393,7 @@ class Dispatcher:
                 ApiError(ErrorCode.AGENT_DISCONNECTED, "agent connection is gone"), stale=True
             )
         sent = self.clock.monotonic()
-        body = _asking_for_usage(job, agent.reg.engine in USAGE_ENGINES)
+        body = asking_for_usage(job, agent.reg.engine in USAGE_ENGINES)
         try:
             stream = await link.open(
                 INFERENCE_PROTOCOL, "POST", job.route, job.headers, body or job.body
@@ -432,7 +407,7 @@ class Dispatcher:
             raise _Retry(ApiError(ErrorCode.AGENT_DISCONNECTED, str(exc)), stale=True) from None
         try:
             answer = await self._answer(stream, job, agent.peer_id)
-            _expect_usage(answer, job, agent.reg.engine in USAGE_ENGINES)
+            expect_usage(answer, job, agent.reg.engine in USAGE_ENGINES)
         except StreamReset as exc:
             stream.reset(exc)
             if exc.code == "too_large":
@@ -559,7 +534,7 @@ class Dispatcher:
         breaker = routing.provider_started(provider.engine, policy)
         try:
             # The OpenAI API honours include_usage: ask it, as an engine is asked.
-            asked = _asking_for_usage(job, provider.engine == "openai")
+            asked = asking_for_usage(job, provider.engine == "openai")
             answer = await self.providers.forward(
                 provider.engine,
                 provider.model,
@@ -581,40 +556,13 @@ class Dispatcher:
         except BaseException:
             routing.provider_settled(provider.engine, policy, self._blame(ticket), breaker)
             raise
-        _expect_usage(
-            answer, job, provider.engine == ("anthropic" if _anthropic(job) else "openai")
-        )
+        expect_usage(answer, job, provider.engine == native_provider(job))
         ok = None if 400 <= answer.status < 500 and answer.status != 429 else answer.status < 400
         routing.provider_settled(provider.engine, policy, ok, breaker)
         ticket.emit(
             AnswerHead(provider.engine, provider=True, seconds=self.clock.monotonic() - sent)
         )
         return answer
-
-
-def _asking_for_usage(job: Job, honoured: bool) -> bytes | None:
-    """The body to send instead of the client's so that an OpenAI-format stream reports its
-    usage (`stream_options.include_usage`), when the engine honours it and the client did
-    not ask; None to send the client's body."""
-    if not honoured or not job.stream or job.route not in USAGE_ROUTES:
-        return None
-    return ask_for_usage(job.body)
-
-
-def _anthropic(job: Job) -> bool:
-    return job.route == "/v1/messages"
-
-
-def _expect_usage(answer: Answer, job: Job, reports: bool) -> None:
-    """Tell a stream from an engine that reports usage at its end (asked on OpenAI routes,
-    always on Anthropic's) that its text need not be counted (domain/answer.py)."""
-    if not reports or not answer.streamed or answer.status >= 400:
-        return
-    if _anthropic(job):
-        answer.expect_usage(anthropic=True, framing=0)
-    elif job.route in USAGE_ROUTES:
-        # A chat stream opens with an event that carries the role, not a token.
-        answer.expect_usage(anthropic=False, framing=int(job.route == "/v1/chat/completions"))
 
 
 def _turn_away(agents: list[AgentRecord]) -> None:

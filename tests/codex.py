@@ -45,6 +45,8 @@ def codex_config(base_url: str, model: str) -> str:
             f'model_provider = "{PROVIDER}"',
             "check_for_update_on_startup = false",
             "model_context_window = 262144",
+            # The router runs no hosted tools (docs/responses.md): Codex must not offer one.
+            'web_search = "disabled"',
             "",
             f"[model_providers.{PROVIDER}]",
             'name = "Hivenet Router"',

@@ -59,8 +59,21 @@ def test_codex_gets_an_answer_through_the_router(make_cluster: Cluster, tmp_path
     assert run.returncode == 0 and not run.failed(), (run.events, run.stderr[-2000:])
     assert run.messages() and run.last_message.strip()  # the simulator's words, relayed
     assert any(e.get("type") == "turn.completed" for e in run.events)
+    # A turn that calls a tool: the simulator calls Codex's shell tool when the prompt says
+    # so (sim/tools.py); Codex runs it, sends its output back, and gets a text answer.
+    tool_turn = run_codex(
+        program, tmp_path / "home2", router.url, MODEL, KEY, "List files. [call:exec_command]"
+    )
+    assert tool_turn.returncode == 0 and not tool_turn.failed(), tool_turn.events
+    commands = [
+        e for e in tool_turn.events
+        if e.get("type") == "item.completed" and e["item"].get("type") == "command_execution"
+    ]  # fmt: skip
+    assert commands, tool_turn.events
+    assert tool_turn.last_message.strip()
+    assert any(e.get("type") == "turn.completed" for e in tool_turn.events)
     text = router.metrics()
-    assert (metric(text, "hivenet_tenant_requests_success_total", tenant_id="codex") or 0) >= 1
+    assert (metric(text, "hivenet_tenant_requests_success_total", tenant_id="codex") or 0) >= 3
     assert metric(text, "hivenet_tenant_requests_failed_total", tenant_id="codex") is None
 
 

@@ -236,6 +236,8 @@ def test_a_cached_stream_is_billed_the_engines_count_and_keeps_usage_from_the_cl
                 )
             )
         assert chunks and all(c.usage is None and c.choices for c in chunks)
+        # The answer is stored when the first request closes, after its client has it all.
+        wait_until(lambda: metric(router.metrics(), "hivenet_cache_entries") == 1.0)
     engine = engine_count(log, ids[0])  # one engine call: the second was a hit
     exact = (engine["prompt_tokens"], engine["completion_tokens"])
     for rid in ids:

@@ -248,32 +248,50 @@ def _part(part: Any, where: str) -> dict[str, Any]:
 # -- tools --------------------------------------------------------------------------------------
 
 
+# What a client that sends a hosted tool by default can do about it.
+HOSTED_HINTS = {
+    "web_search": ' (Codex CLI: set web_search = "disabled" in its config.toml)',
+}
+
+
 def function_tools(value: Any) -> list[dict[str, Any]]:
-    """The function tools; any other kind is a 400 `unsupported_tool` naming it."""
+    """The function tools, those of a `namespace` (a named group of function tools, as
+    Codex sends them) included; any other kind is a 400 `unsupported_tool` naming it."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise invalid("tools: expected a list", "tools")
-    tools = []
+    tools: list[dict[str, Any]] = []
     for i, tool in enumerate(value):
         where = f"tools[{i}]"
-        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
-            raise invalid(f"{where}: expected a tool object with a type", where)
-        if tool["type"] != "function":
-            raise ApiError(
-                ErrorCode.UNSUPPORTED_TOOL,
-                f"tool {tool['type']!r} is a hosted tool this router cannot run; only "
-                "function tools (run by the client) are supported",
-                param=f"{where}.type",
-            )
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise invalid(f"{where}.name: expected a function name", f"{where}.name")
-        parameters = tool.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise invalid(f"{where}.parameters: expected a JSON schema", f"{where}.parameters")
-        tools.append(tool)
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            inner = tool.get("tools")
+            if not isinstance(inner, list):
+                raise invalid(f"{where}.tools: expected a list of tools", f"{where}.tools")
+            tools.extend(_function_tool(t, f"{where}.tools[{j}]") for j, t in enumerate(inner))
+        else:
+            tools.append(_function_tool(tool, where))
     return tools
+
+
+def _function_tool(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+        raise invalid(f"{where}: expected a tool object with a type", where)
+    if tool["type"] != "function":
+        hint = HOSTED_HINTS.get(tool["type"], "")
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_TOOL,
+            f"tool {tool['type']!r} is a hosted tool this router cannot run; only "
+            f"function tools (run by the client) are supported{hint}",
+            param=f"{where}.type",
+        )
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"{where}.name: expected a function name", f"{where}.name")
+    parameters = tool.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise invalid(f"{where}.parameters: expected a JSON schema", f"{where}.parameters")
+    return tool
 
 
 def tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:

@@ -1,8 +1,11 @@
 """Tool calls and structured output, as an engine with a tool parser would answer them.
 
-The simulator calls a tool only when the request forces one (OpenAI `tool_choice:
-"required"` or a named function, Anthropic `{"type": "any"}` or a named tool); with `auto`
-it answers in text, so an agent loop that sends a tool result back gets a text answer.
+The simulator calls a tool when the request forces one (OpenAI `tool_choice: "required"`
+or a named function, Anthropic `{"type": "any"}` or a named tool), or, with `auto`, when
+the conversation ends with a user message that says `[call:NAME]` for one of its tools (so
+a client that never forces a tool, such as Codex CLI, can be tested through a tool turn).
+Otherwise it answers in text, so an agent loop that sends a tool result back gets a text
+answer.
 Arguments, and structured answers (OpenAI `response_format`, Anthropic `output_format` or
 `output_config.format`), are instances of the JSON schema the client sent
 (`schema_answer.instance`), so a client that validates them accepts them.
@@ -10,6 +13,7 @@ Arguments, and structured answers (OpenAI `response_format`, Anthropic `output_f
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -17,6 +21,7 @@ import orjson
 from hivenet_router.sim.schema_answer import instance
 
 _ECHO = 200  # characters of the prompt a json_object answer echoes
+_CALL = re.compile(r"\[call:([A-Za-z0-9_.\-]{1,64})\]")
 
 
 def _openai_tools(body: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +62,11 @@ def forced_call(body: dict[str, Any], anthropic: bool) -> tuple[str, bytes] | No
             function = choice.get("function")
             if isinstance(function, dict) and isinstance(function.get("name"), str):
                 name = function["name"]
+    automatic = choice in (None, "auto") or (
+        isinstance(choice, dict) and choice.get("type") == "auto"
+    )
+    if name is None and automatic:
+        name = _prompted(body)
     if name is None or name not in tools:
         return None
     arguments = instance(tools[name]) if tools[name] is not None else {}
@@ -86,6 +96,22 @@ def structured(body: dict[str, Any]) -> bytes | None:
 
 def _instance(schema: Any) -> bytes:
     return orjson.dumps(instance(schema) if schema is not None else {})
+
+
+def _prompted(body: dict[str, Any]) -> str | None:
+    """The tool a conversation's last message asks for with `[call:NAME]`, when that message
+    is the user's own (not a tool's result)."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None
+    content = last.get("content")
+    if isinstance(content, list):
+        if any(isinstance(p, dict) and p.get("type") == "tool_result" for p in content):
+            return None
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    found = _CALL.search(content) if isinstance(content, str) else None
+    return found.group(1) if found else None
 
 
 def _last_user_text(body: dict[str, Any]) -> str:

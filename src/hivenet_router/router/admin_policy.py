@@ -100,6 +100,8 @@ class PolicyApi:
 
     async def put_policy(self, request: Request) -> Response:
         policy = await self._document(request, "global", named=False)
+        if _dry_run(request):
+            return _json({"status": "policy valid", "policy": policy_json(policy)})
         try:
             self.policies.replace_default(policy)
         except PolicyConflict as exc:
@@ -109,6 +111,8 @@ class PolicyApi:
     async def put_policy_model(self, request: Request) -> Response:
         name = _name(request)
         policy = await self._document(request, name, named=True)
+        if _dry_run(request):
+            return _json({"status": "policy valid", "name": name, "models": list(policy.models)})
         try:
             self.policies.put_named(policy)
         except PolicyConflict as exc:
@@ -143,6 +147,13 @@ class PolicyApi:
             raise ApiError(ErrorCode.REQUEST_INVALID, str(exc)) from None
         where = f"/admin/policy/models/{name}" if named else "/admin/policy"
         return dataclasses.replace(policy, source=f"admin API (PUT {where})")
+
+
+def _dry_run(request: Request) -> bool:
+    """`?dry_run=true`: validate the document and say so, changing nothing (the console's
+    Validate button). The checks against the other policies and the keys are made only
+    when it is applied."""
+    return request.query.get("dry_run", "").lower() in {"1", "true"}
 
 
 def _name(request: Request) -> str:

@@ -259,9 +259,17 @@ class Routes:
         raise ApiError(ErrorCode.NOT_FOUND, f"no route {request.method} {path}")
 
 
-def build_app(handlers: Handlers, admin: AdminApi, edge: Edge) -> App:
-    """The public routes, each behind the edge with its guard."""
+def build_app(
+    handlers: Handlers,
+    admin: AdminApi,
+    edge: Edge,
+    pages: list[tuple[str, str, Handler]] | None = None,
+) -> App:
+    """The public routes, each behind the edge with its guard. `pages`: routes of later
+    layers that need no key (the console's static files), wired in wiring.py."""
     routes = Routes(edge)
+    for method, path, handler in pages or ():
+        routes.add(method, path, handler, "")
     routes.add("GET", "/health", handlers.health, "")
     routes.add("GET", "/v1/models", handlers.models, "client")
     routes.add("GET", "/v1/models/{model:.+}", handlers.model, "client")

@@ -51,7 +51,7 @@ from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.cors import Cors
 from hivenet_router.router.dispatch import Dispatcher
-from hivenet_router.router.edge import Edge, build_app
+from hivenet_router.router.edge import Edge, Handler, build_app
 from hivenet_router.router.forwarding import DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
@@ -121,6 +121,8 @@ class Router:
     cache: ResponseCache | None = None
     # Reads request bodies, the costly ones in a child process: stopped at shutdown.
     bodies: BodyReader = field(default_factory=BodyReader)
+    # Public routes that need no key, of later layers: the console's files (--console).
+    pages: list[tuple[str, str, Handler]] = field(default_factory=list)
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -348,6 +350,8 @@ def assemble(
     )
     _gateway(router, cfg, policy_for)
     built = [OBSERVERS[name](router, cfg) for name in cfg.observers]
+    if cfg.console:
+        built.append(_console(router))
     if tracing is not None:
         built.append(tracing)
     observers.observers = tuple(observer for observer in built if observer is not None)
@@ -366,6 +370,18 @@ def _gateway(router: Router, cfg: RouterConfig, policy_for: Callable[[str], Poli
 
         router.ledger = Ledger(cfg.ledger_dsn, Path(cfg.disk_db_path), cfg.ledger_timeout)
         router.admin.more.extend(WalletApi(router.ledger, cfg.http_body_timeout).routes())
+
+
+def _console(router: Router) -> RequestObserver:
+    """The operator's console (--console): its pages on the public port, and the admin
+    routes it reads (the latest requests, the last hour) from the observer it adds."""
+    from hivenet_router.console.assets import ConsoleAssets  # noqa: PLC0415 (only when on)
+    from hivenet_router.console.recent import RecentRequests  # noqa: PLC0415
+
+    recent = RecentRequests()
+    router.admin.more.extend(recent.routes())
+    router.pages.extend(ConsoleAssets().routes())
+    return recent
 
 
 def _edge(shared: Shared, observers: Observers, tracing: Tracing | None) -> Edge:
@@ -414,7 +430,7 @@ def _public_app(shared: Shared, router: Router) -> App:
         reader=router.bodies,
         policy_for=router.policy_for,
     )
-    return build_app(handlers, router.admin, router.edge)
+    return build_app(handlers, router.admin, router.edge, router.pages)
 
 
 def _collect(router: Router) -> None:

@@ -44,8 +44,8 @@ def chromium() -> Iterator[Any]:
     """A headless Chromium, closed at the end."""
     browser, driver_path = binaries()
     try:
-        from selenium import webdriver  # noqa: PLC0415 (only when Chromium is here)
-        from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
     except ImportError:
         if os.environ.get("HIVENET_REQUIRE_REAL_ENGINES") == "1":
             raise
@@ -82,7 +82,7 @@ def wait_for(driver: Any, predicate: Callable[[], object], timeout: float = 20.0
     while time.monotonic() < deadline:
         try:
             value = predicate()
-        except Exception as error:  # noqa: BLE001 (the element may not exist yet)
+        except Exception as error:
             last, value = error, None
         if value:
             return value

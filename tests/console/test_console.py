@@ -14,6 +14,7 @@ import httpx2 as httpx
 import pytest
 
 from tests.console.browser import chromium, problems, screenshot, wait_for
+from tests.postgres import postgres_server
 from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_until
 
 MODEL = "console-model"
@@ -57,7 +58,7 @@ def by_id(driver: Any, element: str) -> Any:
 
 
 def sign_in(driver: Any, router: Router, key: str) -> None:
-    from selenium.webdriver.common.keys import Keys  # noqa: PLC0415 (see browser.py)
+    from selenium.webdriver.common.keys import Keys
 
     field = wait_for(driver, lambda: by_id(driver, "admin-key"))
     field.clear()
@@ -85,9 +86,15 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
     router = c.router(*auth_file(tmp_path))
     sim = c.sim(MODEL, "--zero-latency")
     c.agent(router, sim, "--model", MODEL, name="agent-a")
+    wait_until(lambda: metric(router.metrics(), "hivenet_routing_agent_healthy") == 1.0)
+    (staying,) = [
+        a["peer_id"] for a in admin(router, "GET", "/admin/routing-table").json()["agents"]
+    ]
     leaving = c.agent(router, sim, "--model", MODEL, name="agent-b")
     wait_until(lambda: metric(router.metrics(), "hivenet_routing_agent_healthy") == 2.0)
-    peers = sorted(a["peer_id"] for a in admin(router, "GET", "/admin/routing-table").json()["agents"])
+    table = admin(router, "GET", "/admin/routing-table").json()["agents"]
+    (gone,) = [a["peer_id"] for a in table if a["peer_id"] != staying]
+    peers = sorted([staying, gone])
     driver = browser
     driver.get(router.url + "/console/")
     assert driver.execute_script("return document.cookie") == ""
@@ -112,7 +119,7 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
     screenshot(driver, "fleet")
 
     # Drain the first, through the confirmation.
-    drained = peers[0]
+    drained = staying
     driver.find_element("css selector", f'button.drain[data-peer="{drained}"]').click()
     wait_for(driver, lambda: by_id(driver, "confirm").is_displayed())
     assert drained in by_id(driver, "confirm-text").text
@@ -122,7 +129,6 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
     screenshot(driver, "fleet-drained")
 
     # An agent that leaves: shown disconnected, then gone once removed (--remove-after 5s).
-    gone = next(p for p in peers if p != drained)
     leaving.stop()
     wait_for(driver, lambda: gone not in rows(driver, "fleet-table"), timeout=30)
     assert set(rows(driver, "fleet-table")) == {drained}
@@ -143,11 +149,17 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
     text.send_keys(GOOD_POLICY)
     by_id(driver, "policy-validate").click()
     wait_for(driver, lambda: "Valid" in by_id(driver, "policy-ok").text)
-    assert admin(router, "GET", "/admin/policy").json()["routing_policy"]["strategy"] != "round-robin"
+    assert (
+        admin(router, "GET", "/admin/policy").json()["routing_policy"]["strategy"] != "round-robin"
+    )
     by_id(driver, "policy-apply").click()
     wait_for(driver, lambda: "Applied global" in by_id(driver, "policy-ok").text)
-    assert admin(router, "GET", "/admin/policy").json()["routing_policy"]["strategy"] == "round-robin"
-    wait_for(driver, lambda: "round-robin" in by_id(driver, "policies-list").get_attribute("textContent"))
+    assert (
+        admin(router, "GET", "/admin/policy").json()["routing_policy"]["strategy"] == "round-robin"
+    )
+    wait_for(
+        driver, lambda: "round-robin" in by_id(driver, "policies-list").get_attribute("textContent")
+    )
     assert problems(driver, refused={400}) == []
 
     # A tenant's requests: its usage, then the latest requests without their prompts.
@@ -158,12 +170,16 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
             )
     tab(driver, "tenants")
     wait_for(driver, lambda: TENANT in rows(driver, "usage-table"))
-    used = int(driver.find_element("css selector", f'#usage-table tr[data-tenant="{TENANT}"] .tokens').text)
+    used = int(
+        driver.find_element("css selector", f'#usage-table tr[data-tenant="{TENANT}"] .tokens').text
+    )
     assert used > 0
     assert "100000" in rows(driver, "usage-table")[TENANT]
     screenshot(driver, "tenants")
     tab(driver, "traffic")
-    wait_for(driver, lambda: len(driver.find_elements("css selector", "#requests-table tbody tr")) >= 3)
+    wait_for(
+        driver, lambda: len(driver.find_elements("css selector", "#requests-table tbody tr")) >= 3
+    )
     page = driver.page_source
     assert PROMPT not in page and CLIENT_KEY not in page and ADMIN_KEY not in page
     assert TENANT in by_id(driver, "requests-table").text
@@ -192,6 +208,60 @@ def test_console_page_headers_and_off_switch(make_cluster: Cluster) -> None:
     assert httpx.get(router.url + "/admin/requests", timeout=5).status_code == 401
     bad = admin(router, "GET", "/admin/requests?limit=9999")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "request_invalid"
+    for n in range(5):  # five requests for no route: recorded, newest first, paged
+        httpx.get(f"{router.url}/nowhere-{n}", timeout=5)
+    first = admin(router, "GET", "/admin/requests?limit=2").json()
+    assert [r["path"] for r in first["requests"]] == ["/nowhere-4", "/nowhere-3"]
+    assert first["kept"] == 5 and first["next_before"] == first["requests"][-1]["seq"]
+    second = admin(router, "GET", f"/admin/requests?limit=3&before={first['next_before']}")
+    assert [r["path"] for r in second.json()["requests"]] == [f"/nowhere-{n}" for n in (2, 1, 0)]
+    assert second.json()["next_before"] is None
+    traffic = admin(router, "GET", "/admin/traffic").json()
+    assert traffic["requests"] == 5 and traffic["errors_by_code"] == {"not_found": 5}
     off = make_cluster.router("--console=false", name="off")
     assert httpx.get(off.url + "/console/", timeout=5).status_code == 404
     assert admin(off, "GET", "/admin/requests").status_code == 404
+
+
+def test_console_wallet_credit_shows_in_its_ledger(make_cluster: Cluster, tmp_path: Path) -> None:
+    """A wallet on a real PostgreSQL (tests/postgres.py): a credit typed into the console's
+    form, with its idempotency reference, appears in the balance and the ledger; the same
+    reference again adds nothing; a bad amount shows the API's refusal."""
+    with chromium() as driver, postgres_server() as pg:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(
+            "prices: {input_per_million: 1000, output_per_million: 2000}\n"
+            "routing_policy: {strategy: least-loaded}\n"
+        )
+        router = make_cluster.router(
+            "--ledger-dsn", pg.dsn(), *auth_file(tmp_path), "--policy-file", str(policy)
+        )
+        wait_until(lambda: metric(router.metrics(), "hivenet_ledger_up") == 1.0, timeout=10)
+        assert admin(router, "POST", f"/admin/wallets/{TENANT}/credit", {"amount": "1"}).is_success
+        driver.get(router.url + "/console/")
+        sign_in(driver, router, ADMIN_KEY)
+        wait_for(driver, lambda: by_id(driver, "tabs").is_displayed())
+        tab(driver, "tenants")
+        by_id(driver, "wallet-tenant").send_keys(TENANT)
+        by_id(driver, "wallet-load").click()
+        wait_for(driver, lambda: "balance 1 " in by_id(driver, "wallet-balance").text)
+
+        def fill(amount: str, reference: str) -> None:
+            for element, value in (("credit-amount", amount), ("credit-reference", reference)):
+                by_id(driver, element).clear()
+                by_id(driver, element).send_keys(value)
+            by_id(driver, "credit-button").click()
+
+        fill("12.50", "console-topup-1")
+        wait_for(driver, lambda: "balance 13.50 " in by_id(driver, "wallet-balance").text)
+        assert "Credited 12.50" in by_id(driver, "credit-result").text
+        wait_for(driver, lambda: "console-topup-1" in by_id(driver, "ledger-table").text)
+        assert "12.5" in by_id(driver, "ledger-table").text
+        screenshot(driver, "wallet")
+        fill("12.50", "console-topup-1")  # the same reference: applied once
+        wait_for(driver, lambda: "credited before" in by_id(driver, "credit-result").text)
+        assert "balance 13.50 " in by_id(driver, "wallet-balance").text
+        fill("-3", "console-topup-2")
+        wait_for(driver, lambda: "invalid_parameter" in by_id(driver, "credit-result").text)
+        assert "amount" in by_id(driver, "credit-result").text
+        assert problems(driver, refused={400}) == []

@@ -6,7 +6,7 @@
 
 const KEY = "hivenet-console-admin-key";
 const POLL_MS = 5000;
-const state = { view: "fleet", timer: null, stream: null, requestsBefore: null,
+const state = { view: "fleet", timer: null, stream: null, requestsBefore: null, requestsAt: null,
   ledgerBefore: null, ledgerTenant: null, pending: null, refreshing: false };
 
 const $ = (id) => document.getElementById(id);
@@ -101,6 +101,7 @@ function enter() {
 
 function signOut(message) {
   sessionStorage.removeItem(KEY);
+  state.requestsAt = null;
   if (state.stream) state.stream.abort();
   state.stream = null;
   clearInterval(state.timer);
@@ -421,7 +422,9 @@ function card(label, value) {
   return el("div", {}, el("dt", { text: label }), el("dd", { text: value }));
 }
 
+// `before`: the page to show (a seq), null for the newest; polling keeps the page shown.
 async function loadTraffic(before) {
+  if (before !== undefined) state.requestsAt = before;
   const traffic = await api("GET", "/admin/traffic");
   const latency = traffic.latency_ms || {};
   const ttft = traffic.ttft_ms || {};
@@ -437,7 +440,8 @@ async function loadTraffic(before) {
   const errors = Object.entries(traffic.errors_by_code || {});
   $("traffic-errors").replaceChildren(...(errors.length ? errors.map(([code, n]) =>
     el("li", { text: `${code}: ${n}` })) : [el("li", { className: "muted", text: "none" })]));
-  const query = typeof before === "number" ? `?limit=25&before=${before}` : "?limit=25";
+  const at = state.requestsAt;
+  const query = typeof at === "number" ? `?limit=25&before=${at}` : "?limit=25";
   const page = await api("GET", `/admin/requests${query}`);
   state.requestsBefore = page.next_before;
   $("requests-older").disabled = !page.next_before;
@@ -487,7 +491,7 @@ function start() {
   $("credit-form").addEventListener("submit", credit);
   $("ledger-newest").addEventListener("click", () => loadWallet(null, null));
   $("ledger-older").addEventListener("click", () => loadWallet(null, state.ledgerBefore));
-  $("requests-newest").addEventListener("click", () => loadTraffic());
+  $("requests-newest").addEventListener("click", () => loadTraffic(null));
   $("requests-older").addEventListener("click", () => loadTraffic(state.requestsBefore));
   if (sessionStorage.getItem(KEY)) enter();
   else $("admin-key").focus();

@@ -157,9 +157,12 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
     assert (
         admin(router, "GET", "/admin/policy").json()["routing_policy"]["strategy"] == "round-robin"
     )
-    wait_for(
-        driver, lambda: "round-robin" in by_id(driver, "policies-list").get_attribute("textContent")
-    )
+
+    def listed() -> str:
+        return str(by_id(driver, "policies-list").get_attribute("textContent"))
+
+    wait_for(driver, lambda: "round-robin" in listed())
+    assert "global: admin API (PUT /admin/policy at 20" in listed()  # the version and when
     assert problems(driver, refused={400}) == []
 
     # A tenant's requests: its usage, then the latest requests without their prompts.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.store import PolicyConflict, PolicyStore
+from hivenet_router.router.admin_views import rfc3339
 from hivenet_router.router.requests import read_body
 
 Handler = Callable[[Request], Awaitable[Answer]]
@@ -146,7 +148,10 @@ class PolicyApi:
         except PolicyError as exc:
             raise ApiError(ErrorCode.REQUEST_INVALID, str(exc)) from None
         where = f"/admin/policy/models/{name}" if named else "/admin/policy"
-        return dataclasses.replace(policy, source=f"admin API (PUT {where})")
+        # When it was written, so an operator (and the console) can tell which version serves.
+        return dataclasses.replace(
+            policy, source=f"admin API (PUT {where} at {rfc3339(time.time())})"
+        )
 
 
 def _dry_run(request: Request) -> bool:

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import openai
 import pytest
 
 from tests.console.browser import chromium, problems, screenshot, wait_for
 from tests.postgres import postgres_server
-from tests.procs import ADMIN_KEY, Cluster, Router, metric, wait_until
+from tests.procs import ADMIN_KEY, Cluster, Router, metric, sync_view, wait_until
 
 MODEL = "console-model"
 TENANT = "acme"
@@ -171,8 +172,16 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
             client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=8
             )
+        with pytest.raises(openai.NotFoundError):  # a refusal, counted for its tenant
+            client.chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=8
+            )
     tab(driver, "tenants")
     wait_for(driver, lambda: TENANT in rows(driver, "usage-table"))
+    refused = f'#refusals li[data-tenant="{TENANT}"]'
+    wait_for(
+        driver, lambda: "model_not_found 1" in driver.find_element("css selector", refused).text
+    )
     used = int(
         driver.find_element("css selector", f'#usage-table tr[data-tenant="{TENANT}"] .tokens').text
     )
@@ -268,3 +277,25 @@ def test_console_wallet_credit_shows_in_its_ledger(make_cluster: Cluster, tmp_pa
         wait_for(driver, lambda: "invalid_parameter" in by_id(driver, "credit-result").text)
         assert "amount" in by_id(driver, "credit-result").text
         assert problems(driver, refused={400}) == []
+
+
+def test_console_site_view(make_cluster: Cluster, tmp_path: Path) -> None:
+    """With a sync store (a real valkey-server): the routers of the site and the store's
+    health."""
+    from tests.valkey_site import ValkeySite
+
+    with chromium() as driver, ValkeySite(tmp_path / "valkey", replicas=0, sentinels=0) as store:
+        flags = ("--sync-store", "valkey", "--sync-addr", store.primary_addr, "--sync-site", "lab")
+        routers = [
+            make_cluster.router(*flags, "--router-id", f"r{n}", name=f"router{n}") for n in (0, 1)
+        ]
+        wait_until(lambda: sync_view(routers[0])["routers"] == ["r0", "r1"])
+        driver.get(routers[0].url + "/console/")
+        sign_in(driver, routers[0], ADMIN_KEY)
+        wait_for(driver, lambda: by_id(driver, "tabs").is_displayed())
+        tab(driver, "site")
+        wait_for(driver, lambda: by_id(driver, "site-routers").text.split() == ["r0", "r1"])
+        assert "store up" in by_id(driver, "site-health").text
+        assert not by_id(driver, "site-off").is_displayed()
+        screenshot(driver, "site")
+        assert problems(driver) == []

@@ -43,6 +43,8 @@ class Minute:
     start: int  # Unix minute (seconds // 60)
     requests: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    # (tenant, code) of refused requests: bounded by the tenants of the keys and the codes
+    refusals: Counter[tuple[str, str]] = field(default_factory=Counter)
     latency: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
 
@@ -89,6 +91,9 @@ class RecentRequests:
         code = error_code(event)
         if code:
             minute.errors[code] += 1
+            principal = ticket.principal
+            if principal is not None and principal.tenant:
+                minute.refusals[(principal.tenant, code)] += 1
         elif len(minute.latency) < SAMPLES:
             minute.latency.append(event.seconds)
             head = ticket.get(FIRST_BYTE)
@@ -138,10 +143,13 @@ class RecentRequests:
         now = int(self._wall() // 60)
         minutes = [m for m in self._minutes if now - m.start < MINUTES]
         errors: Counter[str] = Counter()
+        refusals: dict[str, Counter[str]] = {}
         latency: list[float] = []
         ttft: list[float] = []
         for m in minutes:
             errors.update(m.errors)
+            for (tenant, code), count in m.refusals.items():
+                refusals.setdefault(tenant, Counter())[code] += count
             latency.extend(m.latency)
             ttft.extend(m.ttft)
         last = minutes[-1] if minutes and minutes[-1].start >= now - 1 else None
@@ -150,6 +158,9 @@ class RecentRequests:
             "requests": sum(m.requests for m in minutes),
             "rate_per_second": round(last.requests / 60, 3) if last else 0.0,
             "errors_by_code": dict(errors.most_common()),
+            "errors_by_tenant": {
+                tenant: dict(codes.most_common()) for tenant, codes in sorted(refusals.items())
+            },
             "latency_ms": percentiles(latency),
             "ttft_ms": percentiles(ttft),
             "minutes": [

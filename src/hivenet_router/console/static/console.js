@@ -340,15 +340,19 @@ async function loadTenants() {
     api("GET", "/admin/quotas"), api("GET", "/admin/usage"), api("GET", "/admin/traffic"),
   ]);
   $("keys-mode").textContent = `(${quotas.mode}, ${quotas.day})`;
-  const daily = {};
+  const daily = {};  // "tenant model" (or "tenant ") -> tokens a day
   $("keys-table").tBodies[0].replaceChildren(...(quotas.keys || []).map((key) => {
     const quota = key.quota || {};
-    if (quota.tokens_per_day) daily[key.owner] = quota.tokens_per_day;
+    if (quota.tokens_per_day) daily[`${key.owner} `] = quota.tokens_per_day;
+    for (const [model, q] of Object.entries(quota.per_model || {})) {
+      if (q.tokens_per_day) daily[`${key.owner} ${model}`] = q.tokens_per_day;
+    }
     const used = Object.entries(key.tokens_used_today || {}).map(([m, n]) => `${m}: ${n}`);
+    const off = key.enabled === false ? " (disabled)" : "";
     return el("tr", { "data-owner": key.owner },
-      el("td", { text: key.owner }), el("td", { text: key.name || "" }),
-      el("td", { className: "mono", text: key.preview || key.key_preview || "" }),
-      el("td", { text: (key.models || []).join(", ") || "any" }),
+      el("td", { text: key.owner }), el("td", { text: (key.name || "") + off }),
+      el("td", { className: "mono", text: key.key_preview || "–" }),
+      el("td", { text: (key.allowed_models || []).join(", ") || "any" }),
       el("td", { text: limits(quota) }), el("td", { text: used.join(", ") || "0" }));
   }));
   $("usage-scope").textContent = `(${usage.scope}, ${usage.day})`;
@@ -356,10 +360,12 @@ async function loadTenants() {
     el("tr", { "data-tenant": b.tenant },
       el("td", { text: b.tenant }), el("td", { text: b.model || "all" }),
       el("td", { className: "tokens", text: b.tokens_used }),
-      el("td", { text: daily[b.tenant] || "–" }))));
-  const refusals = Object.entries(traffic.errors_by_code || {});
-  $("refusals").replaceChildren(...(refusals.length ? refusals.map(([code, n]) =>
-    el("li", { text: `${code}: ${n}` })) : [el("li", { className: "muted", text: "none" })]));
+      el("td", { text: daily[`${b.tenant} ${b.model || ""}`] || "–" }))));
+  const refusals = Object.entries(traffic.errors_by_tenant || {});
+  $("refusals").replaceChildren(...(refusals.length ? refusals.map(([tenant, codes]) =>
+    el("li", { "data-tenant": tenant, text: `${tenant}: ` + Object.entries(codes)
+      .map(([code, n]) => `${code} ${n}`).join(", ") }))
+    : [el("li", { className: "muted", text: "none" })]));
 }
 
 async function loadWallet(event, before) {
@@ -460,15 +466,26 @@ async function loadSite() {
   const site = await api("GET", "/admin/sync");
   $("site-off").hidden = site.enabled;
   if (!site.enabled) { $("site-body").replaceChildren(); return; }
-  const { routers, ...rest } = site;
-  const parts = [];
-  if (Array.isArray(routers)) {
-    parts.push(el("h3", { text: "Routers of the site" }), el("ul", {},
-      ...routers.map((r) => el("li", { text: typeof r === "object" ? JSON.stringify(r) : r }))));
-  }
-  parts.push(el("h3", { text: "Store, pools and credits" }),
-    el("pre", { text: JSON.stringify(rest, null, 2) }));
-  $("site-body").replaceChildren(...parts);
+  const up = site.store_up ? pill("store up", "good") : pill("store down", "bad");
+  const fenced = site.fenced ? pill("fenced", "bad") : null;
+  const errors = Object.entries(site.errors || {});
+  const wallets = Object.entries(site.wallets || {});
+  $("site-body").replaceChildren(
+    el("p", { id: "site-health" }, `Site ${site.site}, this router ${site.router_id}: `, up, " ",
+      fenced, ` sync lag ${site.lag_seconds} s, ${site.rounds} rounds, share ${site.share}`),
+    el("h3", { text: "Routers of the site" }),
+    el("ul", { id: "site-routers" }, ...(site.routers || []).map((r) => el("li", { text: r }))),
+    el("h3", { text: "Occupancy credit pools" }),
+    wallets.length ? el("div", { className: "scroll" }, el("table", { id: "site-pools" },
+      el("thead", {}, el("tr", {}, ...["Model", "Held", "In use", "Budget", "Acknowledged"]
+        .map((t) => el("th", { scope: "col", text: t })))),
+      el("tbody", {}, ...wallets.map(([model, w]) => el("tr", {},
+        el("td", { text: model }), el("td", { text: w.held }), el("td", { text: w.in_use }),
+        el("td", { text: w.budget }), el("td", { text: w.acknowledged }))))))
+      : el("p", { className: "muted", text: "No model holds credits yet." }),
+    el("h3", { text: "Store errors" }),
+    el("ul", {}, ...(errors.length ? errors.map(([kind, n]) => el("li", { text: `${kind}: ${n}` }))
+      : [el("li", { className: "muted", text: "none" })])));
 }
 
 // -- start ----------------------------------------------------------------------------------

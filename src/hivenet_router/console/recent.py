@@ -12,6 +12,7 @@ memory stays bounded whatever the traffic.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -56,7 +57,8 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
         if not ordered:
             out[f"p{p}"] = None
             continue
-        index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))
+        # nearest rank: the smallest value with at least p% of the values at or below it
+        index = min(len(ordered) - 1, max(0, math.ceil(p * len(ordered) / 100) - 1))
         out[f"p{p}"] = round(ordered[index] * 1000, 1)
     return out
 

@@ -133,8 +133,18 @@ def test_console_signs_in_follows_the_fleet_and_shows_traffic(
     leaving.stop()
     wait_for(driver, lambda: gone not in rows(driver, "fleet-table"), timeout=30)
     assert set(rows(driver, "fleet-table")) == {drained}
-    admin(router, "POST", f"/admin/agents/{drained}/undrain")
+    # Undrain by keyboard alone: Enter on the button, Shift+Tab to Confirm, Enter.
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    button = f'button.drain[data-peer="{drained}"]'
+    wait_for(driver, lambda: driver.find_element("css selector", button).send_keys(Keys.ENTER) or 1)
+    wait_for(driver, lambda: by_id(driver, "confirm").is_displayed())
+    assert driver.switch_to.active_element.get_attribute("id") == "confirm-no"
+    keys = ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.TAB).key_up(Keys.SHIFT)
+    keys.send_keys(Keys.ENTER).perform()
     wait_for(driver, lambda: "in pool" in rows(driver, "fleet-table")[drained])
+    assert not admin(router, "GET", f"/admin/agents/{drained}").json()["health"]["draining"]
 
     # A policy with a mistake: its line and field; then a valid one, applied.
     tab(driver, "policies")

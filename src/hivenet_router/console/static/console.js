@@ -197,7 +197,14 @@ function agentRow(agent) {
 async function loadFleet() {
   const table = await api("GET", "/admin/routing-table");
   const agents = (table.agents || []).slice().sort((a, b) => a.peer_id < b.peer_id ? -1 : 1);
+  // The table is redrawn at each change: a keyboard user's focus stays on the same button.
+  const focused = document.activeElement;
+  const peer = focused && focused.matches("button.drain") ? focused.dataset.peer : null;
   $("fleet-table").tBodies[0].replaceChildren(...agents.map(agentRow));
+  if (peer !== null) {
+    const again = [...document.querySelectorAll("button.drain")].find((b) => b.dataset.peer === peer);
+    if (again) again.focus();
+  }
   $("fleet-empty").hidden = agents.length > 0;
   const up = agents.filter((a) => a.health && a.health.eligible).length;
   $("fleet-summary").textContent = `${agents.length} agents, ${up} taking requests`;

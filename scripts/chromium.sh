@@ -40,4 +40,4 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     log "the chromium packages installed, but chromium/chromedriver are still not on PATH"
     exit 1
 fi
-log "installed $(chromium --version 2>&1 | head -n 1)"
+log "installed $(chromium --version 2>/dev/null | head -n 1)"

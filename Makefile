@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # .venv remembers the interpreter that built it, and is built again for another one.
 BASE := $(VENV)/.base$(subst /,-,$(realpath $(shell command -v $(PYTHON) 2>/dev/null)))
 
-.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input bench-heavy-body bench-stream-memory soak check-accounting docs clean
+.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus chromium bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input bench-heavy-body bench-stream-memory soak check-accounting docs clean
 
 $(BASE):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -37,7 +37,7 @@ run-wallets: $(STAMP)
 	$(BIN)/python scripts/run_wallets.py $(ARGS)
 
 ## Lint, type-check and run every test (real llama.cpp engines included).
-test: $(STAMP) lint engines clients prometheus
+test: $(STAMP) lint engines clients prometheus chromium
 	HIVENET_REQUIRE_REAL_ENGINES=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 ## Build llama-server and the two test models once per version, cached outside the repo.
@@ -52,6 +52,10 @@ clients:
 ## Install Prometheus and promtool (Debian package) for the dashboard and alert-rule tests.
 prometheus:
 	scripts/prometheus.sh >/dev/null
+
+## Install Chromium and chromedriver (Debian packages) for the console's browser tests.
+chromium:
+	scripts/chromium.sh >/dev/null
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts

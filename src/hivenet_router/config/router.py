@@ -569,6 +569,14 @@ class RouterConfig:
         help="Audit records, one JSON line per request: a file (standard output when it "
         "cannot be opened), - for standard output, or empty for none; reopened on SIGHUP",
     )
+    console: bool = option(
+        True,
+        parse=v.boolean,
+        flag="--console",
+        env="HIVENET_ROUTER_CONSOLE",
+        help="Serve the operator's console at /console/ on the public port (it signs in "
+        "with an administrator key and calls /admin/*); false to turn it off",
+    )
     cors_allowed_origins: tuple[str, ...] = option(
         (),
         parse=v.comma_list,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.reader import PolicyError
 from hivenet_router.policy.store import PolicyConflict, PolicyStore
+from hivenet_router.router.admin_views import rfc3339
 from hivenet_router.router.requests import read_body
 
 Handler = Callable[[Request], Awaitable[Answer]]
@@ -100,6 +102,8 @@ class PolicyApi:
 
     async def put_policy(self, request: Request) -> Response:
         policy = await self._document(request, "global", named=False)
+        if _dry_run(request):
+            return _json({"status": "policy valid", "policy": policy_json(policy)})
         try:
             self.policies.replace_default(policy)
         except PolicyConflict as exc:
@@ -109,6 +113,8 @@ class PolicyApi:
     async def put_policy_model(self, request: Request) -> Response:
         name = _name(request)
         policy = await self._document(request, name, named=True)
+        if _dry_run(request):
+            return _json({"status": "policy valid", "name": name, "models": list(policy.models)})
         try:
             self.policies.put_named(policy)
         except PolicyConflict as exc:
@@ -142,7 +148,17 @@ class PolicyApi:
         except PolicyError as exc:
             raise ApiError(ErrorCode.REQUEST_INVALID, str(exc)) from None
         where = f"/admin/policy/models/{name}" if named else "/admin/policy"
-        return dataclasses.replace(policy, source=f"admin API (PUT {where})")
+        # When it was written, so an operator (and the console) can tell which version serves.
+        return dataclasses.replace(
+            policy, source=f"admin API (PUT {where} at {rfc3339(time.time())})"
+        )
+
+
+def _dry_run(request: Request) -> bool:
+    """`?dry_run=true`: validate the document and say so, changing nothing (the console's
+    Validate button). The checks against the other policies and the keys are made only
+    when it is applied."""
+    return request.query.get("dry_run", "").lower() in {"1", "true"}
 
 
 def _name(request: Request) -> str:

@@ -264,10 +264,14 @@ def build_app(
     admin: AdminApi,
     edge: Edge,
     client_routes: list[tuple[str, str, Handler]] | None = None,
+    pages: list[tuple[str, str, Handler]] | None = None,
 ) -> App:
     """The public routes, each behind the edge with its guard; `client_routes` are more
-    routes for API clients (the Responses API)."""
+    routes for API clients (the Responses API), `pages` routes of later layers that need
+    no key (the console's static files), both wired in wiring.py."""
     routes = Routes(edge)
+    for method, path, handler in pages or ():
+        routes.add(method, path, handler, "")
     routes.add("GET", "/health", handlers.health, "")
     routes.add("GET", "/v1/models", handlers.models, "client")
     routes.add("GET", "/v1/models/{model:.+}", handlers.model, "client")

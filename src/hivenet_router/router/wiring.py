@@ -53,7 +53,7 @@ from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.control import ControlPlane
 from hivenet_router.router.cors import Cors
 from hivenet_router.router.dispatch import Dispatcher
-from hivenet_router.router.edge import Edge, build_app
+from hivenet_router.router.edge import Edge, Handler, build_app
 from hivenet_router.router.forwarding import DispatchLimits
 from hivenet_router.router.handlers import Handlers
 from hivenet_router.router.health import HealthMonitor
@@ -126,6 +126,8 @@ class Router:
     bodies: BodyReader = field(default_factory=BodyReader)
     # Stored Responses API responses: opened by the process before it serves, closed last.
     responses: ResponseStore | None = None
+    # Public routes that need no key, of later layers: the console's files (--console).
+    pages: list[tuple[str, str, Handler]] = field(default_factory=list)
 
 
 def _audit(router: Router, cfg: RouterConfig) -> RequestObserver | None:
@@ -353,6 +355,8 @@ def assemble(
     )
     _gateway(router, cfg, policy_for)
     built = [OBSERVERS[name](router, cfg) for name in cfg.observers]
+    if cfg.console:
+        built.append(_console(router))
     if tracing is not None:
         built.append(tracing)
     observers.observers = tuple(observer for observer in built if observer is not None)
@@ -381,6 +385,18 @@ def _responses(cfg: RouterConfig, clock: Clock) -> ResponseStore:
     if cfg.ledger_dsn:
         return PgResponses(cfg.ledger_dsn, ttl, most, cfg.ledger_timeout, clock.wall)
     return SqliteResponses(Path(cfg.disk_db_path), ttl, most, clock.wall)
+
+
+def _console(router: Router) -> RequestObserver:
+    """The operator's console (--console): its pages on the public port, and the admin
+    routes it reads (the latest requests, the last hour) from the observer it adds."""
+    from hivenet_router.console.assets import ConsoleAssets  # noqa: PLC0415 (only when on)
+    from hivenet_router.console.recent import RecentRequests  # noqa: PLC0415
+
+    recent = RecentRequests()
+    router.admin.more.extend(recent.routes())
+    router.pages.extend(ConsoleAssets().routes())
+    return recent
 
 
 def _edge(shared: Shared, observers: Observers, tracing: Tracing | None) -> Edge:
@@ -431,7 +447,7 @@ def _public_app(shared: Shared, router: Router) -> App:
     )
     # The Responses API runs on the same handlers, translated (responses/).
     responses = ResponsesApi(handlers, router.responses, cfg.http_body_timeout)
-    return build_app(handlers, router.admin, router.edge, responses.routes())
+    return build_app(handlers, router.admin, router.edge, responses.routes(), router.pages)
 
 
 def _collect(router: Router) -> None:

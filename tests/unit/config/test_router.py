@@ -100,3 +100,11 @@ def test_the_site_id_names_the_site_when_sync_site_does_not() -> None:
     assert router(["--site-id", "eu-west", "--sync-site", "shared"]).site == "shared"
     with pytest.raises(ConfigError, match="--site-id"):
         router(["--site-id", "eu west"])
+
+
+def test_the_console_is_on_unless_turned_off() -> None:
+    assert router().console is True
+    assert router(["--console"]).console is True
+    assert router(["--console=false"]).console is False
+    assert router(HIVENET_ROUTER_CONSOLE="false").console is False
+    assert router(["--console=true"], HIVENET_ROUTER_CONSOLE="false").console is True

@@ -20,7 +20,10 @@ from typing import Any
 
 import pytest
 
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+ROOT = Path(__file__).resolve().parents[2]
+# Screenshots go to build/console/ (ignored by git), so a test run leaves the checkout
+# clean; HIVENET_CONSOLE_SHOTS=docs/console refreshes the pictures docs/console.md shows.
+SHOTS = ROOT / (os.environ.get("HIVENET_CONSOLE_SHOTS") or "build/console")
 WINDOW = (1366, 860)  # a laptop's screen
 # What Chromium logs, by itself, for an answer the console asked for and shows as refused:
 # "http://.../admin/health - Failed to load resource: the server responded with a status
@@ -87,8 +90,8 @@ def wait_for(driver: Any, predicate: Callable[[], object], timeout: float = 20.0
         if value:
             return value
         time.sleep(0.1)
-    shot = SHOTS.parent.parent / "build" / "console-failure.png"
-    shot.parent.mkdir(exist_ok=True)
+    shot = ROOT / "build" / "console-failure.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(shot))
     raise AssertionError(f"timed out; last error {last!r}; page saved to {shot}")
 

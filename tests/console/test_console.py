@@ -1,7 +1,7 @@
 """The operator's console (/console/) driven in headless Chromium: sign-in, the fleet
 following a drain and an agent that leaves, a policy refused with its line and field then
 applied, a tenant's usage after requests, the latest requests, a wallet credit in its
-ledger, and a browser that logs no error of its own. Screenshots go to docs/console/."""
+ledger, and a browser that logs no error of its own. Screenshots go to build/console/."""
 
 from __future__ import annotations
 

@@ -32,6 +32,14 @@ LOADS: dict[str, dict[str, object]] = {
     "json-1k": {**CHAT, "max_tokens": 130},
     # 50 content chunks plus the role, finish and [DONE] events
     "sse-50": {**CHAT, "max_tokens": 50, "stream": True},
+    # the same stream with the client asking for usage (stream_options.include_usage): an
+    # answer every version of the router meters, for comparing the meter's cost
+    "sse-50-usage": {
+        **CHAT,
+        "max_tokens": 50,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    },
 }
 
 

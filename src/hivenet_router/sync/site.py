@@ -274,11 +274,23 @@ class Site:
         Returns how many commands were queued."""
         keys, usage, commands = self.keys, usage_entry(pending, writes), 0
         in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
-        for write in writes:
-            name = keys.day(write.day, write.key)
-            pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
-            pipe.execute_command("EXPIRE", name, DAY_TTL)  # also for a hash the store lost
-            commands += 2
+        names = [keys.day(write.day, write.key) for write in writes]
+        for group in store.batches(names):
+            values: list[int] = []
+            for index in group:
+                values += (writes[index].settled, writes[index].held)
+            # Every write renews the expiry, also of a hash the store lost.
+            pipe.execute_command(
+                "EVAL",
+                store.WRITE_DAYS,
+                len(group),
+                *(names[index] for index in group),
+                self.me,
+                in_flight,
+                DAY_TTL,
+                *values,
+            )
+            commands += 1
         if usage is not None:
             trim = ("MINID", "~", trim_before_ms) if trim_before_ms else ()
             entry = ("r", self.me, "p", self.incarnation, "u", usage)
@@ -307,14 +319,14 @@ class Site:
             # router holds, and the pool would hand that part out twice.
             async with self._pool_lock:
                 holdings = self.credits.maintain(self.empty_elsewhere, self.settling())
-                results, reads_at = await self._exchange(now_ms, pending, writes, refresh, holdings)
+                results, reads = await self._exchange(now_ms, pending, writes, refresh, holdings)
         except BaseException:
             for name, counter in self._rates().items():
                 counter.give_back(pending[name])
             self.daily.rewrite(writes)
             self.daily.reread(refresh)
             raise
-        self._absorb(results, reads_at, refresh)
+        self._absorb(results, reads, refresh)
         self.credits.handed_back(holdings)
         self._succeeded()
 
@@ -400,7 +412,11 @@ class Site:
         members, bad = read_heartbeats(beats)
         for _ in range(bad):
             self.health.error("bad_entry")
+        before = self.incarnations()
         self.members = members
+        after = self.incarnations()
+        if any(after.get(router) != process for router, process in before.items()):
+            self.daily.process_left()  # what it held in flight stops counting
         self.live = {k: p for k, p in members.items() if now_ms - p.seen_ms <= window_ms}
         self.last_live = max(1, len(members))
         self.empty_elsewhere = {
@@ -431,8 +447,12 @@ class Site:
                 "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
             )
             day = self.daily.day()
-            for key in refresh:
-                pipe.execute_command("HGETALL", keys.day(day, key))
+            names = [keys.day(day, key) for key in refresh]
+            reads = store.batches(names)
+            for group in reads:
+                pipe.execute_command(
+                    "EVAL", store.READ_DAYS, len(group), *(names[index] for index in group)
+                )
             for model, held in holdings.items():
                 if held:
                     pipe.execute_command("HSET", keys.pool(model), self.me, held)
@@ -442,9 +462,9 @@ class Site:
             if self.sentinel:
                 pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
             results: list[Any] = await pipe.execute(raise_on_error=True)
-        return results[commands:], 1  # from XREAD on; the hash reads follow it
+        return results[commands:], len(reads)  # from XREAD on; the hash reads follow it
 
-    def _absorb(self, results: list[Any], reads_at: int, refresh: list[str]) -> None:
+    def _absorb(self, results: list[Any], read_calls: int, refresh: list[str]) -> None:
         entries = store.stream_entries(results[0])
         for ident, fields in entries:
             self._stream_from = ident.decode()
@@ -455,8 +475,15 @@ class Site:
             if not apply_usage(fields.get(b"u", b""), self._rates(), daily):
                 self.health.error("bad_entry")
         live = self.incarnations()
-        reads = results[reads_at : reads_at + len(refresh)]
-        for key, fields in zip(refresh, reads, strict=True):
+        hashes: list[Any] = []
+        for reply in results[1 : 1 + read_calls]:
+            items = store.as_list(reply, "daily reads")
+            if not items or store.as_bytes(items[0], "daily reads") != store.SCRIPT_TAG:
+                raise BadReply(f"daily reads: expected {store.SCRIPT_TAG!r} first")
+            hashes += items[1:]
+        if len(hashes) != len(refresh):
+            raise BadReply(f"daily reads: {len(hashes)} hashes for {len(refresh)} keys")
+        for key, fields in zip(refresh, hashes, strict=True):
             self.daily.absorb(key, store.pairs(fields, "daily hash"), live)
         if self.sentinel and store.as_int(results[-1], "WAIT") >= 1:
             self.credits.acknowledged()

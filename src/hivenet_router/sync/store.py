@@ -145,10 +145,37 @@ end
 return {'TAG', 1}
 """
 
+# KEYS: day hashes. ARGV: router ID, its in-flight field ("ID~incarnation"), expiry (s),
+# then each key's settled and in-flight tokens. One command for a round's daily writes
+# instead of two per key: the client's work per command, not the store's, is what a round
+# with thousands of changed keys spent its time on.
+WRITE_DAYS = """
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], ARGV[1], ARGV[2 + 2 * i], ARGV[2], ARGV[3 + 2 * i])
+  redis.call('EXPIRE', KEYS[i], ARGV[3])
+end
+return {'TAG', #KEYS}
+"""
 
-ROUND, GRANT, GIVE_UP = (
-    script.replace("'TAG'", f"'{SCRIPT_TAG.decode()}'") for script in (ROUND, GRANT, GIVE_UP)
+# KEYS: day hashes. Every one's fields, in order: one reply for a round's reads.
+READ_DAYS = """
+local out = {'TAG'}
+for i = 1, #KEYS do out[i + 1] = redis.call('HGETALL', KEYS[i]) end
+return out
+"""
+
+BATCH = 1000  # keys per WRITE_DAYS or READ_DAYS call: bounds how long one blocks the store
+
+ROUND, GRANT, GIVE_UP, WRITE_DAYS, READ_DAYS = (
+    script.replace("'TAG'", f"'{SCRIPT_TAG.decode()}'")
+    for script in (ROUND, GRANT, GIVE_UP, WRITE_DAYS, READ_DAYS)
 )
+
+
+def batches(names: Sequence[str]) -> list[list[int]]:
+    """Positions of `names` grouped for one script call each, at most BATCH a call."""
+    positions = list(range(len(names)))
+    return [positions[i : i + BATCH] for i in range(0, len(positions), BATCH)]
 
 
 def password_of(path: str) -> str | None:

@@ -270,7 +270,7 @@ async def test_without_agent_reports_nobody_is_given_up(make: Maker, flushed: st
     assert b.health.gave_up_others == 0
 
 
-async def test_each_followed_key_is_read_again_within_the_refresh_rounds(make: Maker) -> None:
+async def test_a_key_that_changed_is_read_again_within_the_refresh_rounds(make: Maker) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
     assert (await a.daily.charge("team", 30, 1000)).ok
@@ -278,10 +278,52 @@ async def test_each_followed_key_is_read_again_within_the_refresh_rounds(make: M
     assert (await b.daily.charge("team", 10, 1000)).ok  # b follows the key from here
     await rounds(a, b)
     assert await b.daily.left("team", 1000) == 960
+    for _ in range(REFRESH_ROUNDS):
+        await rounds(b)  # b's scheduled read of the key is behind it
     b.daily._keys["team"].others = 500  # as if an entry had been read twice
+    assert (await a.daily.charge("team", 5, 1000)).ok
+    await a.daily.settle("team", 5, 5)
+    await rounds(a)  # a's entry: a change b reads the key's hash again for
     for _ in range(REFRESH_ROUNDS):
         await rounds(b)
-    assert await b.daily.left("team", 1000) == 960
+    assert await b.daily.left("team", 1000) == 955
+
+
+def hash_reads(addr: str) -> int:
+    stats = store(addr).info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+async def test_a_round_reads_no_hash_of_a_key_nobody_changed(make: Maker, flushed: str) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    for n in range(50):
+        assert (await a.daily.charge(f"key-{n}", 10, 1000)).ok
+        assert (await b.daily.charge(f"key-{n}", 10, 1000)).ok
+    for _ in range(REFRESH_ROUNDS + 2):
+        await rounds(a, b)  # every changed key read again once (a sees b's entry a round late)
+    before = hash_reads(flushed)
+    for _ in range(2 * REFRESH_ROUNDS):
+        await rounds(a, b)
+    # Only the heartbeats, which the ROUND script reads once a round.
+    assert hash_reads(flushed) - before == 2 * 2 * REFRESH_ROUNDS
+    assert await b.daily.left("key-7", 1000) == 980
+
+
+async def test_a_router_that_leaves_has_its_in_flight_dropped_from_idle_keys(
+    make: Maker,
+) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.daily.charge("team", 100, 1000)).ok  # in flight on a
+    assert (await b.daily.charge("team", 10, 1000)).ok
+    for _ in range(REFRESH_ROUNDS + 1):
+        await rounds(a, b)
+    assert await b.daily.left("team", 1000) == 890
+    await a._give_up("a", oldest_ms=1 << 62)  # a's process is gone, its request with it
+    for _ in range(REFRESH_ROUNDS + 1):
+        await rounds(b)
+    assert await b.daily.left("team", 1000) == 990
 
 
 async def test_two_processes_with_one_router_id_are_reported(make: Maker) -> None:

@@ -35,11 +35,11 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
 from hivenet_router.observability.sync_metrics import SyncSnapshot
 from hivenet_router.state.ports import Ports
-from hivenet_router.sync import claim, store, usage
+from hivenet_router.sync import claim, days, store, usage, views
 from hivenet_router.sync.credits import CreditPool, Grant
 from hivenet_router.sync.daily import IN_FLIGHT, DailyWrite, SiteDaily
 from hivenet_router.sync.entries import Peer, apply_usage, read_heartbeats, usage_entry
-from hivenet_router.sync.health import ROUND_BUCKETS, Health
+from hivenet_router.sync.health import Health
 from hivenet_router.sync.rates import SiteRates
 from hivenet_router.sync.shares import SharePool
 from hivenet_router.sync.store import BadReply, Keys
@@ -48,7 +48,6 @@ log = logging.getLogger("hivenet_router.sync")
 
 STREAM_KEEP_MS = 120_000  # usage entries older than this are trimmed
 READ_BATCH = 10_000
-DAY_TTL = 2 * 86_400
 ACK_TIMEOUT_MS = 100
 SETTLE_MARGIN = 15.0  # seconds past the request timeout that the settle window lasts
 
@@ -64,6 +63,7 @@ class Site:
         self.keys = Keys(config.site)
         self.client: Any
         self.client, self.sentinel = store.connect(config)
+        self.days_client: Any = self.client  # where the daily hashes are
         self.incarnation = secrets.token_hex(6)
         # Named in the heartbeat, so that a process refused its router ID can say whose it is.
         self._process: dict[str, object] = {
@@ -74,7 +74,7 @@ class Site:
         self._incarnation_bytes = self.incarnation.encode()
         self._me_bytes = self.me.encode()
         self.health = Health()
-        self._started = clock.monotonic()
+        self.started = clock.monotonic()
         self.epoch = ""
         self.synced = False
         self.ever_synced = False
@@ -257,9 +257,14 @@ class Site:
         round, those the shutdown cut included), so the site and a restart count them."""
         pending = {name: counter.take_pending() for name, counter in self._rates().items()}
         writes = self.daily.writes()
+        await days.run(self.days_client, self._write_calls(writes))
         async with self.client.pipeline(transaction=False) as pipe:
             self._publish(pipe, pending, writes, trim_before_ms=0)
             await pipe.execute(raise_on_error=True)
+
+    def _write_calls(self, writes: list[DailyWrite]) -> list[days.Call]:
+        in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
+        return days.write_calls(self.keys, self.me, in_flight, writes)
 
     def _publish(
         self,
@@ -268,35 +273,16 @@ class Site:
         writes: list[DailyWrite],
         trim_before_ms: int,
     ) -> int:
-        """Queue this router's daily totals, then the usage entry announcing the change (a
-        router reading between the two counts it twice until its next read, never not at
-        all); the stream is trimmed of entries older than `trim_before_ms` (0: not).
-        Returns how many commands were queued."""
-        keys, usage, commands = self.keys, usage_entry(pending, writes), 0
-        in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
-        names = [keys.day(write.day, write.key) for write in writes]
-        for group in store.batches(names):
-            values: list[int] = []
-            for index in group:
-                values += (writes[index].settled, writes[index].held)
-            # Every write renews the expiry, also of a hash the store lost.
-            pipe.execute_command(
-                "EVAL",
-                store.WRITE_DAYS,
-                len(group),
-                *(names[index] for index in group),
-                self.me,
-                in_flight,
-                DAY_TTL,
-                *values,
-            )
-            commands += 1
-        if usage is not None:
-            trim = ("MINID", "~", trim_before_ms) if trim_before_ms else ()
-            entry = ("r", self.me, "p", self.incarnation, "u", usage)
-            pipe.execute_command("XADD", keys.usage, *trim, "*", *entry)
-            commands += 1
-        return commands
+        """Queue the usage entry announcing this round's changes (after the daily totals it
+        announces: sync/days.py); the stream is trimmed of entries older than
+        `trim_before_ms` (0: not). Returns how many commands were queued."""
+        usage = usage_entry(pending, writes)
+        if usage is None:
+            return 0
+        trim = ("MINID", "~", trim_before_ms) if trim_before_ms else ()
+        entry = ("r", self.me, "p", self.incarnation, "u", usage)
+        pipe.execute_command("XADD", self.keys.usage, *trim, "*", *entry)
+        return 1
 
     async def _give_up(self, router_id: str, oldest_ms: int) -> bool:
         reply = await self.client.execute_command(
@@ -313,20 +299,32 @@ class Site:
         pending = {name: counter.take_pending() for name, counter in self._rates().items()}
         writes = self.daily.writes()
         refresh = self.daily.to_refresh(self._round_number)
+        reads = days.read_calls(self.keys, self.daily.day(), refresh)
+        # With one primary the last batch of writes and the first reads ride in the round's
+        # one pipeline (two round trips in all at a small site); the rest goes before and
+        # after it.
+        inline = len(reads.calls) if self.days_client is self.client else 0
+        inline = min(inline, days.PIPELINE_CALLS)
         try:
             # What a wallet holds is written under the pool lock: a grant running between
             # computing it and writing it would otherwise be overwritten with less than the
             # router holds, and the pool would hand that part out twice.
             async with self._pool_lock:
                 holdings = self.credits.maintain(self.empty_elsewhere, self.settling())
-                results, reads = await self._exchange(now_ms, pending, writes, refresh, holdings)
+                results = await self._exchange(now_ms, pending, writes, reads, inline, holdings)
         except BaseException:
             for name, counter in self._rates().items():
                 counter.give_back(pending[name])
             self.daily.rewrite(writes)
             self.daily.reread(refresh)
             raise
-        self._absorb(results, reads, refresh)
+        self._absorb(results, days.hashes(results[1 : 1 + inline], reads.keys[:inline]))
+        try:
+            later = await days.run(self.days_client, reads.calls[inline:])
+        except BaseException:
+            self.daily.reread([key for group in reads.keys[inline:] for key in group])
+            raise
+        self._absorb_days(days.hashes(later, reads.keys[inline:]))
         self.credits.handed_back(holdings)
         self._succeeded()
 
@@ -436,23 +434,24 @@ class Site:
         now_ms: int,
         pending: dict[str, dict[str, float]],
         writes: list[DailyWrite],
-        refresh: list[str],
+        reads: days.Reads,
+        inline: int,
         holdings: dict[str, int],
-    ) -> tuple[list[Any], int]:
-        """One pipeline; the replies, without the XADD's, and where the hash reads start."""
+    ) -> list[Any]:
+        """The daily writes, then one pipeline: the usage entry, the others' new entries,
+        the first `inline` hash reads, the wallets' holdings and (with Sentinel) a WAIT.
+        Its replies from the XREAD on."""
         keys = self.keys
+        write_calls = self._write_calls(writes)
+        last = write_calls[-1:] if self.days_client is self.client else []
+        await days.run(self.days_client, write_calls[: len(write_calls) - len(last)])
         async with self.client.pipeline(transaction=False) as pipe:
-            commands = self._publish(pipe, pending, writes, now_ms - STREAM_KEEP_MS)
+            days.queue(pipe, last)
+            commands = len(last) + self._publish(pipe, pending, writes, now_ms - STREAM_KEEP_MS)
             pipe.execute_command(
                 "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
             )
-            day = self.daily.day()
-            names = [keys.day(day, key) for key in refresh]
-            reads = store.batches(names)
-            for group in reads:
-                pipe.execute_command(
-                    "EVAL", store.READ_DAYS, len(group), *(names[index] for index in group)
-                )
+            days.queue(pipe, reads.calls[:inline])
             for model, held in holdings.items():
                 if held:
                     pipe.execute_command("HSET", keys.pool(model), self.me, held)
@@ -462,9 +461,9 @@ class Site:
             if self.sentinel:
                 pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
             results: list[Any] = await pipe.execute(raise_on_error=True)
-        return results[commands:], len(reads)  # from XREAD on; the hash reads follow it
+        return results[commands:]
 
-    def _absorb(self, results: list[Any], read_calls: int, refresh: list[str]) -> None:
+    def _absorb(self, results: list[Any], hashes: days.Hashes) -> None:
         entries = store.stream_entries(results[0])
         for ident, fields in entries:
             self._stream_from = ident.decode()
@@ -474,19 +473,14 @@ class Site:
             daily = None if mine else self.daily.add_foreign
             if not apply_usage(fields.get(b"u", b""), self._rates(), daily):
                 self.health.error("bad_entry")
-        live = self.incarnations()
-        hashes: list[Any] = []
-        for reply in results[1 : 1 + read_calls]:
-            items = store.as_list(reply, "daily reads")
-            if not items or store.as_bytes(items[0], "daily reads") != store.SCRIPT_TAG:
-                raise BadReply(f"daily reads: expected {store.SCRIPT_TAG!r} first")
-            hashes += items[1:]
-        if len(hashes) != len(refresh):
-            raise BadReply(f"daily reads: {len(hashes)} hashes for {len(refresh)} keys")
-        for key, fields in zip(refresh, hashes, strict=True):
-            self.daily.absorb(key, store.pairs(fields, "daily hash"), live)
+        self._absorb_days(hashes)
         if self.sentinel and store.as_int(results[-1], "WAIT") >= 1:
             self.credits.acknowledged()
+
+    def _absorb_days(self, hashes: days.Hashes) -> None:
+        live = self.incarnations()
+        for key, fields in hashes:
+            self.daily.absorb(key, fields, live)
 
     def _succeeded(self) -> None:
         if not self.synced and self._outage_logged:
@@ -522,51 +516,11 @@ class Site:
     # -- views ------------------------------------------------------------------------------
 
     def snapshot(self) -> SyncSnapshot:
-        health = self.health
-        since = health.last_ok or self._started
-        return SyncSnapshot(
-            peers=max(0, len(self.live) - (self.me in self.live)),
-            min_routers=self.config.sync_min_routers,
-            store_up=self.synced,
-            settling=self.settling(),
-            lag=max(0.0, self.clock.monotonic() - since),
-            bounds=ROUND_BUCKETS,
-            durations=tuple(health.durations),
-            duration_sum=health.duration_sum,
-            errors=dict(health.errors),
-            grants=dict(self.credits.grants),
-            acks=dict(self.credits.acks),
-            held=tuple((model, wallet.held) for model, wallet in self.credits.wallets.items()),
-            given_up=health.given_up,
-            store_losses=health.store_losses,
-        )
+        return views.snapshot(self)
 
     def view(self) -> dict[str, Any]:
         """GET /admin/sync: what this router knows of its site, for operators and checkers."""
-        now = self.clock.monotonic()
-        return {
-            "router_id": self.me,
-            "site": self.config.site,
-            "store_up": self.synced,
-            "ever_synced": self.ever_synced,
-            "fenced": self.fenced,
-            "share": self.share(),
-            "settle_seconds_left": max(0.0, self.settle_until - now),
-            "lag_seconds": round(max(0.0, now - (self.health.last_ok or self._started)), 3),
-            "routers": sorted(self.live),
-            "wallets": {
-                model: {
-                    "held": wallet.held,
-                    "in_use": self.credits.held(model),
-                    "budget": wallet.budget,
-                    "acknowledged": wallet.acked,
-                }
-                for model, wallet in self.credits.wallets.items()
-            },
-            "errors": dict(self.health.errors),
-            "gave_up": self.health.gave_up_others,
-            "rounds": self.health.rounds,
-        }
+        return views.view(self)
 
     async def usage(self, day: str, own: dict[str, int]) -> dict[str, dict[str, int]]:
         """GET /admin/usage: each budget's tokens today, by router (sync/usage.py)."""

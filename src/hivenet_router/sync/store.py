@@ -22,6 +22,7 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.config.values import host_port
 
 SCRIPT_TAG = b"hivenet-sync-2"  # every script's reply starts with it
+BATCH = 1000  # keys per WRITE_DAYS or READ_DAYS call: bounds how long one blocks the store
 COMMAND_TIMEOUT = 0.5  # seconds: a round is retried next interval rather than waited on
 
 
@@ -61,6 +62,11 @@ class Keys:
     def day(self, date: str, budget_key: str) -> str:
         # hash: router ID -> settled tokens today; "router ID~" -> tokens held in flight
         return self.prefix + f"day:{date}:" + quote(budget_key, safe="")
+
+    def batches(self, names: Sequence[str]) -> list[list[int]]:
+        """Positions of `names` grouped for one script call each, at most BATCH a call."""
+        positions = list(range(len(names)))
+        return [positions[i : i + BATCH] for i in range(0, len(positions), BATCH)]
 
 
 # KEYS: routers, meta. ARGV: router ID, info JSON, known epoch ("" none), fresh epoch,
@@ -164,18 +170,11 @@ for i = 1, #KEYS do out[i + 1] = redis.call('HGETALL', KEYS[i]) end
 return out
 """
 
-BATCH = 1000  # keys per WRITE_DAYS or READ_DAYS call: bounds how long one blocks the store
 
 ROUND, GRANT, GIVE_UP, WRITE_DAYS, READ_DAYS = (
     script.replace("'TAG'", f"'{SCRIPT_TAG.decode()}'")
     for script in (ROUND, GRANT, GIVE_UP, WRITE_DAYS, READ_DAYS)
 )
-
-
-def batches(names: Sequence[str]) -> list[list[int]]:
-    """Positions of `names` grouped for one script call each, at most BATCH a call."""
-    positions = list(range(len(names)))
-    return [positions[i : i + BATCH] for i in range(0, len(positions), BATCH)]
 
 
 def password_of(path: str) -> str | None:

@@ -60,10 +60,14 @@ class Site:
         self.clock = clock
         self.directory = directory
         self.me = directory.me.router_id
-        self.keys = Keys(config.site)
         self.client: Any
-        self.client, self.sentinel = store.connect(config)
-        self.days_client: Any = self.client  # where the daily hashes are
+        self.client, self.kind = store.connect(config)
+        self.keys = Keys(config.site, sharded=self.kind == "cluster")
+        # With replicas behind it (Sentinel, a cluster), writes wait for one to acknowledge.
+        self.acks = self.kind != "primary"
+        # With one primary, the last batch of daily writes and the first reads ride in the
+        # round's one pipeline; on a cluster they go to other primaries, before and after.
+        self.inline_days = self.kind != "cluster"
         self.incarnation = secrets.token_hex(6)
         # Named in the heartbeat, so that a process refused its router ID can say whose it is.
         self._process: dict[str, object] = {
@@ -257,7 +261,7 @@ class Site:
         round, those the shutdown cut included), so the site and a restart count them."""
         pending = {name: counter.take_pending() for name, counter in self._rates().items()}
         writes = self.daily.writes()
-        await days.run(self.days_client, self._write_calls(writes))
+        await days.run(self.client, self._write_calls(writes))
         async with self.client.pipeline(transaction=False) as pipe:
             self._publish(pipe, pending, writes, trim_before_ms=0)
             await pipe.execute(raise_on_error=True)
@@ -303,7 +307,7 @@ class Site:
         # With one primary the last batch of writes and the first reads ride in the round's
         # one pipeline (two round trips in all at a small site); the rest goes before and
         # after it.
-        inline = len(reads.calls) if self.days_client is self.client else 0
+        inline = len(reads.calls) if self.inline_days else 0
         inline = min(inline, days.PIPELINE_CALLS)
         try:
             # What a wallet holds is written under the pool lock: a grant running between
@@ -320,7 +324,7 @@ class Site:
             raise
         self._absorb(results, days.hashes(results[1 : 1 + inline], reads.keys[:inline]))
         try:
-            later = await days.run(self.days_client, reads.calls[inline:])
+            later = await days.run(self.client, reads.calls[inline:])
         except BaseException:
             self.daily.reread([key for group in reads.keys[inline:] for key in group])
             raise
@@ -443,8 +447,9 @@ class Site:
         Its replies from the XREAD on."""
         keys = self.keys
         write_calls = self._write_calls(writes)
-        last = write_calls[-1:] if self.days_client is self.client else []
-        await days.run(self.days_client, write_calls[: len(write_calls) - len(last)])
+        last = write_calls[-1:] if self.inline_days else []
+        await days.run(self.client, write_calls[: len(write_calls) - len(last)])
+        control = await store.control_node(self.client, keys) if self.acks else {}
         async with self.client.pipeline(transaction=False) as pipe:
             days.queue(pipe, last)
             commands = len(last) + self._publish(pipe, pending, writes, now_ms - STREAM_KEEP_MS)
@@ -458,8 +463,8 @@ class Site:
                     pipe.execute_command("SADD", keys.pools, keys.pool(model))
                 else:
                     pipe.execute_command("HDEL", keys.pool(model), self.me)
-            if self.sentinel:
-                pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
+            if self.acks:
+                pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS, **control)
             results: list[Any] = await pipe.execute(raise_on_error=True)
         return results[commands:]
 
@@ -474,7 +479,7 @@ class Site:
             if not apply_usage(fields.get(b"u", b""), self._rates(), daily):
                 self.health.error("bad_entry")
         self._absorb_days(hashes)
-        if self.sentinel and store.as_int(results[-1], "WAIT") >= 1:
+        if self.acks and store.as_int(results[-1], "WAIT") >= 1:
             self.credits.acknowledged()
 
     def _absorb_days(self, hashes: days.Hashes) -> None:
@@ -536,6 +541,7 @@ class Site:
     async def _grant(self, model: str, wanted: int, budget: int) -> Grant | None:
         keys = self.keys
         try:
+            control = await store.control_node(self.client, keys) if self.acks else {}
             async with self._pool_lock, self.client.pipeline(transaction=False) as pipe:
                 pipe.execute_command(
                     "EVAL",
@@ -550,15 +556,15 @@ class Site:
                     budget,
                     self.epoch,
                 )
-                if self.sentinel:
-                    pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
+                if self.acks:
+                    pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS, **control)
                 results = await pipe.execute(raise_on_error=True)
             parts = store.tagged(results[0], "grant", 4)
             held = store.as_int(parts[1], "grant held")
             granted = store.as_int(parts[2], "grant")
             if held == -1:
                 return None  # the store lost its data since the last round: ask after it
-            acked = not self.sentinel or store.as_int(results[1], "WAIT") >= 1
+            acked = not self.acks or store.as_int(results[1], "WAIT") >= 1
         except BadReply as error:
             self._failed("bad_reply", error)
             return None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import valkey
+from valkey.cluster import ClusterNode
 
 from hivenet_router.clock import SystemClock
 from hivenet_router.config.router import RouterConfig
@@ -24,9 +25,12 @@ async def make(flushed: str) -> AsyncIterator[Maker]:
     made: list[Site] = []
 
     def build(name: str, addr: str = flushed, **overrides: object) -> Site:
+        if addr.startswith(CLUSTER):  # the same tests on a cluster (test_site_cluster.py)
+            overrides["sync_cluster"] = tuple(addr.removeprefix(CLUSTER).split(","))
+        else:
+            overrides["sync_addr"] = addr
         config = RouterConfig(
             sync_store="valkey",
-            sync_addr=addr,
             router_id=name,
             **overrides,  # type: ignore[arg-type]
         )
@@ -46,7 +50,15 @@ async def rounds(*sites: Site) -> None:
         await site.round()
 
 
+CLUSTER = "cluster:"  # an address that names a cluster's nodes: "cluster:HOST:PORT,..."
+
+
 def store(addr: str) -> Any:
+    if addr.startswith(CLUSTER):
+        nodes = [node.rsplit(":", 1) for node in addr.removeprefix(CLUSTER).split(",")]
+        return valkey.ValkeyCluster(
+            startup_nodes=[ClusterNode(host, int(port)) for host, port in nodes]  # type: ignore[no-untyped-call]
+        )
     host, port = addr.split(":")
     return valkey.Valkey(host=host, port=int(port))
 
@@ -290,7 +302,12 @@ async def test_a_key_that_changed_is_read_again_within_the_refresh_rounds(make: 
 
 
 def hash_reads(addr: str) -> int:
-    stats = store(addr).info("commandstats")
+    """HGETALL calls on the store (every node of a cluster), those of scripts included."""
+    client = store(addr)
+    if addr.startswith(CLUSTER):
+        by_node = client.info("commandstats", target_nodes=valkey.ValkeyCluster.ALL_NODES)
+        return sum(int(s.get("cmdstat_hgetall", {}).get("calls", 0)) for s in by_node.values())
+    stats = client.info("commandstats")
     return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
 
 

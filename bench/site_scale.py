@@ -27,9 +27,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any
+
+from tests.valkey_cluster import ValkeyCluster
 
 from bench.common import Fleet, publish
 from bench.site_fleet import Store
@@ -40,11 +43,7 @@ from hivenet_router.sync.site import Site
 FIRST_READS_AT_ONCE = 200  # first daily reads in flight together while the keys are set up
 
 
-class Counted(Protocol):
-    @property
-    def addr(self) -> str: ...
-
-    def counters(self) -> dict[str, float]: ...
+Counters = Callable[[], dict[str, float]]  # the store's INFO counters, summed over its nodes
 
 
 @dataclass
@@ -79,22 +78,22 @@ async def follow(site: Site, keys: list[str]) -> None:
         await asyncio.gather(*(charge(site, [key]) for key in chunk))
 
 
-def overhead(store: Counted, tries: int = 5) -> dict[str, float]:
+def overhead(counters: Counters, tries: int = 5) -> dict[str, float]:
     samples: dict[str, list[float]] = {}
     for _ in range(tries):
-        before = store.counters()
-        after = store.counters()
+        before = counters()
+        after = counters()
         for name in before:
             samples.setdefault(name, []).append(after[name] - before[name])
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-async def timed(store: Counted, site: Site, base: dict[str, float]) -> list[float]:
-    before = store.counters()
+async def timed(counters: Counters, site: Site, base: dict[str, float]) -> list[float]:
+    before = counters()
     wall, cpu = time.perf_counter(), time.process_time()
     await site.round()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    after = store.counters()
+    after = counters()
     if not site.synced:
         raise SystemExit(f"a measured round failed: {site.health.errors}")
     delta = {name: after[name] - before[name] - base[name] for name in before}
@@ -109,11 +108,14 @@ async def timed(store: Counted, site: Site, base: dict[str, float]) -> list[floa
 
 
 async def measure_size(
-    store: Counted, name: str, size: int, shapes: list[str], rounds: int, **config: str
+    counters: Counters, where: dict[str, object], size: int, shapes: list[str], rounds: int
 ) -> list[Cost]:
-    site_name = f"scale-{name}-{size}-{time.monotonic_ns()}"
-    a = make_site(store.addr, site_name, "a", **config)
-    b = make_site(store.addr, site_name, "b", **config)
+    """`where`: the store's options (sync_addr or sync_cluster) and its name (`store`)."""
+    name = str(where["store"])
+    options = {k: v for k, v in where.items() if k != "store"}
+    site_name = f"scale-{name.split()[0]}-{size}-{time.monotonic_ns()}"
+    a = make_site("", site_name, "a", **options)
+    b = make_site("", site_name, "b", **options)
     keys = [f"tenant-{n:06d}" for n in range(size)]
     out: list[Cost] = []
     try:
@@ -121,7 +123,7 @@ async def measure_size(
             await site.round()
         await follow(a, keys)
         await follow(b, keys)
-        base = overhead(store)
+        base = overhead(counters)
         window = 0
         for shape in shapes:
             count = changed_for(shape, size)
@@ -136,7 +138,7 @@ async def measure_size(
                 if index < warm:
                     await a.round()
                 else:
-                    samples.append(await timed(store, a, base))
+                    samples.append(await timed(counters, a, base))
             medians = [statistics.median(column) for column in zip(*samples, strict=True)]
             out.append(Cost(name, size, shape, count, rounds, *medians))
             print(f"  {name} {size:,} keys, {shape}: {out[-1].cpu_ms:.2f} ms CPU", flush=True)
@@ -174,12 +176,40 @@ def render(costs: list[Cost], command: str) -> str:
     return "\n".join(lines)
 
 
+def measure_store(
+    kind: str, fleet: Fleet, tmp: Path, sizes: list[int], shapes: list[str], args: Any
+) -> list[Cost]:
+    """Every size on one store: a valkey-server (`primary`) or a cluster of 3 primaries
+    and 3 replicas (`cluster`)."""
+    out: list[Cost] = []
+
+    def each(counters: Counters, where: dict[str, object]) -> None:
+        for size in sizes:
+            chosen = [s for s in shapes if s != "all" or size <= args.all_up_to]
+            out.extend(asyncio.run(measure_size(counters, where, size, chosen, args.rounds)))
+
+    if kind == "primary":
+        primary = Store(fleet, "valkey-scale")
+        try:
+            each(primary.counters, {"store": "primary", "sync_addr": primary.addr})
+        finally:
+            primary.close()
+            fleet.stop(["valkey-scale"])
+    else:
+        with ValkeyCluster(tmp / "cluster") as cluster:
+            where: dict[str, object] = {"store": "cluster (3+3)", "sync_cluster": cluster.seeds}
+            where["sync_addr"] = ""
+            each(cluster.counters, where)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", default="10,1000,10000,100000")
     parser.add_argument("--shapes", default="idle,1%,all")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per shape")
     parser.add_argument("--all-up-to", type=int, default=10_000, help="largest size for all")
+    parser.add_argument("--stores", default="primary,cluster", help="primary, cluster or both")
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
     sizes = [int(k) for k in args.keys.split(",")]
@@ -190,11 +220,8 @@ def main() -> int:
     fleet = Fleet(tmp)
     costs: list[Cost] = []
     try:
-        primary = Store(fleet, "valkey-scale")
-        for size in sizes:
-            chosen = [s for s in shapes if s != "all" or size <= args.all_up_to]
-            costs += asyncio.run(measure_size(primary, "primary", size, chosen, args.rounds))
-        primary.close()
+        for kind in args.stores.split(","):
+            costs += measure_store(kind, fleet, tmp, sizes, shapes, args)
     finally:
         fleet.stop()
     publish("site-scale", [asdict(c) for c in costs], render(costs, command), not args.no_docs)

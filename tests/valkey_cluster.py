@@ -60,31 +60,46 @@ class ValkeyCluster:
         self.stop()
 
     def _launch(self, index: int) -> None:
-        port = free_port()
+        for _ in range(3):  # another process may take a port between the probe and the bind
+            if self._launch_once(index):
+                return
+        raise ValkeySiteError(f"cluster node {index} could not bind:\n{self.logs()}")
+
+    def _launch_once(self, index: int) -> bool:
+        port, bus = free_port(), free_port()
         directory = self.tmp / f"cluster-{index}"
         directory.mkdir(parents=True, exist_ok=True)
+        (directory / "nodes.conf").unlink(missing_ok=True)
         args = [
             str(valkey_bin() / "valkey-server"),
             *("--port", str(port), "--bind", LOOPBACK, "--dir", str(directory)),
             *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+            *("--cluster-port", str(bus)),
             *("--cluster-node-timeout", str(NODE_TIMEOUT_MS)),
             *("--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"),
         ]
         with (directory / "server.log").open("ab") as log:
-            self.procs[port] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        if not self._wait_ping(port, proc):
+            return False
+        self.procs[port] = proc
         self.ports.append(port)
-        self._wait_ping(port)
+        return True
 
-    def _wait_ping(self, port: int) -> None:
+    def _wait_ping(self, port: int, proc: subprocess.Popen[bytes]) -> bool:
+        """Whether the node answers (False when it exited: it could not bind)."""
         client: Any = valkey.Valkey(host=LOOPBACK, port=port, socket_timeout=1)
         try:
             for _ in range(200):
+                if proc.poll() is not None:
+                    return False
                 with contextlib.suppress(valkey.ConnectionError):
                     if client.ping():
-                        return
+                        return True
                 time.sleep(0.05)
         finally:
             client.close()
+        terminate(proc, 5)
         raise ValkeySiteError(f"cluster node on port {port} did not answer:\n{self.logs()}")
 
     def _create(self) -> None:

@@ -103,7 +103,7 @@ bench-site: $(BENCH_STAMP)
 	$(BIN)/python -m bench.site $(ARGS)
 	$(BIN)/python -m bench.site_scale
 
-## One sync round at 10 to 100,000 active keys, one primary and a cluster (about 2 minutes).
+## One sync round at 10 to 100,000 active keys, one primary and a cluster of 3+3 (about 4 minutes).
 bench-site-scale: $(BENCH_STAMP)
 	$(BIN)/python -m bench.site_scale $(ARGS)
 

@@ -1,6 +1,6 @@
 """What a router's sync round costs at internet scale: 10 to 100,000 active keys.
 
-    make bench-site-scale                          # about a minute on 2 cores
+    make bench-site-scale                          # about 4 minutes on 2 cores
     python -m bench.site_scale --keys 10,1000 --rounds 3 --no-docs
 
 Two `Site` objects (routers `a` and `b` of one site, in this process) against one store.
@@ -113,7 +113,7 @@ async def measure_size(
     """`where`: the store's options (sync_addr or sync_cluster) and its name (`store`)."""
     name = str(where["store"])
     options = {k: v for k, v in where.items() if k != "store"}
-    site_name = f"scale-{name.split()[0]}-{size}-{time.monotonic_ns()}"
+    site_name = f"scale-{name.split(maxsplit=1)[0]}-{size}-{time.monotonic_ns()}"
     a = make_site("", site_name, "a", **options)
     b = make_site("", site_name, "b", **options)
     keys = [f"tenant-{n:06d}" for n in range(size)]
@@ -159,9 +159,11 @@ def render(costs: list[Cost], command: str) -> str:
         "every key followed (charged on both routers in the last five minutes). `1%`: 1% of "
         "the keys charged on each router before each round; `all`: every key, the worst "
         "case; `idle`: nothing charged. Commands, bytes and Valkey CPU are the store's "
-        "`INFO` counters (every node of a cluster summed; commands include those a script "
-        "runs). Share of a core and of Valkey's thread at the default `--sync-interval` "
-        "of 1 s.",
+        "`INFO` counters: on the cluster summed over its six nodes, the replicas' "
+        "replication included (commands include those a script runs, bytes from it the "
+        "replication stream; the CPU counters move in 10 ms steps, so a small figure can "
+        "come out below zero). Share of a core, and of one Valkey thread, at the default "
+        "`--sync-interval` of 1 s.",
         "",
         "| store | active keys | charged per round | wall ms | router CPU ms | router core "
         "| store commands | bytes to the store | bytes from it | Valkey CPU ms | Valkey thread |",

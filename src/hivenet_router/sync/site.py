@@ -5,10 +5,15 @@ Every --sync-interval one round, in two round trips, from a background task:
 1. the ROUND script: heartbeat (with the advertised address and the models whose wallet
    came back short), the server's time, the store's epoch (a store that lost its data has
    a new one: the settle window opens) and every router's heartbeat;
-2. one pipeline: this router's usage since the last round as one stream entry (none when
-   it admitted nothing), the others' new entries, its daily totals that changed, the daily
-   hashes of the keys it serves, what each wallet holds, and (with Sentinel) a WAIT for a
-   replica's acknowledgement.
+2. one pipeline: this router's daily totals that changed (WRITE_DAYS scripts), its usage
+   since the last round as one stream entry (none when it admitted nothing), the others'
+   new entries, the daily hashes due to be read again (READ_DAYS scripts), what each
+   wallet holds, and (with Sentinel or a cluster) a WAIT for a replica's
+   acknowledgement. Large rounds, and every round on a cluster, send the daily writes
+   before it and the reads after it (sync/days.py).
+
+A round's work follows what changed since the last one (keys charged here, entries from
+the others), not the keys followed: see sync/daily.py and sync/rates.py.
 
 The request path never waits on any of it (except the first daily read of a key; see
 sync/daily.py). When a round fails, the router goes on alone on its share: budgets divided

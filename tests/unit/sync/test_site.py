@@ -457,3 +457,22 @@ async def test_debt_on_one_router_refuses_the_key_on_the_other(make: Maker) -> N
     await rounds(a, b)
     assert await b.output_rates.left("k", 100) < 0
     assert not (await b.output_rates.charge("k", 1, 100)).ok
+
+
+async def test_a_bucket_idle_for_rounds_gets_its_share_of_what_the_site_has_left(
+    make: Maker,
+) -> None:
+    """The reset after each round is applied when a bucket is next used (a round costs
+    nothing for idle keys); another router's spend in between still counts."""
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.rates.charge("k", 1, 6000)).ok  # a follows the key: 5,999 left
+    for _ in range(40):
+        assert (await b.rates.charge("k", 50, 6000)).ok  # b spends 2,000 of its 3,000
+    for _ in range(3):
+        await rounds(b, a)  # a reads b's spend in the first; the key idle on a meanwhile
+    taken = 0
+    while (await a.rates.charge("k", 10, 6000)).ok:
+        taken += 10
+    # Its share: (6,000 - 1 - 2,000) / 2 plus what refilled meanwhile (100 a second).
+    assert 1990 <= taken <= 2100

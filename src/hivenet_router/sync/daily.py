@@ -57,7 +57,10 @@ class _Key:
     limit: float = 0.0
     others: int = 0  # the other routers' settled and in-flight tokens, as last read
     touched: float = 0.0  # monotonic time of the last charge (refused ones too)
-    base: tuple[float, int] | None = None  # (left for the site, own total) at the last sync
+    # At the last good round: what was left for the site (-1: no good round yet) and this
+    # router's own total then (two fields, not a tuple: rebased for thousands of keys).
+    base_left: float = -1.0
+    base_own: int = 0
     unread: bool = False  # the store could not be read for it: what the others spent is unknown
 
 
@@ -93,7 +96,7 @@ class SiteDaily(DailyCounter):
         # Keys that changed since their last read, by the round (modulo REFRESH_ROUNDS)
         # that reads them again.
         self._due: list[set[str]] = [set() for _ in range(REFRESH_ROUNDS)]
-        # Keys whose level at the last good round (`_Key.base`) must be taken again.
+        # Keys whose level at the last good round (`_Key.base_left`) must be taken again.
         self._rebase: set[str] = set()
         self._reads: dict[str, asyncio.Future[None]] = {}
         self.first_reads_failed = 0
@@ -117,8 +120,8 @@ class SiteDaily(DailyCounter):
         left = limit - entry.others - own
         if entry.unread:
             left = min(left, limit / max(1, self._share()) - own)  # alone: its share only
-        elif not self._synced() and entry.base is not None:
-            site_left, own_then = entry.base
+        elif not self._synced() and entry.base_left >= 0:
+            site_left, own_then = entry.base_left, entry.base_own
             left = min(left, site_left / max(1, self._share()) - (own - own_then))
         if amount > left:
             return Verdict(False, max(0, int(limit - entry.others - own)))
@@ -307,7 +310,8 @@ class SiteDaily(DailyCounter):
             entry = self._keys.get(key)
             if entry is not None and entry.day == day and entry.limit:
                 own = self._used.get((key, day), 0)
-                entry.base = (max(0.0, entry.limit - entry.others - own), own)
+                left = entry.limit - entry.others - own
+                entry.base_left, entry.base_own = left if left > 0 else 0.0, own
 
     def store_lost(self) -> None:
         """The store lost its data: every total of today is written again (what this

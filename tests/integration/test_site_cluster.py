@@ -14,7 +14,21 @@ import valkey
 from valkey.cluster import ClusterNode
 
 from tests.integration.test_site import ask, site_of
-from tests.procs import Cluster, sync_view, wait_until
+from tests.integration.test_site_faults import (
+    LOAD,
+    MODEL,
+    RATED,
+    SITE,
+    ago,
+    checker_for,
+    finish,
+    load,
+    mixed,
+    store_up,
+    two_router_site,
+)
+from tests.procs import Cluster, metric, sync_view, wait_until
+from tests.site_checker import CLUSTER
 from tests.valkey_cluster import ValkeyCluster
 
 pytestmark = pytest.mark.timeout(240)
@@ -87,3 +101,34 @@ def test_a_killed_primary_keeps_credits_within_the_budget(
     client.close()
     print(f"{samples} samples of the pool; at most {worst} of {budget} credits held")
     assert samples > 0 and answered > 0
+
+
+def test_primary_killed_on_a_cluster(make_cluster: Cluster, tmp_path: Path) -> None:
+    """The same on a Valkey Cluster of 3 primaries and 3 replicas (--sync-cluster): the
+    primary of the site's control slot (heartbeats, stream, pools) is killed and its
+    replica takes over; the checker's invariants hold throughout."""
+    with ValkeyCluster(tmp_path / "cluster") as store:
+        nodes = ["--sync-cluster", ",".join(store.seeds)]
+        site = two_router_site(make_cluster, tmp_path, [nodes, nodes])
+        pool = f"hivenet:{{{SITE}}}:pool:{MODEL}"
+        with (
+            checker_for(site, lambda: CLUSTER + ",".join(store.seeds)) as checker,
+            load(checker, mixed(site.routers)),
+        ):
+            time.sleep(2.0)
+            began = time.monotonic()
+            old = store.kill_primary_for(pool)
+            print(f"primary on port {old} killed; its replica serves after {ago(began)}")
+            for router in site.routers:
+                wait_until(
+                    lambda r=router: store_up(r), timeout=max(0.5, 15 - (time.monotonic() - began))
+                )
+            print(f"both routers synced again {ago(began)} after the kill")
+            time.sleep(2.0)
+        answered_after = [a for a in checker.answers if a.started > began + 1 and a.status == 200]
+        assert answered_after, "no request was answered after the failover"
+        for index, router in enumerate(site.routers):
+            acked = metric(router.metrics(), "hivenet_sync_grant_acks_total", result="acked")
+            print(f"r{index}: grant acks {acked}, store errors {sync_view(router)['errors']}")
+            assert (acked or 0) > 0, "no grant was acknowledged by a replica"
+        finish(checker, site, [LOAD.owner, RATED.owner])

@@ -8,8 +8,8 @@ invariants of the spec (occupancy within budget, admitted requests per minute, d
 equal to what was answered, no request waiting on the store) and printing the checker's
 report.
 
-Each fault is its own test: the primary killed under Sentinel, the primary of the control
-slot killed on a Valkey Cluster of 3 primaries and 3 replicas, the primary frozen, one router
+Each fault is its own test: the primary killed under Sentinel (on a Valkey Cluster:
+test_site_cluster.py), the primary frozen, one router
 cut off from the store, a router killed and restarted, the store's data lost, a router
 started while the store is unreachable, routers found by discovery, and a store answering
 garbage. (An unreachable router among an agent's --routers is test_agent_routers.py's.)
@@ -50,8 +50,7 @@ from tests.procs import (
     sync_view,
     wait_until,
 )
-from tests.site_checker import CLUSTER, Answer, SiteChecker
-from tests.valkey_cluster import ValkeyCluster
+from tests.site_checker import Answer, SiteChecker
 from tests.valkey_site import FaultProxy, ValkeySite
 
 pytestmark = pytest.mark.timeout(120)
@@ -399,37 +398,6 @@ def test_primary_killed_under_sentinel(make_cluster: Cluster, tmp_path: Path) ->
             print(f"r{index}: grant acks {acks}, store errors {errors}")
             assert (acks["acked"] or 0) > 0, "no grant was acknowledged by a replica"
             assert errors.get("unreachable", 0) > 0, "the router never noticed the failover"
-        finish(checker, site, [LOAD.owner, RATED.owner])
-
-
-def test_primary_killed_on_a_cluster(make_cluster: Cluster, tmp_path: Path) -> None:
-    """The same on a Valkey Cluster of 3 primaries and 3 replicas (--sync-cluster): the
-    primary of the site's control slot (heartbeats, stream, pools) is killed and its
-    replica takes over; the checker's invariants hold throughout."""
-    with ValkeyCluster(tmp_path / "cluster") as store:
-        nodes = ["--sync-cluster", ",".join(store.seeds)]
-        site = two_router_site(make_cluster, tmp_path, [nodes, nodes])
-        pool = f"hivenet:{{{SITE}}}:pool:{MODEL}"
-        with (
-            checker_for(site, lambda: CLUSTER + ",".join(store.seeds)) as checker,
-            load(checker, mixed(site.routers)),
-        ):
-            time.sleep(2.0)
-            began = time.monotonic()
-            old = store.kill_primary_for(pool)
-            print(f"primary on port {old} killed; its replica serves after {ago(began)}")
-            for router in site.routers:
-                wait_until(
-                    lambda r=router: store_up(r), timeout=max(0.5, 15 - (time.monotonic() - began))
-                )
-            print(f"both routers synced again {ago(began)} after the kill")
-            time.sleep(2.0)
-        answered_after = [a for a in checker.answers if a.started > began + 1 and a.status == 200]
-        assert answered_after, "no request was answered after the failover"
-        for index, router in enumerate(site.routers):
-            acked = metric(router.metrics(), "hivenet_sync_grant_acks_total", result="acked")
-            print(f"r{index}: grant acks {acked}, store errors {sync_view(router)['errors']}")
-            assert (acked or 0) > 0, "no grant was acknowledged by a replica"
         finish(checker, site, [LOAD.owner, RATED.owner])
 
 

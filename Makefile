@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # .venv remembers the interpreter that built it, and is built again for another one.
 BASE := $(VENV)/.base$(subst /,-,$(realpath $(shell command -v $(PYTHON) 2>/dev/null)))
 
-.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus chromium bench bench-peers bench-routing bench-overhead bench-site bench-gateway bench-bad-input bench-heavy-body bench-stream-memory soak check-accounting docs clean
+.PHONY: run run-site run-wallets test test-vllm lint unit integration conformance engines clients prometheus chromium bench bench-peers bench-routing bench-overhead bench-site bench-site-scale bench-gateway bench-bad-input bench-heavy-body bench-stream-memory soak check-accounting docs clean
 
 $(BASE):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -102,9 +102,14 @@ bench-routing: $(BENCH_STAMP)
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead $(ARGS)
 
-## Routers sharing limits through Valkey: the sync cost, one round, sites of 1-3 (about 7 minutes).
+## Routers sharing limits through Valkey: the sync cost, one round, sites of 1-3 (about 7 minutes), then bench-site-scale.
 bench-site: $(BENCH_STAMP)
 	$(BIN)/python -m bench.site $(ARGS)
+	$(BIN)/python -m bench.site_scale
+
+## One sync round at 10 to 100,000 active keys, one primary and a cluster of 3+3 (about 4 minutes).
+bench-site-scale: $(BENCH_STAMP)
+	$(BIN)/python -m bench.site_scale $(ARGS)
 
 ## The gateway stages' CPU per request (on against off) and a deduplicated burst (about 6 minutes).
 bench-gateway: $(BENCH_STAMP)

@@ -49,8 +49,15 @@ class RoundCost:
         return (self.bytes_in + self.bytes_out) / self.keys
 
 
-def make_site(addr: str, site: str, router_id: str) -> Site:
-    config = RouterConfig(sync_store="valkey", sync_addr=addr, sync_site=site, router_id=router_id)
+def make_site(addr: str, site: str, router_id: str, **options: object) -> Site:
+    """A `Site` of `site` against the store at `addr` (or as `options` say)."""
+    options.setdefault("sync_addr", addr)
+    config = RouterConfig(
+        sync_store="valkey",
+        sync_site=site,
+        router_id=router_id,
+        **options,  # type: ignore[arg-type]
+    )
     config.validate()
     return Site(config, SystemClock(), SiteDirectory(SiteRouter(router_id, "peer", "")))
 

@@ -69,8 +69,11 @@ from urllib.parse import quote
 
 import httpx2 as httpx
 import valkey
+from valkey.cluster import ClusterNode
 
 from tests.procs import ADMIN_KEY, metric
+
+CLUSTER = "cluster:"  # a store address naming a Valkey Cluster's nodes: "cluster:HOST:PORT,..."
 
 WINDOW = 60.0
 IN_FLIGHT = "~"
@@ -275,8 +278,18 @@ class SiteChecker:
             self._addr_at = now
         return self._addr
 
-    def _client(self, timeout: float = 0.25) -> valkey.Valkey:
-        host, _, port = self.store_addr().rpartition(":")
+    def _client(self, timeout: float = 0.25) -> Any:
+        addr = self.store_addr()
+        if addr.startswith(CLUSTER):  # a Valkey Cluster: "cluster:HOST:PORT,..."
+            nodes = [node.rpartition(":") for node in addr.removeprefix(CLUSTER).split(",")]
+            startup = [ClusterNode(host, int(port)) for host, _, port in nodes]  # type: ignore[no-untyped-call]
+            return valkey.ValkeyCluster(
+                startup_nodes=startup,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                decode_responses=True,
+            )
+        host, _, port = addr.rpartition(":")
         return valkey.Valkey(
             host=host,
             port=int(port),
@@ -394,7 +407,8 @@ class SiteChecker:
 
     def stored_tokens(self, key: str) -> int:
         """The key's settled tokens in the store, summed over routers and dates."""
-        pattern = f"hivenet:{{{self.site}}}:day:*:{quote(key, safe='')}"
+        # "{site}" with one primary, "{site/N}" on a cluster (docs/site.md, key layout)
+        pattern = f"hivenet:{{{self.site}*:day:*:{quote(key, safe='')}"
         total = 0
         with self._client(timeout=1.0) as client:
             names = list(itertools.islice(client.scan_iter(match=pattern, count=1000), 100))

@@ -21,6 +21,7 @@ import yaml
 
 from hivenet_router.domain.site import default_router_id
 from tests.procs import Cluster, Router, free_port, metric, sync_view, wait_until
+from tests.valkey_cluster import ValkeyCluster
 from tests.valkey_site import ValkeySite
 
 SITE_ALERTS = Path(__file__).parents[2] / "deploy" / "prometheus" / "alerts-site.yml"
@@ -34,8 +35,20 @@ def store(tmp_path: Path) -> Iterator[ValkeySite]:
         yield site
 
 
+def store_flags(store: ValkeySite | ValkeyCluster) -> tuple[str, ...]:
+    """How a router is told where the site's store is: one primary, or a cluster's nodes."""
+    if isinstance(store, ValkeyCluster):
+        return ("--sync-cluster", ",".join(store.seeds))
+    return ("--sync-addr", store.primary_addr)
+
+
 def site_of(
-    cluster: Cluster, tmp: Path, store: ValkeySite, quota: str, policy: str, routers: int = 2
+    cluster: Cluster,
+    tmp: Path,
+    store: ValkeySite | ValkeyCluster,
+    quota: str,
+    policy: str,
+    routers: int = 2,
 ) -> list[Router]:
     auth = tmp / "auth.yaml"
     auth.write_text(
@@ -48,7 +61,7 @@ def site_of(
     policy_file.write_text(policy + "routing_policy: {strategy: least-loaded}\n")
     flags = [
         *("--auth-config-file", str(auth), "--policy-file", str(policy_file)),
-        *("--sync-store", "valkey", "--sync-addr", store.primary_addr),
+        *("--sync-store", "valkey", *store_flags(store)),
         *("--sync-site", "test-site", "--sync-interval", "250ms"),
         *("--sync-min-routers", str(routers)),
     ]

@@ -8,7 +8,8 @@ invariants of the spec (occupancy within budget, admitted requests per minute, d
 equal to what was answered, no request waiting on the store) and printing the checker's
 report.
 
-Each fault is its own test: the primary killed under Sentinel, the primary frozen, one router
+Each fault is its own test: the primary killed under Sentinel (on a Valkey Cluster:
+test_site_cluster.py), the primary frozen, one router
 cut off from the store, a router killed and restarted, the store's data lost, a router
 started while the store is unreachable, routers found by discovery, and a store answering
 garbage. (An unreachable router among an agent's --routers is test_agent_routers.py's.)

@@ -396,7 +396,7 @@ class RouterConfig:
         parse=v.text,
         flag="--sync-addr",
         env="HIVENET_ROUTER_SYNC_ADDR",
-        help="HOST:PORT of the site's Valkey primary (or use --sync-sentinels)",
+        help="HOST:PORT of the site's Valkey primary (or use --sync-sentinels or --sync-cluster)",
     )
     sync_sentinels: tuple[str, ...] = option(
         (),
@@ -404,6 +404,13 @@ class RouterConfig:
         flag="--sync-sentinels",
         env="HIVENET_ROUTER_SYNC_SENTINELS",
         help="Comma-separated HOST:PORT of the Sentinels that know the site's primary",
+    )
+    sync_cluster: tuple[str, ...] = option(
+        (),
+        parse=v.comma_list,
+        flag="--sync-cluster",
+        env="HIVENET_ROUTER_SYNC_CLUSTER",
+        help="Comma-separated HOST:PORT of some nodes of a Valkey Cluster holding the site",
     )
     sync_master: str = option(
         "hivenet",

@@ -77,12 +77,12 @@ def _check_sync(cfg: RouterConfig) -> None:
             "--sync-store=valkey replaces HIVENET_ROUTER_QUOTA_BACKEND=badger (the store "
             "keeps today's totals); unset one of them"
         )
-    if bool(cfg.sync_addr) == bool(cfg.sync_sentinels):
+    if sum(map(bool, (cfg.sync_addr, cfg.sync_sentinels, cfg.sync_cluster))) != 1:
         raise ConfigError(
-            "--sync-store=valkey needs exactly one of --sync-addr HOST:PORT or "
-            "--sync-sentinels HOST:PORT,..."
+            "--sync-store=valkey needs exactly one of --sync-addr HOST:PORT, "
+            "--sync-sentinels HOST:PORT,... or --sync-cluster HOST:PORT,..."
         )
-    for address in (cfg.sync_addr, *cfg.sync_sentinels):
+    for address in (cfg.sync_addr, *cfg.sync_sentinels, *cfg.sync_cluster):
         if address:
             try:
                 v.host_port(address)

@@ -39,8 +39,9 @@ async def live_holder(client: Any, keys: Keys, router_id: str, window_ms: int) -
 
 async def _own_beat(client: Any, keys: Keys, router_id: str) -> tuple[int, bytes | None]:
     """The store's time (ms) and the heartbeat under `router_id` (None when there is none)."""
+    control = await store.control_node(client, keys)  # the store's time where beats are
     async with client.pipeline(transaction=False) as pipe:
-        pipe.execute_command("TIME")
+        pipe.execute_command("TIME", **control)
         pipe.execute_command("HGET", keys.routers, router_id)
         clock, beat = await pipe.execute(raise_on_error=True)
     seconds, micros = store.as_list(clock, "TIME", 2)

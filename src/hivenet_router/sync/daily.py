@@ -4,10 +4,14 @@ The store keeps, per budget key and UTC day, one hash: each router's settled tok
 its router ID and what it holds for requests still running under "ID~incarnation". A
 router writes its own fields every round it changed them (a total, not a delta: a write
 lost in a failover is healed by the next one) and publishes the change with its usage
-entry, which the others add to what they know. Each key's hash is read again once every
-`REFRESH_ROUNDS` rounds (keys spread over the rounds), which heals a lost entry and drops
-what a router that is gone held in flight. What a key has left is its limit minus this
-router's total and the others' as known.
+entry, which the others add to what they know. A key that changed since its hash was last
+read (this router's total, or another's usage entry) is read again within `REFRESH_ROUNDS`
+rounds (keys spread over the rounds), which heals an entry read twice; a key nobody changed
+is not read at all, so a round costs what changed in it, not what is followed. Every
+followed key is read again (spread over the same rounds) when a router process leaves the
+site, which drops what it held in flight, and at once after a failed round, which heals
+entries trimmed or lost meanwhile. What a key has left is its limit minus this router's
+total and the others' as known.
 
 The only wait on the store in the whole request path is here: the first request of the day
 for a key with a limit reads that key's hash, for at most `FIRST_READ_TIMEOUT`, and
@@ -49,10 +53,14 @@ class DailyWrite:
 @dataclass(slots=True)
 class _Key:
     day: str
+    turn: int  # the round (modulo REFRESH_ROUNDS) in which its hash is read again
     limit: float = 0.0
     others: int = 0  # the other routers' settled and in-flight tokens, as last read
     touched: float = 0.0  # monotonic time of the last charge (refused ones too)
-    base: tuple[float, int] | None = None  # (left for the site, own total) at the last sync
+    # At the last good round: what was left for the site (-1: no good round yet) and this
+    # router's own total then (two fields, not a tuple: rebased for thousands of keys).
+    base_left: float = -1.0
+    base_own: int = 0
     unread: bool = False  # the store could not be read for it: what the others spent is unknown
 
 
@@ -85,6 +93,11 @@ class SiteDaily(DailyCounter):
         self._dirty: set[str] = set()
         self._published: dict[tuple[str, str], int] = {}  # own total at the last publish
         self._stale: set[str] = set()  # keys to read again next round
+        # Keys that changed since their last read, by the round (modulo REFRESH_ROUNDS)
+        # that reads them again.
+        self._due: list[set[str]] = [set() for _ in range(REFRESH_ROUNDS)]
+        # Keys whose level at the last good round (`_Key.base_left`) must be taken again.
+        self._rebase: set[str] = set()
         self._reads: dict[str, asyncio.Future[None]] = {}
         self.first_reads_failed = 0
 
@@ -99,14 +112,16 @@ class SiteDaily(DailyCounter):
             if self._settling():
                 return Verdict(False, 0)  # what the site spent on it is not known yet
             entry = await self._first_read(key, day)
-        entry.limit = limit
+        if entry.limit != limit:
+            entry.limit = limit
+            self._rebase.add(key)
         entry.touched = self._clock.monotonic()
         own = self.used(key)
         left = limit - entry.others - own
         if entry.unread:
             left = min(left, limit / max(1, self._share()) - own)  # alone: its share only
-        elif not self._synced() and entry.base is not None:
-            site_left, own_then = entry.base
+        elif not self._synced() and entry.base_left >= 0:
+            site_left, own_then = entry.base_left, entry.base_own
             left = min(left, site_left / max(1, self._share()) - (own - own_then))
         if amount > left:
             return Verdict(False, max(0, int(limit - entry.others - own)))
@@ -146,7 +161,7 @@ class SiteDaily(DailyCounter):
         await asyncio.shield(pending)  # _load does not raise: a failed read means alone
         entry = self._keys.get(key)
         if entry is None or entry.day != day:
-            entry = self._keys[key] = _Key(day)
+            entry = self._keys[key] = _Key(day, _turn(key))
         return entry
 
     async def _load(self, key: str, day: str) -> None:
@@ -156,10 +171,10 @@ class SiteDaily(DailyCounter):
         except Exception as error:  # the store is down or slow: go on alone
             self.first_reads_failed += 1
             log.debug("first daily read for a key failed: %s", error)
-            self._keys[key] = _Key(day, unread=True)
+            self._keys[key] = _Key(day, _turn(key), unread=True)
             self._stale.add(key)
             return
-        self._keys[key] = _Key(day)
+        self._keys[key] = _Key(day, _turn(key))
         # Usage entries written before this read but not yet consumed would count twice:
         # the next round reads the hash again, after the stream, and sets it right.
         self._stale.add(key)
@@ -204,6 +219,7 @@ class SiteDaily(DailyCounter):
                 continue  # in flight on a process that is gone
             others += int(value)
         entry.others, entry.unread = others, False
+        self._rebase.add(key)
 
     # -- the sync round ----------------------------------------------------------------------
 
@@ -227,8 +243,25 @@ class SiteDaily(DailyCounter):
             delta = total - self._published.get(slot, 0)
             self._published[slot] = total
             out.append(DailyWrite(day, key, total - held, held, delta))
+            if entry is not None:
+                self._changed(key, entry)
         self._dirty = unread
         return out
+
+    def _changed(self, key: str, entry: _Key) -> None:
+        """A followed key's total changed (this router's or another's): its hash is read
+        again in its turn, and its level is taken at the next good round."""
+        self._due[entry.turn].add(key)
+        self._rebase.add(key)
+
+    def process_left(self) -> None:
+        """A router process left the site (given up, or restarted): what it held in flight
+        no longer counts. Every followed key is read again, spread over the next
+        REFRESH_ROUNDS rounds."""
+        day = self.day()
+        for key, entry in self._keys.items():
+            if entry.day == day:
+                self._due[entry.turn].add(key)
 
     def reread(self, keys: list[str] | None = None) -> None:
         """Read these keys' hashes (every followed key: None) next round: a round failed,
@@ -247,27 +280,38 @@ class SiteDaily(DailyCounter):
         entry = self._keys.get(key)
         if entry is not None and entry.day == day:
             entry.others = max(0, entry.others + delta)
+            self._changed(key, entry)
 
     def to_refresh(self, round_number: int) -> list[str]:
-        """Followed keys whose hash this round reads again: a share of them each round,
-        and any whose last read failed."""
+        """Keys whose hash this round reads again: those that changed since their last
+        read and whose turn this round is (if charged here in the last ACTIVE_FOR
+        seconds), and any whose last read failed or that a failed round left unsure."""
         day, now = self.day(), self._clock.monotonic()
         turn = round_number % REFRESH_ROUNDS
+        due, self._due[turn] = self._due[turn], set()
         stale, self._stale = self._stale, set()
-        return [
-            key
-            for key, entry in self._keys.items()
-            if entry.day == day
-            and (key in stale or (now - entry.touched < ACTIVE_FOR and _turn(key) == turn))
-        ]
+        out = []
+        for key in stale:
+            entry = self._keys.get(key)
+            if entry is not None and entry.day == day:
+                out.append(key)
+        for key in due - stale:
+            entry = self._keys.get(key)
+            if entry is not None and entry.day == day and now - entry.touched < ACTIVE_FOR:
+                out.append(key)
+        return out
 
     def synced_now(self) -> None:
-        """A round succeeded: remember what was left, for a later outage's share."""
+        """A round succeeded: remember what was left, for a later outage's share (for the
+        keys whose level changed since the last good round; the others keep theirs)."""
         day = self.day()
-        for key, entry in self._keys.items():
-            if entry.day == day and entry.limit:
-                own = self.used(key)
-                entry.base = (max(0.0, entry.limit - entry.others - own), own)
+        rebase, self._rebase = self._rebase | self._dirty, set()
+        for key in rebase:
+            entry = self._keys.get(key)
+            if entry is not None and entry.day == day and entry.limit:
+                own = self._used.get((key, day), 0)
+                left = entry.limit - entry.others - own
+                entry.base_left, entry.base_own = left if left > 0 else 0.0, own
 
     def store_lost(self) -> None:
         """The store lost its data: every total of today is written again (what this
@@ -281,6 +325,7 @@ class SiteDaily(DailyCounter):
         compact(self._keys, lambda entry: entry.day == day)
         self._inflight = {slot: held for slot, held in self._inflight.items() if slot[1] == day}
         self._published = {slot: n for slot, n in self._published.items() if slot[1] == day}
+        self._due = [{key for key in due if key in self._keys} for due in self._due]
 
 
 def _turn(key: str) -> int:

@@ -7,6 +7,11 @@ it is reset to the site bucket's level divided by the live routers, and it refil
 rate divided by them. A charge needs room in both, so in one round the routers together
 spend at most what the site bucket held, whatever order their requests come in. While the
 store is unreachable no round resets the own bucket: the router runs on its share alone.
+
+A round costs what changed in it, not the number of keys followed: the keys charged since
+the last round are kept aside for `take_pending`, and the reset after a round is applied to
+each bucket when it is next used (or when the next round subtracts from it), which gives the
+same levels as resetting every bucket at the round.
 """
 
 from __future__ import annotations
@@ -23,9 +28,18 @@ FOREIGN_MEMORY = 60.0  # seconds a foreign spend on an unknown key is remembered
 
 
 class _Buckets:
-    __slots__ = ("capacity", "mine", "pending", "per_second", "site", "stamp")
+    __slots__ = ("capacity", "generation", "mine", "pending", "per_second", "site", "stamp")
 
-    def __init__(self, capacity: float, per_second: float, level: float, share: int, now: float):
+    def __init__(
+        self,
+        capacity: float,
+        per_second: float,
+        level: float,
+        share: int,
+        now: float,
+        generation: int,
+    ):
+        self.generation = generation  # the last round whose reset this bucket has had
         self.capacity = capacity
         self.per_second = per_second
         self.site = level
@@ -71,6 +85,12 @@ class SiteRates:
         self._check_own = check_share
         self._buckets: dict[str, _Buckets] = {}
         self._foreign: dict[str, _Foreign] = {}
+        self._spent: set[str] = set()  # keys with own spend not yet published
+        # The last good round: its number, its time and its share; buckets are reset to
+        # their share of the site's level lazily (`_catch_up`).
+        self._generation = 0
+        self._generation_at = 0.0
+        self._generation_share = 1
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -90,9 +110,11 @@ class SiteRates:
             if foreign is not None:
                 level -= max(0.0, foreign.amount - (now - foreign.stamp) * limit / 60.0)
             buckets = self._buckets[key] = _Buckets(
-                capacity, limit / 60.0, max(-capacity, level), share, now
+                capacity, limit / 60.0, max(-capacity, level), share, now, self._generation
             )
             return buckets
+        if buckets.generation != self._generation:
+            self._catch_up(buckets)
         buckets.refill(now, share)
         if buckets.capacity != capacity:
             buckets.capacity, buckets.per_second = capacity, limit / 60.0
@@ -108,12 +130,14 @@ class SiteRates:
         if room < amount:
             return Verdict(False, int(room))
         buckets.spend(amount, max(1, self._share()))
+        self._spent.add(key)
         return Verdict(True, int(min(buckets.site, buckets.mine)))
 
     async def adjust(self, key: str, delta: float, limit: float) -> None:
         if limit <= 0:
             return
         self._get(key, limit).spend(delta, max(1, self._share()))
+        self._spent.add(key)
 
     async def left(self, key: str, limit: float) -> float:
         if limit <= 0:
@@ -125,10 +149,12 @@ class SiteRates:
     def take_pending(self) -> dict[str, float]:
         """Own spend since the last call, to publish (cleared here)."""
         out: dict[str, float] = {}
-        for key, buckets in self._buckets.items():
-            if buckets.pending:
+        for key in self._spent:
+            buckets = self._buckets.get(key)
+            if buckets is not None and buckets.pending:
                 out[key] = buckets.pending
                 buckets.pending = 0.0
+        self._spent = set()
         return out
 
     def give_back(self, pending: dict[str, float]) -> None:
@@ -137,6 +163,7 @@ class SiteRates:
             buckets = self._buckets.get(key)
             if buckets is not None:
                 buckets.pending += amount
+                self._spent.add(key)
 
     def subtract(self, key: str, amount: float) -> None:
         """Another router spent `amount` under `key`."""
@@ -149,14 +176,27 @@ class SiteRates:
             else:
                 held.amount, held.stamp = held.amount + amount, now
             return
+        if buckets.generation != self._generation:
+            self._catch_up(buckets)
         buckets.site = min(buckets.capacity, max(-buckets.capacity, buckets.site - amount))
 
     def rebalance(self) -> None:
-        """After a round: each own bucket becomes its share of what the site has left."""
-        now, share = self._clock.monotonic(), max(1, self._share())
-        for buckets in self._buckets.values():
-            buckets.refill(now, share)
-            buckets.mine = buckets.site / share
+        """After a good round: each own bucket becomes its share of what the site has left.
+        Applied to a bucket when it is next used (`_catch_up`), so that a round costs
+        nothing for the keys nobody used."""
+        self._generation += 1
+        self._generation_at = self._clock.monotonic()
+        self._generation_share = max(1, self._share())
+
+    def _catch_up(self, buckets: _Buckets) -> None:
+        """The reset of the last good round, as if made at that round: refilled to its
+        time, then the own bucket set to the share of the site's level. Every change to
+        a bucket (a charge, another router's spend) catches it up first, so what a
+        bucket skipped is only refilling, which gives the same level in one step."""
+        share = self._generation_share
+        buckets.refill(max(self._generation_at, buckets.stamp), share)
+        buckets.mine = buckets.site / share
+        buckets.generation = self._generation
 
     def sweep(self) -> None:
         """Forget full buckets with nothing to publish, and old foreign spend."""

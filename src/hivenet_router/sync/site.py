@@ -5,10 +5,15 @@ Every --sync-interval one round, in two round trips, from a background task:
 1. the ROUND script: heartbeat (with the advertised address and the models whose wallet
    came back short), the server's time, the store's epoch (a store that lost its data has
    a new one: the settle window opens) and every router's heartbeat;
-2. one pipeline: this router's usage since the last round as one stream entry (none when
-   it admitted nothing), the others' new entries, its daily totals that changed, the daily
-   hashes of the keys it serves, what each wallet holds, and (with Sentinel) a WAIT for a
-   replica's acknowledgement.
+2. one pipeline: this router's daily totals that changed (WRITE_DAYS scripts), its usage
+   since the last round as one stream entry (none when it admitted nothing), the others'
+   new entries, the daily hashes due to be read again (READ_DAYS scripts), what each
+   wallet holds, and (with Sentinel or a cluster) a WAIT for a replica's
+   acknowledgement. Large rounds, and every round on a cluster, send the daily writes
+   before it and the reads after it (sync/days.py).
+
+A round's work follows what changed since the last one (keys charged here, entries from
+the others), not the keys followed: see sync/daily.py and sync/rates.py.
 
 The request path never waits on any of it (except the first daily read of a key; see
 sync/daily.py). When a round fails, the router goes on alone on its share: budgets divided
@@ -35,11 +40,11 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.domain.site import SiteDirectory, SiteRouter
 from hivenet_router.observability.sync_metrics import SyncSnapshot
 from hivenet_router.state.ports import Ports
-from hivenet_router.sync import claim, store, usage
+from hivenet_router.sync import claim, days, store, usage, views
 from hivenet_router.sync.credits import CreditPool, Grant
 from hivenet_router.sync.daily import IN_FLIGHT, DailyWrite, SiteDaily
 from hivenet_router.sync.entries import Peer, apply_usage, read_heartbeats, usage_entry
-from hivenet_router.sync.health import ROUND_BUCKETS, Health
+from hivenet_router.sync.health import Health
 from hivenet_router.sync.rates import SiteRates
 from hivenet_router.sync.shares import SharePool
 from hivenet_router.sync.store import BadReply, Keys
@@ -48,7 +53,6 @@ log = logging.getLogger("hivenet_router.sync")
 
 STREAM_KEEP_MS = 120_000  # usage entries older than this are trimmed
 READ_BATCH = 10_000
-DAY_TTL = 2 * 86_400
 ACK_TIMEOUT_MS = 100
 SETTLE_MARGIN = 15.0  # seconds past the request timeout that the settle window lasts
 
@@ -61,9 +65,14 @@ class Site:
         self.clock = clock
         self.directory = directory
         self.me = directory.me.router_id
-        self.keys = Keys(config.site)
         self.client: Any
-        self.client, self.sentinel = store.connect(config)
+        self.client, self.kind = store.connect(config)
+        self.keys = Keys(config.site, sharded=self.kind == "cluster")
+        # With replicas behind it (Sentinel, a cluster), writes wait for one to acknowledge.
+        self.acks = self.kind != "primary"
+        # With one primary, the last batch of daily writes and the first reads ride in the
+        # round's one pipeline; on a cluster they go to other primaries, before and after.
+        self.inline_days = self.kind != "cluster"
         self.incarnation = secrets.token_hex(6)
         # Named in the heartbeat, so that a process refused its router ID can say whose it is.
         self._process: dict[str, object] = {
@@ -74,7 +83,7 @@ class Site:
         self._incarnation_bytes = self.incarnation.encode()
         self._me_bytes = self.me.encode()
         self.health = Health()
-        self._started = clock.monotonic()
+        self.started = clock.monotonic()
         self.epoch = ""
         self.synced = False
         self.ever_synced = False
@@ -257,9 +266,14 @@ class Site:
         round, those the shutdown cut included), so the site and a restart count them."""
         pending = {name: counter.take_pending() for name, counter in self._rates().items()}
         writes = self.daily.writes()
+        await days.run(self.client, self._write_calls(writes))
         async with self.client.pipeline(transaction=False) as pipe:
             self._publish(pipe, pending, writes, trim_before_ms=0)
             await pipe.execute(raise_on_error=True)
+
+    def _write_calls(self, writes: list[DailyWrite]) -> list[days.Call]:
+        in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
+        return days.write_calls(self.keys, self.me, in_flight, writes)
 
     def _publish(
         self,
@@ -268,23 +282,16 @@ class Site:
         writes: list[DailyWrite],
         trim_before_ms: int,
     ) -> int:
-        """Queue this router's daily totals, then the usage entry announcing the change (a
-        router reading between the two counts it twice until its next read, never not at
-        all); the stream is trimmed of entries older than `trim_before_ms` (0: not).
-        Returns how many commands were queued."""
-        keys, usage, commands = self.keys, usage_entry(pending, writes), 0
-        in_flight = f"{self.me}{IN_FLIGHT}{self.incarnation}"
-        for write in writes:
-            name = keys.day(write.day, write.key)
-            pipe.execute_command("HSET", name, self.me, write.settled, in_flight, write.held)
-            pipe.execute_command("EXPIRE", name, DAY_TTL)  # also for a hash the store lost
-            commands += 2
-        if usage is not None:
-            trim = ("MINID", "~", trim_before_ms) if trim_before_ms else ()
-            entry = ("r", self.me, "p", self.incarnation, "u", usage)
-            pipe.execute_command("XADD", keys.usage, *trim, "*", *entry)
-            commands += 1
-        return commands
+        """Queue the usage entry announcing this round's changes (after the daily totals it
+        announces: sync/days.py); the stream is trimmed of entries older than
+        `trim_before_ms` (0: not). Returns how many commands were queued."""
+        usage = usage_entry(pending, writes)
+        if usage is None:
+            return 0
+        trim = ("MINID", "~", trim_before_ms) if trim_before_ms else ()
+        entry = ("r", self.me, "p", self.incarnation, "u", usage)
+        pipe.execute_command("XADD", self.keys.usage, *trim, "*", *entry)
+        return 1
 
     async def _give_up(self, router_id: str, oldest_ms: int) -> bool:
         reply = await self.client.execute_command(
@@ -301,20 +308,32 @@ class Site:
         pending = {name: counter.take_pending() for name, counter in self._rates().items()}
         writes = self.daily.writes()
         refresh = self.daily.to_refresh(self._round_number)
+        reads = days.read_calls(self.keys, self.daily.day(), refresh)
+        # With one primary the last batch of writes and the first reads ride in the round's
+        # one pipeline (two round trips in all at a small site); the rest goes before and
+        # after it.
+        inline = len(reads.calls) if self.inline_days else 0
+        inline = min(inline, days.PIPELINE_CALLS)
         try:
             # What a wallet holds is written under the pool lock: a grant running between
             # computing it and writing it would otherwise be overwritten with less than the
             # router holds, and the pool would hand that part out twice.
             async with self._pool_lock:
                 holdings = self.credits.maintain(self.empty_elsewhere, self.settling())
-                results, reads_at = await self._exchange(now_ms, pending, writes, refresh, holdings)
+                results = await self._exchange(now_ms, pending, writes, reads, inline, holdings)
         except BaseException:
             for name, counter in self._rates().items():
                 counter.give_back(pending[name])
             self.daily.rewrite(writes)
             self.daily.reread(refresh)
             raise
-        self._absorb(results, reads_at, refresh)
+        self._absorb(results, days.hashes(results[1 : 1 + inline], reads.keys[:inline]))
+        try:
+            later = await days.run(self.client, reads.calls[inline:])
+        except BaseException:
+            self.daily.reread([key for group in reads.keys[inline:] for key in group])
+            raise
+        self._absorb_days(days.hashes(later, reads.keys[inline:]))
         self.credits.handed_back(holdings)
         self._succeeded()
 
@@ -400,7 +419,11 @@ class Site:
         members, bad = read_heartbeats(beats)
         for _ in range(bad):
             self.health.error("bad_entry")
+        before = self.incarnations()
         self.members = members
+        after = self.incarnations()
+        if any(after.get(router) != process for router, process in before.items()):
+            self.daily.process_left()  # what it held in flight stops counting
         self.live = {k: p for k, p in members.items() if now_ms - p.seen_ms <= window_ms}
         self.last_live = max(1, len(members))
         self.empty_elsewhere = {
@@ -420,31 +443,37 @@ class Site:
         now_ms: int,
         pending: dict[str, dict[str, float]],
         writes: list[DailyWrite],
-        refresh: list[str],
+        reads: days.Reads,
+        inline: int,
         holdings: dict[str, int],
-    ) -> tuple[list[Any], int]:
-        """One pipeline; the replies, without the XADD's, and where the hash reads start."""
+    ) -> list[Any]:
+        """The daily writes, then one pipeline: the usage entry, the others' new entries,
+        the first `inline` hash reads, the wallets' holdings and (with Sentinel) a WAIT.
+        Its replies from the XREAD on."""
         keys = self.keys
+        write_calls = self._write_calls(writes)
+        last = write_calls[-1:] if self.inline_days else []
+        await days.run(self.client, write_calls[: len(write_calls) - len(last)])
+        control = await store.control_node(self.client, keys) if self.acks else {}
         async with self.client.pipeline(transaction=False) as pipe:
-            commands = self._publish(pipe, pending, writes, now_ms - STREAM_KEEP_MS)
+            days.queue(pipe, last)
+            commands = len(last) + self._publish(pipe, pending, writes, now_ms - STREAM_KEEP_MS)
             pipe.execute_command(
                 "XREAD", "COUNT", READ_BATCH, "STREAMS", keys.usage, self._stream_from
             )
-            day = self.daily.day()
-            for key in refresh:
-                pipe.execute_command("HGETALL", keys.day(day, key))
+            days.queue(pipe, reads.calls[:inline])
             for model, held in holdings.items():
                 if held:
                     pipe.execute_command("HSET", keys.pool(model), self.me, held)
                     pipe.execute_command("SADD", keys.pools, keys.pool(model))
                 else:
                     pipe.execute_command("HDEL", keys.pool(model), self.me)
-            if self.sentinel:
-                pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
+            if self.acks:
+                pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS, **control)
             results: list[Any] = await pipe.execute(raise_on_error=True)
-        return results[commands:], 1  # from XREAD on; the hash reads follow it
+        return results[commands:]
 
-    def _absorb(self, results: list[Any], reads_at: int, refresh: list[str]) -> None:
+    def _absorb(self, results: list[Any], hashes: days.Hashes) -> None:
         entries = store.stream_entries(results[0])
         for ident, fields in entries:
             self._stream_from = ident.decode()
@@ -454,12 +483,14 @@ class Site:
             daily = None if mine else self.daily.add_foreign
             if not apply_usage(fields.get(b"u", b""), self._rates(), daily):
                 self.health.error("bad_entry")
-        live = self.incarnations()
-        reads = results[reads_at : reads_at + len(refresh)]
-        for key, fields in zip(refresh, reads, strict=True):
-            self.daily.absorb(key, store.pairs(fields, "daily hash"), live)
-        if self.sentinel and store.as_int(results[-1], "WAIT") >= 1:
+        self._absorb_days(hashes)
+        if self.acks and store.as_int(results[-1], "WAIT") >= 1:
             self.credits.acknowledged()
+
+    def _absorb_days(self, hashes: days.Hashes) -> None:
+        live = self.incarnations()
+        for key, fields in hashes:
+            self.daily.absorb(key, fields, live)
 
     def _succeeded(self) -> None:
         if not self.synced and self._outage_logged:
@@ -495,51 +526,11 @@ class Site:
     # -- views ------------------------------------------------------------------------------
 
     def snapshot(self) -> SyncSnapshot:
-        health = self.health
-        since = health.last_ok or self._started
-        return SyncSnapshot(
-            peers=max(0, len(self.live) - (self.me in self.live)),
-            min_routers=self.config.sync_min_routers,
-            store_up=self.synced,
-            settling=self.settling(),
-            lag=max(0.0, self.clock.monotonic() - since),
-            bounds=ROUND_BUCKETS,
-            durations=tuple(health.durations),
-            duration_sum=health.duration_sum,
-            errors=dict(health.errors),
-            grants=dict(self.credits.grants),
-            acks=dict(self.credits.acks),
-            held=tuple((model, wallet.held) for model, wallet in self.credits.wallets.items()),
-            given_up=health.given_up,
-            store_losses=health.store_losses,
-        )
+        return views.snapshot(self)
 
     def view(self) -> dict[str, Any]:
         """GET /admin/sync: what this router knows of its site, for operators and checkers."""
-        now = self.clock.monotonic()
-        return {
-            "router_id": self.me,
-            "site": self.config.site,
-            "store_up": self.synced,
-            "ever_synced": self.ever_synced,
-            "fenced": self.fenced,
-            "share": self.share(),
-            "settle_seconds_left": max(0.0, self.settle_until - now),
-            "lag_seconds": round(max(0.0, now - (self.health.last_ok or self._started)), 3),
-            "routers": sorted(self.live),
-            "wallets": {
-                model: {
-                    "held": wallet.held,
-                    "in_use": self.credits.held(model),
-                    "budget": wallet.budget,
-                    "acknowledged": wallet.acked,
-                }
-                for model, wallet in self.credits.wallets.items()
-            },
-            "errors": dict(self.health.errors),
-            "gave_up": self.health.gave_up_others,
-            "rounds": self.health.rounds,
-        }
+        return views.view(self)
 
     async def usage(self, day: str, own: dict[str, int]) -> dict[str, dict[str, int]]:
         """GET /admin/usage: each budget's tokens today, by router (sync/usage.py)."""
@@ -555,6 +546,7 @@ class Site:
     async def _grant(self, model: str, wanted: int, budget: int) -> Grant | None:
         keys = self.keys
         try:
+            control = await store.control_node(self.client, keys) if self.acks else {}
             async with self._pool_lock, self.client.pipeline(transaction=False) as pipe:
                 pipe.execute_command(
                     "EVAL",
@@ -569,15 +561,15 @@ class Site:
                     budget,
                     self.epoch,
                 )
-                if self.sentinel:
-                    pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS)
+                if self.acks:
+                    pipe.execute_command("WAIT", 1, ACK_TIMEOUT_MS, **control)
                 results = await pipe.execute(raise_on_error=True)
             parts = store.tagged(results[0], "grant", 4)
             held = store.as_int(parts[1], "grant held")
             granted = store.as_int(parts[2], "grant")
             if held == -1:
                 return None  # the store lost its data since the last round: ask after it
-            acked = not self.sentinel or store.as_int(results[1], "WAIT") >= 1
+            acked = not self.acks or store.as_int(results[1], "WAIT") >= 1
         except BadReply as error:
             self._failed("bad_reply", error)
             return None

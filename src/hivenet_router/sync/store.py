@@ -9,12 +9,15 @@ and treat as "no answer", never as permission.
 
 from __future__ import annotations
 
+import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import valkey.asyncio as valkey_asyncio
+from valkey.asyncio.cluster import ClusterNode, ValkeyCluster
 from valkey.asyncio.sentinel import Sentinel
 
 from hivenet_router.config.options import read_secret_file
@@ -22,6 +25,8 @@ from hivenet_router.config.router import RouterConfig
 from hivenet_router.config.values import host_port
 
 SCRIPT_TAG = b"hivenet-sync-2"  # every script's reply starts with it
+SHARDS = 32  # hash tags the daily hashes spread over on a Valkey Cluster
+BATCH = 1000  # keys per WRITE_DAYS or READ_DAYS call: bounds how long one blocks the store
 COMMAND_TIMEOUT = 0.5  # seconds: a round is retried next interval rather than waited on
 
 
@@ -31,9 +36,15 @@ class BadReply(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Every key of one site, under the hash tag `{site}` (one slot, one primary)."""
+    """Every key of one site. The control keys (heartbeats, epoch, usage stream, pools)
+    share the hash tag `{site}`: one slot, so that each script that changes them runs on
+    one primary. The daily hashes, one per budget key and day, are most of the keys and
+    most of a round's work: with one primary they share that tag too; on a Valkey Cluster
+    (`sharded`) each is under `{site/N}`, N one of SHARDS by its budget key, so that they
+    spread over the cluster's primaries while a batch of one N stays in one slot."""
 
     site: str
+    sharded: bool = False
 
     @property
     def prefix(self) -> str:
@@ -60,7 +71,37 @@ class Keys:
 
     def day(self, date: str, budget_key: str) -> str:
         # hash: router ID -> settled tokens today; "router ID~" -> tokens held in flight
-        return self.prefix + f"day:{date}:" + quote(budget_key, safe="")
+        quoted = quote(budget_key, safe="")
+        if not self.sharded:
+            return f"{self.prefix}day:{date}:{quoted}"
+        shard = zlib.crc32(quoted.encode()) % SHARDS
+        return f"hivenet:{{{self.site}/{shard}}}:day:{date}:{quoted}"
+
+    def day_pattern(self, date: str) -> str:
+        """A SCAN pattern that matches every daily hash of `date`."""
+        head = f"hivenet:{{{self.site}" + ("}:" if not self.sharded else "/")
+        tail = f"day:{date}:" if not self.sharded else f"}}:day:{date}:"
+        middle = "" if not self.sharded else "*"
+        return _glob_escape(head) + middle + _glob_escape(tail) + "*"
+
+    def budget_key(self, name: bytes, date: str) -> str:
+        """The budget key a daily hash of `date` is named for."""
+        return unquote(name.decode().split(f":day:{date}:", 1)[1])
+
+    def batches(self, names: Sequence[str]) -> list[list[int]]:
+        """Positions of `names` grouped for one script call each: at most BATCH a call,
+        and on a cluster one hash tag (one slot) a call."""
+        groups: dict[str, list[int]] = {}
+        for index, name in enumerate(names):
+            tag = name[name.index("{") + 1 : name.index("}")] if self.sharded else ""
+            groups.setdefault(tag, []).append(index)
+        return [
+            group[i : i + BATCH] for group in groups.values() for i in range(0, len(group), BATCH)
+        ]
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 # KEYS: routers, meta. ARGV: router ID, info JSON, known epoch ("" none), fresh epoch,
@@ -145,9 +186,29 @@ end
 return {'TAG', 1}
 """
 
+# KEYS: day hashes. ARGV: router ID, its in-flight field ("ID~incarnation"), expiry (s),
+# then each key's settled and in-flight tokens. One command for a round's daily writes
+# instead of two per key: the client's work per command, not the store's, is what a round
+# with thousands of changed keys spent its time on.
+WRITE_DAYS = """
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], ARGV[1], ARGV[2 + 2 * i], ARGV[2], ARGV[3 + 2 * i])
+  redis.call('EXPIRE', KEYS[i], ARGV[3])
+end
+return {'TAG', #KEYS}
+"""
 
-ROUND, GRANT, GIVE_UP = (
-    script.replace("'TAG'", f"'{SCRIPT_TAG.decode()}'") for script in (ROUND, GRANT, GIVE_UP)
+# KEYS: day hashes. Every one's fields, in order: one reply for a round's reads.
+READ_DAYS = """
+local out = {'TAG'}
+for i = 1, #KEYS do out[i + 1] = redis.call('HGETALL', KEYS[i]) end
+return out
+"""
+
+
+ROUND, GRANT, GIVE_UP, WRITE_DAYS, READ_DAYS = (
+    script.replace("'TAG'", f"'{SCRIPT_TAG.decode()}'")
+    for script in (ROUND, GRANT, GIVE_UP, WRITE_DAYS, READ_DAYS)
 )
 
 
@@ -160,9 +221,10 @@ def password_of(path: str) -> str | None:
     return read_secret_file(path, f"--sync-password-file {path}")
 
 
-def connect(config: RouterConfig) -> tuple[Any, bool]:
-    """A client of the site's primary, and whether it comes through Sentinel (then each
-    grant waits for a replica's acknowledgement)."""
+def connect(config: RouterConfig) -> tuple[Any, str]:
+    """A client of the site's store, and its kind: "primary" (--sync-addr), "sentinel"
+    (the primary found through Sentinel) or "cluster" (a Valkey Cluster). With Sentinel and
+    on a cluster each grant and round waits for a replica's acknowledgement."""
     password = password_of(config.sync_password_file)
     options: dict[str, Any] = {
         "password": password,
@@ -182,9 +244,28 @@ def connect(config: RouterConfig) -> tuple[Any, bool]:
             sentinel_kwargs={k: v for k, v in options.items() if k != "decode_responses"},
             **options,
         )
-        return sentinel.master_for(config.sync_master), True
+        return sentinel.master_for(config.sync_master), "sentinel"
+    if config.sync_cluster:
+        nodes = [host_port(address) for address in config.sync_cluster]
+        cluster = ValkeyCluster(
+            startup_nodes=[ClusterNode(node.host, node.port) for node in nodes],
+            # A round is retried next interval rather than waited on: one retry at most.
+            cluster_error_retry_attempts=1,
+            connection_error_retry_attempts=1,
+            **{k: v for k, v in options.items() if k != "health_check_interval"},
+        )
+        return cluster, "cluster"
     address = host_port(config.sync_addr)
-    return valkey_asyncio.Valkey(host=address.host, port=address.port, **options), False
+    return valkey_asyncio.Valkey(host=address.host, port=address.port, **options), "primary"
+
+
+async def control_node(client: Any, keys: Keys) -> dict[str, Any]:
+    """On a cluster, the options that send a keyless command (WAIT, TIME) to the primary
+    holding the site's control slot; nothing otherwise (one primary)."""
+    if not isinstance(client, ValkeyCluster):
+        return {}
+    await client.initialize()
+    return {"target_nodes": client.get_node_from_key(keys.routers)}
 
 
 # -- reading replies --------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 The site already shares them (sync/daily.py): one hash per budget key and day, each
 router's settled tokens under its router ID and what its current process holds in flight
-under "ID~incarnation". Here every hash of the day is read (SCAN over the day's keys, all
-under the site's hash tag, so one slot and one primary; then HGETALL each, pipelined) and
+under "ID~incarnation". Here every hash of the day is read (SCAN over the day's keys, on
+every primary of a cluster; then HGETALL each, pipelined) and
 summed per router, counting in-flight fields as the budgets do: only a live router's
 current process. This router's own figures come from its counter, not from the store,
 which has them up to one sync round late.
@@ -11,9 +11,9 @@ which has them up to one sync round late.
 
 from __future__ import annotations
 
-import re
 from typing import Any
-from urllib.parse import unquote
+
+from valkey.asyncio.cluster import ValkeyCluster
 
 from hivenet_router.sync import store
 from hivenet_router.sync.daily import IN_FLIGHT
@@ -24,20 +24,24 @@ SCAN_COUNT = 500  # keys a SCAN step looks at: an admin read, never on the reque
 
 async def read_day(client: Any, keys: Keys, day: str) -> dict[str, dict[bytes, bytes]]:
     """Every budget key's hash of `day`, by budget key."""
-    head = keys.day(day, "")
-    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", head) + "*"
+    pattern = keys.day_pattern(day)
     names: list[bytes] = []
-    cursor = 0
-    while True:
-        reply = store.as_list(
-            await client.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT),
-            "daily scan",
-            2,
-        )
-        cursor = store.as_int(reply[0], "daily scan cursor")  # the client may parse it
-        names.extend(store.as_bytes(name, "daily key") for name in store.as_list(reply[1], "scan"))
-        if cursor == 0:
-            break
+    if isinstance(client, ValkeyCluster):
+        async for name in client.scan_iter(match=pattern, count=SCAN_COUNT):
+            names.append(store.as_bytes(name, "daily key"))
+    else:
+        cursor = 0
+        while True:
+            reply = store.as_list(
+                await client.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT),
+                "daily scan",
+                2,
+            )
+            cursor = store.as_int(reply[0], "daily scan cursor")  # the client may parse it
+            found = store.as_list(reply[1], "scan")
+            names.extend(store.as_bytes(name, "daily key") for name in found)
+            if cursor == 0:
+                break
     names = sorted(set(names))
     if not names:
         return {}
@@ -45,9 +49,8 @@ async def read_day(client: Any, keys: Keys, day: str) -> dict[str, dict[bytes, b
         for name in names:
             pipe.execute_command("HGETALL", name)
         replies = await pipe.execute(raise_on_error=True)
-    prefix = len(head.encode())
     return {
-        unquote(name[prefix:].decode()): store.pairs(reply, "daily hash")
+        keys.budget_key(name, day): store.pairs(reply, "daily hash")
         for name, reply in zip(names, replies, strict=True)
     }
 

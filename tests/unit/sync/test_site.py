@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import valkey
+from valkey.cluster import ClusterNode
 
 from hivenet_router.clock import SystemClock
 from hivenet_router.config.router import RouterConfig
@@ -24,9 +25,12 @@ async def make(flushed: str) -> AsyncIterator[Maker]:
     made: list[Site] = []
 
     def build(name: str, addr: str = flushed, **overrides: object) -> Site:
+        if addr.startswith(CLUSTER):  # the same tests on a cluster (test_site_cluster.py)
+            overrides["sync_cluster"] = tuple(addr.removeprefix(CLUSTER).split(","))
+        else:
+            overrides["sync_addr"] = addr
         config = RouterConfig(
             sync_store="valkey",
-            sync_addr=addr,
             router_id=name,
             **overrides,  # type: ignore[arg-type]
         )
@@ -46,7 +50,15 @@ async def rounds(*sites: Site) -> None:
         await site.round()
 
 
+CLUSTER = "cluster:"  # an address that names a cluster's nodes: "cluster:HOST:PORT,..."
+
+
 def store(addr: str) -> Any:
+    if addr.startswith(CLUSTER):
+        nodes = [node.rsplit(":", 1) for node in addr.removeprefix(CLUSTER).split(",")]
+        return valkey.ValkeyCluster(
+            startup_nodes=[ClusterNode(host, int(port)) for host, port in nodes]  # type: ignore[no-untyped-call]
+        )
     host, port = addr.split(":")
     return valkey.Valkey(host=host, port=int(port))
 
@@ -270,7 +282,7 @@ async def test_without_agent_reports_nobody_is_given_up(make: Maker, flushed: st
     assert b.health.gave_up_others == 0
 
 
-async def test_each_followed_key_is_read_again_within_the_refresh_rounds(make: Maker) -> None:
+async def test_a_key_that_changed_is_read_again_within_the_refresh_rounds(make: Maker) -> None:
     a, b = make("a"), make("b")
     await rounds(a, b, a, b)
     assert (await a.daily.charge("team", 30, 1000)).ok
@@ -278,10 +290,57 @@ async def test_each_followed_key_is_read_again_within_the_refresh_rounds(make: M
     assert (await b.daily.charge("team", 10, 1000)).ok  # b follows the key from here
     await rounds(a, b)
     assert await b.daily.left("team", 1000) == 960
+    for _ in range(REFRESH_ROUNDS):
+        await rounds(b)  # b's scheduled read of the key is behind it
     b.daily._keys["team"].others = 500  # as if an entry had been read twice
+    assert (await a.daily.charge("team", 5, 1000)).ok
+    await a.daily.settle("team", 5, 5)
+    await rounds(a)  # a's entry: a change b reads the key's hash again for
     for _ in range(REFRESH_ROUNDS):
         await rounds(b)
-    assert await b.daily.left("team", 1000) == 960
+    assert await b.daily.left("team", 1000) == 955
+
+
+def hash_reads(addr: str) -> int:
+    """HGETALL calls on the store (every node of a cluster), those of scripts included."""
+    client = store(addr)
+    if addr.startswith(CLUSTER):
+        by_node = client.info("commandstats", target_nodes=valkey.ValkeyCluster.ALL_NODES)
+        return sum(int(s.get("cmdstat_hgetall", {}).get("calls", 0)) for s in by_node.values())
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+async def test_a_round_reads_no_hash_of_a_key_nobody_changed(make: Maker, flushed: str) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    for n in range(50):
+        assert (await a.daily.charge(f"key-{n}", 10, 1000)).ok
+        assert (await b.daily.charge(f"key-{n}", 10, 1000)).ok
+    for _ in range(REFRESH_ROUNDS + 2):
+        await rounds(a, b)  # every changed key read again once (a sees b's entry a round late)
+    before = hash_reads(flushed)
+    for _ in range(2 * REFRESH_ROUNDS):
+        await rounds(a, b)
+    # Only the heartbeats, which the ROUND script reads once a round.
+    assert hash_reads(flushed) - before == 2 * 2 * REFRESH_ROUNDS
+    assert await b.daily.left("key-7", 1000) == 980
+
+
+async def test_a_router_that_leaves_has_its_in_flight_dropped_from_idle_keys(
+    make: Maker,
+) -> None:
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.daily.charge("team", 100, 1000)).ok  # in flight on a
+    assert (await b.daily.charge("team", 10, 1000)).ok
+    for _ in range(REFRESH_ROUNDS + 1):
+        await rounds(a, b)
+    assert await b.daily.left("team", 1000) == 890
+    await a._give_up("a", oldest_ms=1 << 62)  # a's process is gone, its request with it
+    for _ in range(REFRESH_ROUNDS + 1):
+        await rounds(b)
+    assert await b.daily.left("team", 1000) == 990
 
 
 async def test_two_processes_with_one_router_id_are_reported(make: Maker) -> None:
@@ -398,3 +457,22 @@ async def test_debt_on_one_router_refuses_the_key_on_the_other(make: Maker) -> N
     await rounds(a, b)
     assert await b.output_rates.left("k", 100) < 0
     assert not (await b.output_rates.charge("k", 1, 100)).ok
+
+
+async def test_a_bucket_idle_for_rounds_gets_its_share_of_what_the_site_has_left(
+    make: Maker,
+) -> None:
+    """The reset after each round is applied when a bucket is next used (a round costs
+    nothing for idle keys); another router's spend in between still counts."""
+    a, b = make("a"), make("b")
+    await rounds(a, b, a, b)
+    assert (await a.rates.charge("k", 1, 6000)).ok  # a follows the key: 5,999 left
+    for _ in range(40):
+        assert (await b.rates.charge("k", 50, 6000)).ok  # b spends 2,000 of its 3,000
+    for _ in range(3):
+        await rounds(b, a)  # a reads b's spend in the first; the key idle on a meanwhile
+    taken = 0
+    while (await a.rates.charge("k", 10, 6000)).ok:
+        taken += 10
+    # Its share: (6,000 - 1 - 2,000) / 2 plus what refilled meanwhile (100 a second).
+    assert 1990 <= taken <= 2100

@@ -31,7 +31,7 @@ from hivenet_router.policy.store import PolicyStore
 from hivenet_router.router.forwarding import DispatchLimits, follow_fleet
 from hivenet_router.router.providers import ProviderRefused, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
-from hivenet_router.router.routing_state import RoutingState, header_value, queue_cost
+from hivenet_router.router.routing_state import RoutingState, Sent, header_value, queue_cost
 from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue, Place
 from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream, StreamReset
 
@@ -231,15 +231,15 @@ class Dispatcher:
                 full = full or step_full
                 if agent is None:
                     break
-                breaker = 0
+                routed = Sent()
                 try:
                     # Still in the synchronous step that took the slot.
-                    breaker = routing.chosen(inp, step, agent, policy)
+                    routed = routing.chosen(inp, step, agent, policy)
                     ticket.phase = "forward"
                     sent = self.clock.monotonic()
-                    answer = await self._attempt(ticket, job, agent, policy, breaker)
+                    answer = await self._attempt(ticket, job, agent, policy, routed)
                 except _Retry as retry:
-                    routing.settled(agent, policy, False, None, None, job.stream, breaker)
+                    routing.settled(agent, policy, False, None, None, job.stream, routed)
                     self._release(agent)
                     failed.add(agent.peer_id)
                     last = retry.error
@@ -264,7 +264,7 @@ class Dispatcher:
                     tries += 1
                     continue
                 except BaseException:
-                    routing.cut_short(agent, policy, self._blame(ticket), breaker)
+                    routing.cut_short(agent, policy, self._blame(ticket), routed)
                     self._release(agent)
                     raise
                 ticket.origin, ticket.agent = agent.peer_id, agent.reg
@@ -410,7 +410,7 @@ class Dispatcher:
                 queue.slot_freed()
 
     async def _attempt(
-        self, ticket: Ticket, job: Job, agent: AgentRecord, policy: Policy, breaker: int
+        self, ticket: Ticket, job: Job, agent: AgentRecord, policy: Policy, routed: Sent
     ) -> Answer:
         link = agent.link
         if link is None or link.closed:
@@ -450,7 +450,7 @@ class Dispatcher:
             stream.reset(StreamReset("cancelled", "request cancelled"))
             raise
         rtt_ms = (self.clock.monotonic() - sent) * 1000
-        answer.on_close(self._settle(agent, answer, rtt_ms, policy, breaker))
+        answer.on_close(self._settle(agent, answer, rtt_ms, policy, routed))
         return answer
 
     @staticmethod
@@ -471,7 +471,7 @@ class Dispatcher:
         return Answer(head.status, head.headers, source, body=body, origin=peer)
 
     def _settle(
-        self, agent: AgentRecord, answer: Answer, rtt_ms: float, policy: Policy, breaker: int
+        self, agent: AgentRecord, answer: Answer, rtt_ms: float, policy: Policy, routed: Sent
     ) -> Closer:
         """When the answer closes: the agent's statistics and what routing learns, then its
         slot back."""
@@ -485,7 +485,7 @@ class Dispatcher:
                 ok = None
             else:
                 ok = outcome is Outcome.OK
-            self.routing.settled(agent, policy, ok, rtt_ms, usage, stream, breaker)
+            self.routing.settled(agent, policy, ok, rtt_ms, usage, stream, routed)
             self._release(agent)
 
         return settle

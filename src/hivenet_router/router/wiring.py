@@ -446,6 +446,7 @@ def _collect(router: Router) -> None:
             breakers=routing.breakers,
             limits=routing.limits,
             prefixes=routing.prefix_blocks,
+            errors=routing.prediction_errors,
         )
     )
     if router.site is not None:

@@ -75,7 +75,8 @@ def test_ties_go_to_the_most_cached_then_the_least_busy() -> None:
 
 
 def test_a_queue_in_the_engine_is_priced() -> None:
-    busy = Agent(agent(peer="busy").reg, engine=EngineSnapshot(running_requests=4, waiting_requests=2))
+    snapshot = EngineSnapshot(running_requests=4, waiting_requests=2)
+    busy = Agent(agent(peer="busy").reg, engine=snapshot)
     rates = Rates(service_s=1.0, slots=4, samples=10)
     assert wait_s(busy, rates) == 0.5
     busy.active = 7  # the router's own requests beyond the batch: four ahead of this one

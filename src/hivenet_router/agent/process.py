@@ -11,6 +11,7 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from hivenet_router.agent.cache_picture import CachePicture
 from hivenet_router.agent.connection import Serving
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.hardware import HardwareSampler, read_device_file
@@ -110,6 +111,10 @@ class AgentProcess:
         # One proxy for every router: it counts the agent's requests from all of them and
         # holds the engine to --capacity; each time the agent turns full or free, every
         # router hears it with an early heartbeat. Taking work while idle wakes the sampling.
+        # The prefix blocks its engine holds, sized by the engine's reported cache.
+        picture = CachePicture(
+            lambda: monitor.engine.kv_cache_tokens if monitor.engine is not None else None
+        )
         proxy = BackendProxy(
             backend,
             cfg.http_timeout,
@@ -119,6 +124,7 @@ class AgentProcess:
             capacity=cfg.capacity,
             on_turn=beats.notify,
             on_busy=monitor.wake,
+            picture=picture,
         )
         try:
             main = asyncio.create_task(self._main(monitor, proxy, beats))

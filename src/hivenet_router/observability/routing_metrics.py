@@ -31,6 +31,7 @@ class RoutingSnapshot:
     limits: list[tuple[str, int]]  # (peer ID, adaptive limit)
     prefixes: list[tuple[str, int]]  # (model, blocks indexed)
     errors: Errors = (0, None, None)
+    reports: int = 0
 
 
 class RoutingCollector(SnapshotCollector[RoutingSnapshot]):
@@ -40,9 +41,12 @@ class RoutingCollector(SnapshotCollector[RoutingSnapshot]):
         limits: Pairs,
         prefixes: Pairs,
         errors: Callable[[], Errors] = _no_errors,
+        reports: Callable[[], int] = lambda: 0,
     ) -> None:
         super().__init__(
-            lambda: RoutingSnapshot(list(breakers()), list(limits()), list(prefixes()), errors())
+            lambda: RoutingSnapshot(
+                list(breakers()), list(limits()), list(prefixes()), errors(), reports()
+            )
         )
 
     def families(self, now: RoutingSnapshot) -> Iterable[Metric]:
@@ -88,4 +92,11 @@ class RoutingCollector(SnapshotCollector[RoutingSnapshot]):
             "measured time, over the last 512 predictions (quantile 0.5 and 0.9)",
             ("quantile",),
             (((q,), value) for q, value in (("0.5", p50), ("0.9", p90)) if value is not None),
+        )
+        yield counters(
+            "hivenet_cache_reports",
+            "Agents' reports of the prompt-prefix blocks their engines hold, applied to the "
+            "prefix indexes",
+            (),
+            (((), now.reports),),
         )

@@ -419,9 +419,10 @@ class Dispatcher:
             )
         sent = self.clock.monotonic()
         body = _asking_for_usage(job, agent.reg.engine in USAGE_ENGINES)
+        headers = routed.forwarded(job.headers)  # with the prompt's prefix blocks
         try:
             stream = await link.open(
-                INFERENCE_PROTOCOL, "POST", job.route, job.headers, body or job.body
+                INFERENCE_PROTOCOL, "POST", job.route, headers, body or job.body
             )
         except StreamReset as exc:
             if exc.code == "head_too_large":

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hivenet_router.clock import Clock
+from hivenet_router.domain.agent import PREFIX_HEADER, CacheReport, pack_blocks, unpack_blocks
 from hivenet_router.domain.request import Usage
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Step
@@ -48,6 +49,14 @@ class Sent:
     breaker: int = 0
     at: float = 0.0
     prediction: Prediction | None = None
+    prefix: str | None = None  # the prompt's prefix blocks for the agent's cache picture
+
+    def forwarded(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The request's headers to the agent, with the prompt's prefix blocks when routing
+        went by them: the agent keeps its picture of its engine's cache from these."""
+        if self.prefix is None:
+            return headers
+        return [*headers, (PREFIX_HEADER, self.prefix)]
 
 
 def header_value(headers: Sequence[tuple[str, str]], header: str) -> str | None:
@@ -81,6 +90,7 @@ class RoutingState:
         # Recent predictions' relative errors, (predicted - measured) / measured.
         self._errors: deque[float] = deque(maxlen=ERROR_WINDOW)
         self._predictions = 0
+        self.reports = 0  # cache reports applied
         registry.listen(self._registration)
 
     # -- a request -------------------------------------------------------------------------
@@ -161,6 +171,7 @@ class RoutingState:
                 if held > 0:  # a nonsense (negative, tiny) report leaves the default
                     index.set_capacity(agent.peer_id, held)
                 index.learn(blocks, agent.peer_id, inp.now)
+                sent.prefix = pack_blocks(blocks)
         if policy.breaker.enabled:
             target = self._target(self._agents, agent.peer_id, policy.breaker)
             sent.breaker = target.breaker.started(sent.at, policy.breaker)
@@ -183,6 +194,29 @@ class RoutingState:
         if ok and sent.prediction is not None:
             self._measured(agent.peer_id, sent, latency_ms if stream else None)
         self._learn(agent, policy, ok, latency_ms, stream, sent.breaker)
+
+    def cache_report(self, agent: AgentRecord, report: CacheReport) -> None:
+        """What the agent says its engine holds of the prompts sent to it by any router
+        (agent/cache_picture.py): the model's index follows it. ValueError for a report
+        whose blocks do not decode (nothing of it is applied then)."""
+        changes = [(change.held, unpack_blocks(change.blocks)) for change in report.changes]
+        index = self._index(agent.model)
+        peer = agent.peer_id
+        engine = agent.engine
+        tokens = engine.kv_cache_tokens if engine is not None else None
+        held = int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS if tokens else 0
+        if held > 0:
+            index.set_capacity(peer, held)
+        if report.full:
+            index.forget(peer)
+        now = self.clock.monotonic()
+        for stored, blocks in changes:
+            if stored:
+                index.hold(peer, blocks)
+                index.touched(peer, now)
+            else:
+                index.drop(peer, blocks)
+        self.reports += 1
 
     def cut_short(self, agent: AgentRecord, policy: Policy, ok: bool | None, sent: Sent) -> None:
         """An attempt on `agent` stopped before its answer's head by a cancel (the client

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hivenet_router.clock import ManualClock
-from hivenet_router.domain.agent import EngineSnapshot, Registration
+from hivenet_router.domain.agent import (
+    CacheChange,
+    CacheReport,
+    EngineSnapshot,
+    Registration,
+    pack_blocks,
+    unpack_blocks,
+)
 from hivenet_router.domain.request import Job, RequestFacts, Usage
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
@@ -260,3 +269,25 @@ def test_predicted_latency_learns_each_agents_figures_and_its_error() -> None:
     assert abs(inp.predicted["a"].seconds - (0.03 + 0.0002 * 100)) < 1e-9
     registry.remove("a")
     assert "predicted_latency" not in state.agent_view("a", rules.breaker)
+
+
+def test_agents_cache_reports_fill_the_index_and_the_prefix_goes_to_the_agent() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(strategy="prefix-affinity")
+    agent = record(registry, "a")
+    agent.engine = EngineSnapshot(kv_cache_tokens=256.0)  # four blocks
+    state.cache_report(agent, CacheReport(True, [CacheChange(True, pack_blocks([3, 2, 1]))]))
+    state.cache_report(agent, CacheReport(False, [CacheChange(True, pack_blocks([6, 5, 4]))]))
+    assert dict(state.prefix_blocks()) == {"m": 4}  # held to the engine's size
+    state.cache_report(agent, CacheReport(False, [CacheChange(False, pack_blocks([4, 9]))]))
+    assert dict(state.prefix_blocks()) == {"m": 3}
+    state.cache_report(agent, CacheReport(True, []))  # a whole picture, empty
+    assert dict(state.prefix_blocks()) == {"m": 0}
+    with pytest.raises(ValueError):
+        state.cache_report(agent, CacheReport(False, [CacheChange(True, "%%")]))
+    assert state.reports == 4
+    inp = state.input(ticket(), rules, None)
+    sent = state.chosen(inp, rules.steps[0], agent, rules)
+    assert sent.prefix is not None and unpack_blocks(sent.prefix) == inp.blocks()
+    assert state.chosen(inp, policy().steps[0], agent, policy()).prefix is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx2 as httpx
+
 from tests.ports import free_port
 from tests.procs import Cluster, Proc, Router, Sim, metric, wait_registered, wait_until
 
@@ -122,3 +124,62 @@ def test_an_eviction_reported_by_the_agent_moves_the_next_request(
     r1.proc.start()
     wait_registered(r1, MODEL, replicas=2)
     wait_until(lambda: blocks(r1) == before)
+
+
+def test_an_eviction_in_the_engine_s_kv_events_moves_the_next_request(
+    make_cluster: Cluster,
+) -> None:
+    """The small engine publishes vLLM-format KV events; its agent follows them. Its
+    prefix cache reset (AllBlocksCleared) reaches the routers through the agent's report,
+    and the conversation cached there goes elsewhere."""
+    r1 = site_router(make_cluster, "r1", "routing_policy: {strategy: prefix-affinity}\n")
+    r2 = site_router(
+        make_cluster,
+        "r2",
+        "routing_policy: {strategy: prefix-affinity, match: {machine: small}}\n",
+    )
+    routers = f"127.0.0.1:{r1.grpc},127.0.0.1:{r2.grpc}"
+    events = free_port()
+    small = make_cluster.sim(
+        MODEL,
+        "--zero-latency",
+        "--kv-cache-tokens",
+        "1024",
+        "--kv-events-port",
+        str(events),
+        name="small",
+    )
+    big = make_cluster.sim(MODEL, "--zero-latency", name="big")
+    sims = {"small": small, "big": big}
+    make_cluster.agent(
+        r1,
+        small,
+        "--routers",
+        routers,
+        "--machine",
+        "small",
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{events}",
+        name="a-small",
+    )
+    make_cluster.agent(r1, big, "--routers", routers, "--machine", "big", name="a-big")
+    for router in (r1, r2):
+        wait_registered(router, MODEL, replicas=2)
+    wait_until(lambda: "following the engine's KV-cache events" in make_agent_log(make_cluster))
+    conversation: list[Any] = [
+        {"role": "system", "content": SYSTEM[:2000]},
+        {"role": "user", "content": "What is a coral?"},
+    ]
+    assert where(sims, r2, conversation) == "small"
+    wait_until(lambda: blocks(r1) > 0)
+    conversation.append({"role": "user", "content": "And a sponge?"})
+    assert where(sims, r1, conversation) == "small"
+    httpx.post(small.url + "/reset_prefix_cache", timeout=5).raise_for_status()
+    # Held nowhere now (r1's own entries went too): to the engine with the most room.
+    wait_until(lambda: blocks(r1) == 0)
+    conversation.append({"role": "user", "content": "And a sea urchin?"})
+    assert where(sims, r1, conversation) == "big"
+
+
+def make_agent_log(cluster: Cluster) -> str:
+    return (cluster.tmp / "a-small.log").read_text()

@@ -31,6 +31,7 @@ CHARS_PER_TOKEN = 4
 # The journal's size in blocks: a session further behind gets the whole picture again.
 JOURNAL_BLOCKS = 65536
 REPORT_GAP = 0.25
+EVENTS_SLACK = 4
 ENGINE = "engine"  # the index's one peer
 
 Change = tuple[bool, list[int]]
@@ -48,6 +49,10 @@ class CachePicture:
         self._journal_blocks = 0
         self._start = 0  # the position of the journal's first change
         self.changed = Pulse()
+        # Set when the engine's KV events say what it evicts (agent/kv_events.py): the
+        # picture then evicts on their word, bounded at EVENTS_SLACK times the engine's size.
+        self.events_driven = False
+        self._owed = 0.0  # evicted tokens not yet a whole block of the picture
 
     @property
     def end(self) -> int:
@@ -63,6 +68,8 @@ class CachePicture:
             return
         tokens = self._cache_tokens()
         held = int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS if tokens else 0
+        if self.events_driven:
+            held *= EVENTS_SLACK
         if held > 0 and held != self._index.capacity(ENGINE):
             self._index.set_capacity(ENGINE, held)
         chain = list(blocks[: self._index.capacity(ENGINE)])
@@ -72,6 +79,27 @@ class CachePicture:
         # which they become the most recent, and evictions it causes follow it.
         self._append(True, chain[::-1])
         self._index.learn(chain, ENGINE, 0.0)
+        self.changed.notify()
+
+    def evicted_tokens(self, tokens: int) -> None:
+        """The engine evicted this many tokens of its cache: the oldest blocks go."""
+        self._owed += tokens * CHARS_PER_TOKEN / BLOCK_CHARS
+        count = int(self._owed)
+        if count <= 0:
+            return
+        self._owed -= count
+        self._dropped(self._index.blocks_of(ENGINE)[:count])
+
+    def clear(self) -> None:
+        """The engine emptied its cache."""
+        self._owed = 0.0
+        self._dropped(self._index.blocks_of(ENGINE))
+
+    def _dropped(self, blocks: list[int]) -> None:
+        if not blocks:
+            return
+        self._index.drop(ENGINE, blocks)
+        self._append(False, blocks)
         self.changed.notify()
 
     def since(self, position: int) -> tuple[bool, list[Change], int]:

@@ -15,11 +15,12 @@ from hivenet_router.agent.cache_picture import CachePicture
 from hivenet_router.agent.connection import Serving
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.hardware import HardwareSampler, read_device_file
+from hivenet_router.agent.kv_events import follow_forever
 from hivenet_router.agent.monitor import BackendMonitor, Pulse
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.routers import Routers
 from hivenet_router.agent.session import GrpcRouterAuth, RouterAuth
-from hivenet_router.config.agent import AgentConfig, load_backend_api_key
+from hivenet_router.config.agent import AgentConfig, kv_events_address, load_backend_api_key
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.values import ListenAddress
 from hivenet_router.http1.client import EngineClient
@@ -174,3 +175,6 @@ class AgentProcess:
                 monitor.sample_hardware_forever(self.sampler, cfg.hardware_sample_interval)
             )
             group.create_task(routers.run())
+            if cfg.kv_events_endpoint and proxy.picture is not None:
+                host, port = kv_events_address(cfg.kv_events_endpoint)
+                group.create_task(follow_forever(proxy.picture, host, port, cfg.kv_events_topic))

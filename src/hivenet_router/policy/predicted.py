@@ -33,6 +33,9 @@ TIE_SHARE = 0.05
 TIE_SECONDS = 0.001
 # The prompt by which cold agents' stand-in figures are chosen (the fastest on it).
 TYPICAL_TOKENS = 256
+# Uncached tokens up to which an agent not measured yet wins a tie (it is measured on
+# cheap prompts; on a longer one a measured agent wins).
+EXPLORE_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Prediction:
     wait_s: float  # its part spent waiting for a slot
     prompt_tokens: float  # the prompt's estimate
     cached_tokens: float  # of which the agent is expected to hold
+    cold: bool = False  # predicted with another agent's figures: not measured yet
 
 
 def prompt_tokens(inp: RouteInput) -> float:
@@ -71,7 +75,7 @@ def predict(agent: AgentFacts, rates: Rates, tokens: float, cached_blocks: int) 
     cached = min(tokens, cached_blocks * TOKENS_PER_BLOCK)
     wait = wait_s(agent, rates)
     seconds = wait + rates.base_s + rates.prefill_s * (tokens - cached)
-    return Prediction(seconds, wait, tokens, cached)
+    return Prediction(seconds, wait, tokens, cached, rates.cold)
 
 
 def _warm(agents: Sequence[AgentFacts], rates: list[Rates]) -> list[Rates]:
@@ -101,6 +105,12 @@ def predictions(inp: RouteInput, agents: Sequence[AgentFacts]) -> list[Predictio
     return out
 
 
+def _tie_key(agent: AgentFacts, p: Prediction) -> tuple[float, bool, int, int]:
+    # A cold agent is tried on cheap prompts only: a long miss would pay its unknown speed.
+    costly = p.cold and p.prompt_tokens - p.cached_tokens > EXPLORE_TOKENS
+    return (-p.cached_tokens, costly, agent.active, agent.last_assigned)
+
+
 class PredictedLatencyScorer:
     """1 for the candidate predicted to answer first, least / theirs for the others."""
 
@@ -115,7 +125,8 @@ class PredictedLatencyPicker:
     """The least predicted time to the first token, among candidates at most
     `max_imbalance` requests busier than the least busy one (the load guard); predictions
     within TIE_SHARE (or TIE_SECONDS) of the least are ties, won by the most cached tokens,
-    then the least busy, then the one chosen least recently. With `objective_s`, any
+    then (for more than EXPLORE_TOKENS uncached) a measured agent over one not measured
+    yet, then the least busy, then the one chosen least recently. With `objective_s`, any
     candidate predicted under it will do, and the one holding the most cache wins (so a
     conversation stays where it is cached while that is fast enough)."""
 
@@ -137,4 +148,4 @@ class PredictedLatencyPicker:
         best = min(p.seconds for p in preds)
         bound = best + max(TIE_SECONDS, best * TIE_SHARE)
         ties = [(a, p) for a, p in pool if p.seconds <= bound]
-        return min(ties, key=lambda c: (-c[1].cached_tokens, c[0].active, c[0].last_assigned))[0]
+        return min(ties, key=lambda c: _tie_key(c[0], c[1]))[0]

@@ -115,3 +115,11 @@ def test_the_ttft_scorer_ranks_by_prediction() -> None:
     assert step.plan.predicts and step.plan.uses_prefix
     agents = fleet("slow", "fast")
     assert pick(step, inp_for(LONG, {"slow": SLOW, "fast": FAST}), agents) == "fast"
+
+
+def test_an_unmeasured_agent_is_tried_on_cheap_prompts_only() -> None:
+    agents = fleet("known", "new")
+    agents[0].last_assigned = 5  # chosen more recently: "new" would win a plain tie
+    rates = {"known": FAST}
+    assert pick(PREDICTED, inp_for("short question " * 20, rates), agents) == "new"
+    assert pick(PREDICTED, inp_for(LONG, rates), agents) == "known"

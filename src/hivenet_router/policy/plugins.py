@@ -23,7 +23,7 @@ from hivenet_router.routing.prefix import PrefixIndex, prompt_blocks
 from hivenet_router.routing.ttft import Rates
 
 if TYPE_CHECKING:
-    from hivenet_router.policy.predicted import Prediction
+    from hivenet_router.policy.predicted import Row
 
 A = TypeVar("A", bound=AgentFacts)
 
@@ -57,7 +57,7 @@ class RouteInput:
     rates: Callable[[str], Rates] = _cold
     # The predicted-latency plug-ins' last prediction for each agent they ranked, for
     # routing state to compare with the answer's measured time.
-    predicted: dict[str, Prediction] = field(default_factory=dict)
+    predicted: dict[str, Row] = field(default_factory=dict)
     _blocks: tuple[int, ...] | None = None
     # The last match, with the candidates it was computed for: retries, re-queues and
     # fallback steps ask again about other agents.

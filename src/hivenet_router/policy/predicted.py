@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from hivenet_router.policy.plugins import A, RouteInput
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.routing.prefix import BLOCK_CHARS
-from hivenet_router.routing.ttft import Rates
+from hivenet_router.routing.ttft import MIN_SAMPLES, Rates
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_BLOCK = BLOCK_CHARS / CHARS_PER_TOKEN
@@ -78,44 +78,68 @@ def predict(agent: AgentFacts, rates: Rates, tokens: float, cached_blocks: int) 
     return Prediction(seconds, wait, tokens, cached, rates.cold)
 
 
-def _warm(agents: Sequence[AgentFacts], rates: list[Rates]) -> list[Rates]:
-    """Cold agents' figures replaced by the fastest measured candidate's (optimism that
-    gets them measured); their own service time and batch size stay."""
-    measured = [r for r in rates if not r.cold]
-    if not measured or len(measured) == len(rates):
-        return rates
-    fastest = min(measured, key=lambda r: r.base_s + r.prefill_s * TYPICAL_TOKENS)
-    return [
-        r if not r.cold else Rates(fastest.base_s, fastest.prefill_s, r.service_s, r.slots, 0)
-        for r in rates
-    ]
+def _fastest(rates: list[Rates]) -> Rates | None:
+    """The measured figures cold agents borrow (optimism that gets them measured): the
+    fastest measured candidate's on a typical prompt; None when none is measured."""
+    best: Rates | None = None
+    best_s = 0.0
+    for r in rates:
+        if r.samples >= MIN_SAMPLES:
+            s = r.base_s + r.prefill_s * TYPICAL_TOKENS
+            if best is None or s < best_s:
+                best, best_s = r, s
+    return best
+
+
+# (seconds, wait_s, cached tokens, cold): one candidate's prediction, a plain tuple
+# because this runs for every candidate of every request.
+Row = tuple[float, float, float, bool]
+
+
+def _rows(inp: RouteInput, agents: Sequence[AgentFacts]) -> list[Row]:
+    tokens = prompt_tokens(inp)
+    found = inp.matches(agents)
+    rates_of = inp.rates
+    peers = [a.peer_id for a in agents]
+    rates = [rates_of(peer) for peer in peers]
+    fastest = _fastest(rates)
+    rows: list[Row] = []
+    kept = inp.predicted
+    for agent, peer, r in zip(agents, peers, rates, strict=True):
+        cached = found.get(peer, 0) * TOKENS_PER_BLOCK if found else 0.0
+        if cached > tokens:
+            cached = tokens
+        cold = r.samples < MIN_SAMPLES
+        figures = fastest if cold and fastest is not None else r
+        idle = r.service_s is None or (r.slots is None and agent.engine is None)
+        wait = 0.0 if idle else wait_s(agent, r)
+        row = (wait + figures.base_s + figures.prefill_s * (tokens - cached), wait, cached, cold)
+        rows.append(row)
+        kept[peer] = row
+    return rows
+
+
+def prediction_of(inp: RouteInput, peer: str) -> Prediction | None:
+    """The last prediction made for `peer` on this input, if one was."""
+    row = inp.predicted.get(peer)
+    if row is None:
+        return None
+    seconds, wait, cached, cold = row
+    return Prediction(seconds, wait, prompt_tokens(inp), cached, cold)
 
 
 def predictions(inp: RouteInput, agents: Sequence[AgentFacts]) -> list[Prediction]:
     """Each agent's predicted time to the first token; kept on `inp` by peer ID, so the
     caller can learn how far off the chosen agent's was."""
     tokens = prompt_tokens(inp)
-    found = inp.matches(agents)
-    rates = _warm(agents, [inp.rates(a.peer_id) for a in agents])
-    out = [
-        predict(agent, r, tokens, found.get(agent.peer_id, 0))
-        for agent, r in zip(agents, rates, strict=True)
-    ]
-    inp.predicted.update((a.peer_id, p) for a, p in zip(agents, out, strict=True))
-    return out
-
-
-def _tie_key(agent: AgentFacts, p: Prediction) -> tuple[float, bool, int, int]:
-    # A cold agent is tried on cheap prompts only: a long miss would pay its unknown speed.
-    costly = p.cold and p.prompt_tokens - p.cached_tokens > EXPLORE_TOKENS
-    return (-p.cached_tokens, costly, agent.active, agent.last_assigned)
+    return [Prediction(r[0], r[1], tokens, r[2], r[3]) for r in _rows(inp, agents)]
 
 
 class PredictedLatencyScorer:
     """1 for the candidate predicted to answer first, least / theirs for the others."""
 
     def score(self, inp: RouteInput, agents: Sequence[A]) -> Sequence[float]:
-        seconds = [p.seconds for p in predictions(inp, agents)]
+        seconds = [row[0] for row in _rows(inp, agents)]
         least = min(seconds, default=0.0)
         return [1.0 if s <= 0 else (least / s if least > 0 else 0.0) for s in seconds]
 
@@ -137,15 +161,26 @@ class PredictedLatencyPicker:
         if not agents:
             return None
         least = min(a.active for a in agents)
-        guarded = [a for a in agents if a.active <= least + self.max_imbalance]
-        preds = predictions(inp, guarded)
-        pool = list(zip(guarded, preds, strict=True))
+        bound = least + self.max_imbalance
+        guarded = [a for a in agents if a.active <= bound]
+        rows = _rows(inp, guarded)
         objective = self.objective_s
         if objective is not None:
-            under = [(a, p) for a, p in pool if p.seconds <= objective]
+            under = [(-r[2], r[0], i) for i, r in enumerate(rows) if r[0] <= objective]
             if under:
-                return min(under, key=lambda c: (-c[1].cached_tokens, c[1].seconds))[0]
-        best = min(p.seconds for p in preds)
-        bound = best + max(TIE_SECONDS, best * TIE_SHARE)
-        ties = [(a, p) for a, p in pool if p.seconds <= bound]
-        return min(ties, key=lambda c: _tie_key(c[0], c[1]))[0]
+                return guarded[min(under)[2]]
+        best = min(r[0] for r in rows)
+        limit = best + max(TIE_SECONDS, best * TIE_SHARE)
+        tokens = prompt_tokens(inp)
+        chosen: A | None = None
+        chosen_key = (0.0, False, 0, 0)
+        for agent, (seconds, _, cached, cold) in zip(guarded, rows, strict=True):
+            if seconds > limit:
+                continue
+            # A cold agent is tried on cheap prompts only: a long miss would pay its
+            # unknown speed.
+            costly = cold and tokens - cached > EXPLORE_TOKENS
+            key = (-cached, costly, agent.active, agent.last_assigned)
+            if chosen is None or key < chosen_key:
+                chosen, chosen_key = agent, key
+        return chosen

@@ -24,7 +24,7 @@ from hivenet_router.domain.request import Usage
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.plugins import RouteInput
-from hivenet_router.policy.predicted import Prediction
+from hivenet_router.policy.predicted import Prediction, prediction_of
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.routing.breaker import Breaker, BreakerSettings, BreakerState
@@ -155,7 +155,7 @@ class RoutingState:
         (the breaker's ticket, the prediction to learn from)."""
         sent = Sent(at=self.clock.monotonic())
         if step.plan.predicts:
-            sent.prediction = inp.predicted.get(agent.peer_id)
+            sent.prediction = prediction_of(inp, agent.peer_id)
             learner = self._learner(agent.peer_id)
             engine = agent.engine
             if engine is not None:

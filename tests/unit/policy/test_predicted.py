@@ -9,7 +9,13 @@ from hivenet_router.domain.request import RequestFacts
 from hivenet_router.policy.document import Step, parse_policy
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
-from hivenet_router.policy.predicted import predict, predictions, wait_s
+from hivenet_router.policy.predicted import (
+    Prediction,
+    predict,
+    prediction_of,
+    predictions,
+    wait_s,
+)
 from hivenet_router.routing.prefix import PrefixIndex
 from hivenet_router.routing.ttft import Rates
 from tests.unit.policy.agents import Agent, agent
@@ -49,7 +55,7 @@ def test_a_cold_long_prompt_goes_to_the_fast_engine() -> None:
     agents = fleet("slow", "fast")
     inp = inp_for(LONG, {"slow": SLOW, "fast": FAST})
     assert pick(PREDICTED, inp, agents) == "fast"
-    assert inp.predicted["fast"].seconds < inp.predicted["slow"].seconds
+    assert must(prediction_of(inp, "fast")).seconds < must(prediction_of(inp, "slow")).seconds
 
 
 def test_a_hot_prefix_stays_where_it_is_cached_even_on_the_slower_engine() -> None:
@@ -58,7 +64,7 @@ def test_a_hot_prefix_stays_where_it_is_cached_even_on_the_slower_engine() -> No
     inp = inp_for(LONG, {"slow": SLOW, "fast": FAST}, index)
     index.learn(inp.blocks(), "slow", 0.0)
     assert pick(PREDICTED, inp, agents) == "slow"
-    assert inp.predicted["slow"].cached_tokens > 4000
+    assert must(prediction_of(inp, "slow")).cached_tokens > 4000
 
 
 def test_ties_go_to_the_most_cached_then_the_least_busy() -> None:
@@ -123,3 +129,8 @@ def test_an_unmeasured_agent_is_tried_on_cheap_prompts_only() -> None:
     rates = {"known": FAST}
     assert pick(PREDICTED, inp_for("short question " * 20, rates), agents) == "new"
     assert pick(PREDICTED, inp_for(LONG, rates), agents) == "known"
+
+
+def must(prediction: Prediction | None) -> Prediction:
+    assert prediction is not None
+    return prediction

@@ -17,6 +17,7 @@ from hivenet_router.domain.request import Job, RequestFacts, Usage
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, parse_policy
+from hivenet_router.policy.predicted import Prediction, prediction_of
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.routing_state import RoutingState, Sent, queue_cost
 
@@ -266,7 +267,7 @@ def test_predicted_latency_learns_each_agents_figures_and_its_error() -> None:
     # The last predictions were made with the figures already learnt: exact.
     inp = state.input(ticket(), rules, None)
     step.plan.choose(inp, [agent])
-    assert abs(inp.predicted["a"].seconds - (0.03 + 0.0002 * 100)) < 1e-9
+    assert abs(must(prediction_of(inp, "a")).seconds - (0.03 + 0.0002 * 100)) < 1e-9
     registry.remove("a")
     assert "predicted_latency" not in state.agent_view("a", rules.breaker)
 
@@ -291,3 +292,8 @@ def test_agents_cache_reports_fill_the_index_and_the_prefix_goes_to_the_agent() 
     sent = state.chosen(inp, rules.steps[0], agent, rules)
     assert sent.prefix is not None and unpack_blocks(sent.prefix) == inp.blocks()
     assert state.chosen(inp, policy().steps[0], agent, policy()).prefix is None
+
+
+def must(prediction: Prediction | None) -> Prediction:
+    assert prediction is not None
+    return prediction

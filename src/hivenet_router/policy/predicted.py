@@ -107,8 +107,7 @@ def _rows(inp: RouteInput, agents: Sequence[AgentFacts]) -> list[Row]:
     kept = inp.predicted
     for agent, peer, r in zip(agents, peers, rates, strict=True):
         cached = found.get(peer, 0) * TOKENS_PER_BLOCK if found else 0.0
-        if cached > tokens:
-            cached = tokens
+        cached = min(cached, tokens)
         cold = r.samples < MIN_SAMPLES
         figures = fastest if cold and fastest is not None else r
         idle = r.service_s is None or (r.slots is None and agent.engine is None)

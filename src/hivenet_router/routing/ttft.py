@@ -13,7 +13,9 @@ whose token counts differ enough to tell, the intercept the median of what is le
 median ignores any minority of the window, so one outlier (a stalled request, a cache
 miss the index did not foresee) barely moves either figure, and once more than half of the
 window comes from an engine that changed speed, the figures are the new engine's: the fit
-follows a slowed engine within WINDOW observations, whatever came before.
+follows a slowed engine within WINDOW observations, whatever came before. Sooner, in
+fact: CHANGE_RUN observations in a row off the fit on one side (by more than CHANGE_SHARE)
+mean the engine changed, and the window keeps only them.
 
 While the window holds too few observations to tell the slope from the intercept (all
 prompts of one length, say), the slope stays at its last value or the cold-start prior:
@@ -56,6 +58,13 @@ PRIOR_BASE_S = 0.02
 PRIOR_PREFILL_S = 0.0001
 """Cold-start figures: 20 ms to the first token, 10,000 prompt tokens a second."""
 
+CHANGE_RUN = 6
+CHANGE_SHARE = 0.25
+"""An engine that changed speed: CHANGE_RUN observations in a row off the fit by more than
+CHANGE_SHARE of its prediction, all on the same side. The window then keeps only those,
+so the fit follows within CHANGE_RUN observations rather than half a window; one outlier,
+or noise on both sides, never starts it."""
+
 SERVICE_SMOOTHING = 0.2
 SERVICE_CLIP = 4.0
 """A service-time sample moves the smoothed figure by SERVICE_SMOOTHING of its distance,
@@ -89,13 +98,14 @@ class Rates:
 class Learner:
     """One agent's observations and the figures fitted to them."""
 
-    __slots__ = ("_points", "_prior", "_rates", "_service", "_slots")
+    __slots__ = ("_points", "_prior", "_rates", "_service", "_slots", "_streak")
 
     def __init__(self, prior_prefill_s: float | None = None) -> None:
         self._points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         self._prior = prior_prefill_s if prior_prefill_s and prior_prefill_s > 0 else None
         self._service: float | None = None
         self._slots: int | None = None
+        self._streak = 0  # observations in a row far off the fit, signed by their side
         self._rates = Rates(prefill_s=self._prior or PRIOR_PREFILL_S)
 
     @property
@@ -119,8 +129,27 @@ class Learner:
             return
         if uncached_tokens == float("inf"):
             return
+        self._follow(uncached_tokens, ttft_s)
         self._points.append((uncached_tokens, ttft_s))
         self._refit()
+
+    def _follow(self, tokens: float, ttft_s: float) -> None:
+        """Count observations far off the fit on one side; at CHANGE_RUN, forget the
+        window before them."""
+        rates = self._rates
+        if rates.cold:
+            return
+        predicted = rates.base_s + rates.prefill_s * tokens
+        off = ttft_s - predicted
+        side = 0 if abs(off) <= CHANGE_SHARE * predicted else (1 if off > 0 else -1)
+        streak = self._streak
+        streak = streak + side if side and (streak == 0 or (streak > 0) == (side > 0)) else side
+        if abs(streak) >= CHANGE_RUN:
+            points = self._points
+            for _ in range(len(points) - (CHANGE_RUN - 1)):
+                points.popleft()
+            streak = 0
+        self._streak = streak
 
     def served(self, hold_s: float) -> None:
         """A request held a slot of the engine for `hold_s` seconds, to its answer's end."""

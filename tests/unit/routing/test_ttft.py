@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hivenet_router.routing.ttft import (
+    CHANGE_RUN,
     MIN_SAMPLES,
     PRIOR_BASE_S,
     PRIOR_PREFILL_S,
@@ -67,23 +68,20 @@ def test_a_slowed_engine_is_followed_within_the_window(
     assert close(rates.prefill_s, rate * factor) and close(rates.base_s, base * factor)
 
 
-@given(speeds, st.floats(1.5, 20.0), st.integers(0, 2**32))
-@settings(max_examples=50)
-def test_a_slowed_engine_predicts_slower_after_half_a_window(
+@given(speeds, st.one_of(st.floats(1.5, 20.0), st.floats(0.05, 0.6)), st.integers(0, 2**32))
+@settings(max_examples=80)
+def test_a_changed_engine_is_followed_within_a_few_observations(
     speed: tuple[float, float], factor: float, seed: int
 ) -> None:
-    """Well before the window is replaced, the prediction for a typical prompt has moved
-    most of the way to the slowed engine's."""
+    """Slowed (or sped up) by a factor: CHANGE_RUN observations in a row far off the fit
+    restart the window, and a couple more pin both figures."""
     base, rate = speed
     rng = random.Random(seed)
     learner = Learner()
     feed(learner, base, rate, WINDOW, rng)
-    feed(learner, base * factor, rate * factor, WINDOW // 2 + 4, rng)
+    feed(learner, base * factor, rate * factor, CHANGE_RUN, rng)
     rates = learner.rates
-    tokens = 2000
-    old = base + rate * tokens
-    predicted = rates.base_s + rates.prefill_s * tokens
-    assert predicted >= old + 0.5 * (factor - 1) * old
+    assert close(rates.prefill_s, rate * factor) and close(rates.base_s, base * factor)
 
 
 @given(speeds, st.floats(0.0, 100.0), st.integers(0, 4000), st.integers(0, 2**32))

@@ -71,9 +71,7 @@ def text() -> None:
 
 
 def main() -> None:
-    runs: list[Callable[[], None]] = (
-        [now, one_chunk, text] if hasattr(u, "TextMeter") else [before]
-    )
+    runs: list[Callable[[], None]] = [now, one_chunk, text] if hasattr(u, "TextMeter") else [before]
     rounds = 3000
     for run in runs:
         best = min(timeit.repeat(run, number=rounds, repeat=5)) / rounds * 1e6

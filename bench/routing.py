@@ -15,7 +15,12 @@ far, arriving in three bursts with think time between turns. Streaming chat, 48 
 tokens per turn. Measured per system: time to first token p50 and p99 (at the client,
 first content chunk), requests and output tokens per second, the fleet's prefix-cache hit
 rate (from the simulators' vLLM metrics) and the share of requests each engine served.
-Systems: this router with least-loaded, prefix-affinity and scored (latency-first),
+The workload's floor is printed beside them: every request on the fastest engine, idle,
+holding every prefix an earlier request of the workload sent (the base plus the fastest
+prefill of the rest), which no router can beat; for a predicted-latency run, the
+router's median and 90th-percentile prediction error too.
+Systems: this router with least-loaded, prefix-affinity, scored (latency-first) and
+predicted-latency,
 vllm-router (round robin, power of two, cache aware), sglang-router (cache aware) and
 LiteLLM (least-busy). Fresh simulators for every system, so no one inherits a warm cache.
 Results: bench/results/routing.json, docs/benchmarks.md between the routing markers, and
@@ -42,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
 from bench.common import DOC, MODEL, RESULTS, ROOT, Fleet, publish
@@ -76,6 +82,7 @@ SYSTEMS: dict[str, Hive | Starter] = {
     "hivenet least-loaded": Hive(None),
     "hivenet prefix-affinity": Hive(Policy("prefix-affinity")),
     "hivenet scored latency-first": Hive(Policy("scored", "latency-first")),
+    "hivenet predicted-latency": Hive(Policy("predicted-latency")),
     "vllm-router round_robin": rust_router("vllm-router", ["vllm-router"], "round_robin"),
     "vllm-router power_of_two": rust_router("vllm-router", ["vllm-router"], "power_of_two"),
     "vllm-router cache_aware": rust_router("vllm-router", ["vllm-router"], "cache_aware"),
@@ -100,6 +107,22 @@ class Result:
     share: dict[str, float]
     command: str
     policy: str = ""  # the policy YAML this router ran (empty for the peers)
+    # predicted-latency: median and p90 absolute error of the predicted TTFT (shares)
+    prediction_error: dict[str, float] | None = None
+
+
+def prediction_errors(running: HiveRunning) -> dict[str, float] | None:
+    """The router's hivenet_ttft_prediction_error_ratio quantiles, when it predicted."""
+    try:
+        text = httpx.get(running.metrics_url, timeout=5).text
+    except httpx.HTTPError:
+        return None
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("hivenet_ttft_prediction_error_ratio{"):
+            quantile_label = line.split('quantile="')[1].split('"')[0]
+            found[f"p{round(float(quantile_label) * 100)}"] = float(line.rsplit(" ", 1)[1])
+    return found or None
 
 
 def start_system(
@@ -135,6 +158,7 @@ def measure(
             drive(running.url + "/v1/chat/completions", prompts, sessions, bar)
         )
         after = {engine: engine_counters(url) for engine, url in urls.items()}
+        errors = prediction_errors(running) if isinstance(running, HiveRunning) else None
     finally:
         fleet.stop()
     # Less what the readiness check sent (one short chat completion through the router).
@@ -154,7 +178,27 @@ def measure(
         share={engine: c["requests"] / total for engine, c in counters.items()},
         command=running.command,
         policy=running.policy_yaml if isinstance(running, HiveRunning) else "",
+        prediction_error=errors,
     )
+
+
+def floor(prompts: list[str], sessions: list[Session]) -> dict[str, float]:
+    """TTFT p50 and p99 of the workload on the fastest engine, idle, holding every prefix
+    an earlier request sent (ms): the base plus the fastest prefill of the rest."""
+    base_ms = 10.0  # COMMON's --ttft-base
+    per_token_ms = 0.05  # the fast engines' --prefill-per-token
+    seen: set[int] = set()
+    floors: list[float] = []
+    for session in sorted(sessions, key=lambda s: s.start):
+        for turn, text in enumerate(session.turns):
+            # The conversation so far is cached; only the new turn (and the answer before
+            # it, 48 tokens) is prefilled, and the system prompt too if nobody sent it yet.
+            tokens = len(text) / 4 + (48 if turn else 0)
+            if turn == 0 and session.system_prompt not in seen:
+                tokens += len(prompts[session.system_prompt]) / 4
+                seen.add(session.system_prompt)
+            floors.append(base_ms + per_token_ms * tokens)
+    return {"p50": quantile(floors, 0.5), "p99": quantile(floors, 0.99)}
 
 
 def destination(name: str, docs: bool) -> tuple[bool, Path]:
@@ -196,6 +240,7 @@ def run_main(args: argparse.Namespace, tmp: Path, fallback: Policy | None) -> No
         "versions": _versions(),
         "sessions": sessions_count,
         "requests_per_system": turns,
+        "floor_ms": floor(prompts, sessions),
         "results": [asdict(r) for r in results],
     }
     docs, images = destination("routing", not args.no_docs)

@@ -171,6 +171,7 @@ class HiveRunning(Running):
     refused: str = ""  # why the asked-for policy was refused, when it was
     asked: str = ""  # the strategy asked for, when it was refused
     policy_yaml: str = ""
+    metrics_url: str = ""  # the router's /metrics
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,9 @@ def _start_router(
         (folder / "auth.yaml").write_text(setup.auth_yaml)
         extra += ["--auth-config-file", str(folder / "auth.yaml")]
     env = {"HIVENET_ROUTER_ADMIN_API_KEYS": ADMIN_KEY}
-    fleet.start("hivenet", router_args(secret, folder / "store", http, grpc, *extra), env)
+    args = router_args(secret, folder / "store", http, grpc, *extra)
+    metrics_url = f"http://{args[args.index('--metrics-port') + 1]}/metrics"
+    fleet.start("hivenet", args, env)
     names = ["hivenet"]
     for name, engine in engines.items():
         flags = ("--capacity", str(setup.capacity), "--machine", name)
@@ -240,7 +243,8 @@ def _start_router(
     command += f" --policy-file P ({strategy})" if policy else " (least-loaded, the default)"
     command += " --auth-config-file A" if setup.auth_yaml else ""
     command += f" + {len(engines)} x hivenet-agent --capacity {setup.capacity}"
-    return HiveRunning(url, names, command, strategy, "", policy.yaml() if policy else "")
+    policy_yaml = policy.yaml() if policy else ""
+    return HiveRunning(url, names, command, strategy, "", policy_yaml, metrics_url=metrics_url)
 
 
 def _wait_router(fleet: Fleet, url: str, agents: int, key: str, timeout: float = 60.0) -> None:

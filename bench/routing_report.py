@@ -72,6 +72,17 @@ def render(report: dict[str, Any], results: list[Result], image: Path) -> str:
             f"{r.ttft_p99_ms:.0f} | {r.rps:.2f} | {r.output_tokens_per_s:.0f} | "
             f"{100 * r.cache_hit_rate:.1f}% | {shares} |"
         )
+    floor = report.get("floor_ms")
+    if floor:
+        lines += [
+            "",
+            f"The workload's floor (every request on the fastest engine, idle, holding every "
+            f"prefix sent before it): TTFT p50 {floor['p50']:.0f} ms, p99 {floor['p99']:.0f} ms.",
+        ]
+    for r in results:
+        if r.prediction_error:
+            errors = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r.prediction_error.items())
+            lines.append(f"{r.system}: prediction error (absolute, of the measured TTFT) {errors}.")
     lines += ["", "How each system was started:", ""]
     lines += [f"- {r.system}: `{r.command}`" for r in results]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import Protocol
 import msgspec
 import orjson
 
+from hivenet_router.agent.cache_picture import REPORT_GAP, reports
 from hivenet_router.agent.discovery import Listed, Verdict, parse_routers
 from hivenet_router.agent.monitor import BackendMonitor, Pulse, signal_key
 from hivenet_router.agent.proxy import BackendProxy
@@ -245,6 +246,7 @@ class RouterConnection:
                     group.create_task(self._heartbeats(link, session.heartbeat_interval)),
                     group.create_task(self._signals(link)),
                     group.create_task(self._renewals(link, auth, session)),
+                    group.create_task(self._cache_reports(link)),
                 ]
                 await link.wait_closed()
                 for task in tasks:
@@ -351,6 +353,37 @@ class RouterConnection:
                 )
                 sent = key
             await asyncio.sleep(interval)
+
+    async def _cache_reports(self, link: Link) -> None:
+        """The engine's cache picture (agent/cache_picture.py): the whole of it first, so a
+        router that starts late or reconnects has it, then what changed, at most one
+        report per REPORT_GAP. A report that fails is followed by the whole picture again;
+        a router that does not know the call (an older one) is sent nothing more."""
+        picture = self.serving.proxy.picture
+        if picture is None:
+            return
+        position = -1
+        while not link.closed:
+            seen = picture.changed.version
+            full, changes, end = picture.since(position)
+            for report in reports(full, changes):
+                try:
+                    status, _ = await link.call(
+                        ROUTER_PROTOCOL,
+                        "/cache-blocks",
+                        msgspec.json.encode(report),
+                        CALL_TIMEOUT,
+                    )
+                except (StreamReset, TimeoutError):
+                    status = 0
+                if status == 404:
+                    return
+                if status != 200:
+                    end = -1
+                    break
+            position = end
+            await asyncio.sleep(REPORT_GAP)
+            await picture.changed.wait(seen, SIGNAL_WAKE)
 
 
 def _routers_of(reply: bytes) -> list[Listed]:

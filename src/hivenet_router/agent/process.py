@@ -11,14 +11,16 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from hivenet_router.agent.cache_picture import CachePicture
 from hivenet_router.agent.connection import Serving
 from hivenet_router.agent.engines import adapter_for
 from hivenet_router.agent.hardware import HardwareSampler, read_device_file
+from hivenet_router.agent.kv_events import follow_forever
 from hivenet_router.agent.monitor import BackendMonitor, Pulse
 from hivenet_router.agent.proxy import BackendProxy
 from hivenet_router.agent.routers import Routers
 from hivenet_router.agent.session import GrpcRouterAuth, RouterAuth
-from hivenet_router.config.agent import AgentConfig, load_backend_api_key
+from hivenet_router.config.agent import AgentConfig, kv_events_address, load_backend_api_key
 from hivenet_router.config.options import ConfigError
 from hivenet_router.config.values import ListenAddress
 from hivenet_router.http1.client import EngineClient
@@ -110,6 +112,10 @@ class AgentProcess:
         # One proxy for every router: it counts the agent's requests from all of them and
         # holds the engine to --capacity; each time the agent turns full or free, every
         # router hears it with an early heartbeat. Taking work while idle wakes the sampling.
+        # The prefix blocks its engine holds, sized by the engine's reported cache.
+        picture = CachePicture(
+            lambda: monitor.engine.kv_cache_tokens if monitor.engine is not None else None
+        )
         proxy = BackendProxy(
             backend,
             cfg.http_timeout,
@@ -119,6 +125,7 @@ class AgentProcess:
             capacity=cfg.capacity,
             on_turn=beats.notify,
             on_busy=monitor.wake,
+            picture=picture,
         )
         try:
             main = asyncio.create_task(self._main(monitor, proxy, beats))
@@ -168,3 +175,6 @@ class AgentProcess:
                 monitor.sample_hardware_forever(self.sampler, cfg.hardware_sample_interval)
             )
             group.create_task(routers.run())
+            if cfg.kv_events_endpoint and proxy.picture is not None:
+                host, port = kv_events_address(cfg.kv_events_endpoint)
+                group.create_task(follow_forever(proxy.picture, host, port, cfg.kv_events_topic))

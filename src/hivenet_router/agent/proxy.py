@@ -6,6 +6,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
+from hivenet_router.agent.cache_picture import CachePicture
+from hivenet_router.domain.agent import PREFIX_HEADER, unpack_blocks
 from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.expiry import Deadlines, Expiry
@@ -72,6 +74,7 @@ class BackendProxy:
         capacity: int = 0,
         on_turn: Callable[[], None] = _nothing,
         on_busy: Callable[[], None] = _nothing,
+        picture: CachePicture | None = None,
     ) -> None:
         self._engine = engine
         self._timeout = http_timeout or None
@@ -80,7 +83,8 @@ class BackendProxy:
         # The engine's own credential (`Authorization: Bearer` of its --api-key) replaces
         # whatever Authorization the request carried.
         self._auth = list(auth)
-        self._drop = _HOP | {"authorization"} if self._auth else _HOP
+        self._drop = (_HOP | {"authorization"} if self._auth else _HOP) | {PREFIX_HEADER}
+        self.picture = picture
         self._tracing = tracing
         self.capacity = capacity
         self._slots = Slots(capacity) if capacity else None
@@ -107,7 +111,8 @@ class BackendProxy:
             try:
                 span = self._tracing.start(head.path, headers) if self._tracing else None
                 try:
-                    await self._forward(stream, head.method, head.path, headers, body)
+                    blocks = self._prefix(head.headers)
+                    await self._forward(stream, head.method, head.path, headers, body, blocks)
                 finally:
                     if span is not None:
                         span.end()
@@ -139,13 +144,34 @@ class BackendProxy:
         if self.active <= self.capacity:
             self._overbooked = False
 
+    def _prefix(self, headers: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+        """The prompt's prefix blocks a router sent along, when the agent keeps a picture
+        of its engine's cache; a value that does not decode is ignored."""
+        if self.picture is None:
+            return ()
+        for name, value in headers:
+            if name.lower() == PREFIX_HEADER:
+                try:
+                    return unpack_blocks(value)
+                except ValueError:
+                    return ()
+        return ()
+
     async def _forward(
-        self, stream: Stream, method: str, path: str, headers: list[tuple[str, str]], body: bytes
+        self,
+        stream: Stream,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        blocks: tuple[int, ...] = (),
     ) -> None:
         answer: EngineResponse | None = None
         try:
             with self._deadlines.after(self._timeout) as expiry:
                 answer = await self._engine.request(method, path, headers, body)
+                if blocks and answer.status < 400 and self.picture is not None:
+                    self.picture.served(blocks)
                 await self._relay(stream, answer, expiry)
         except StreamReset:
             raise

@@ -170,6 +170,20 @@ class AgentConfig:
         flag="--gpu-devices-file",
         help="File of NVIDIA GPU UUIDs to report (comma or line separated; none for none)",
     )
+    kv_events_endpoint: str = option(
+        "",
+        parse=v.text,
+        flag="--kv-events-endpoint",
+        help="The engine's KV-cache event publisher, tcp://HOST:PORT (vLLM's "
+        "--kv-events-config endpoint, ZeroMQ PUB): its evictions and resets keep the picture "
+        "of the engine's prefix cache the agent gives the routers true; empty: none",
+    )
+    kv_events_topic: str = option(
+        "",
+        parse=v.text,
+        flag="--kv-events-topic",
+        help="Topic to subscribe to at --kv-events-endpoint (vLLM's kv-events-config topic)",
+    )
     routing_signal_interval: float = duration_option(
         0.5,
         flag="--routing-signal-interval",
@@ -259,6 +273,17 @@ class AgentConfig:
         if self.engine == "ollama" and self.capability == "reranker":
             raise ConfigError("--engine ollama cannot serve --capability reranker")
         check_log_format(self.log_format)
+        if self.kv_events_endpoint:
+            kv_events_address(self.kv_events_endpoint)
+
+
+def kv_events_address(endpoint: str) -> tuple[str, int]:
+    """(host, port) of a tcp://HOST:PORT endpoint; ConfigError for anything else."""
+    rest = endpoint.removeprefix("tcp://")
+    host, _, port = rest.rpartition(":")
+    if rest == endpoint or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--kv-events-endpoint {endpoint!r} is not tcp://HOST:PORT")
+    return host.strip("[]"), int(port)
 
 
 def load_backend_api_key(config: AgentConfig) -> str:

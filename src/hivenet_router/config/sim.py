@@ -62,6 +62,19 @@ class SimConfig:
         flag="--max-model-len",
         help="Context length; longer prompt plus max_tokens is refused like vLLM does",
     )
+    kv_events_port: int = option(
+        0,
+        parse=v.non_negative_int,
+        flag="--kv-events-port",
+        help="Publish KV-cache events as vLLM does (ZeroMQ PUB, msgpack batches) on this "
+        "TCP port of --host; 0 publishes none. With one worker only",
+    )
+    kv_events_topic: str = option(
+        "",
+        parse=v.text,
+        flag="--kv-events-topic",
+        help="Topic frame of every KV-event message (vLLM's kv-events-config topic)",
+    )
     ttft_base: float = duration_option(
         0.02,
         flag="--ttft-base",
@@ -174,5 +187,7 @@ class SimConfig:
     )
 
     def validate(self) -> None:
+        if self.kv_events_port and self.workers > 1:
+            raise ConfigError("--kv-events-port needs --workers 1 (one engine, one socket)")
         if self.kv_cache_tokens < self.block_size:
             raise ConfigError("--kv-cache-tokens must hold at least one --block-size block")

@@ -5,6 +5,10 @@ These are msgspec structs so that a payload is checked (types, sizes) while it i
 
 from __future__ import annotations
 
+import base64
+import binascii
+import struct
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
@@ -183,6 +187,47 @@ class Heartbeat(msgspec.Struct):
     engine: EngineSnapshot | None = None
     hardware: HardwareSnapshot | None = None
     histograms: EngineHistograms | None = None
+
+
+# Prefix blocks at most in one cache report (8 bytes each, base64: 44 KiB), so a report
+# always fits a control call; a larger picture goes out in several.
+MAX_REPORT_BLOCKS = 4096
+PREFIX_HEADER = "x-hivenet-prefix"
+"""The header that carries a forwarded prompt's prefix block hashes to the agent (base64 of
+big-endian signed 64-bit integers, the router's `prompt_blocks`); the agent drops it."""
+
+
+class CacheChange(msgspec.Struct, array_like=True):
+    """Blocks that became the engine's most recent, in that order (`held`), or that it
+    evicted. `blocks` is base64 of big-endian signed 64-bit block hashes."""
+
+    held: bool
+    blocks: Annotated[str, msgspec.Meta(max_length=(MAX_REPORT_BLOCKS * 8 + 2) // 3 * 4)]
+
+
+class CacheReport(msgspec.Struct, forbid_unknown_fields=True):
+    """Which prompt-prefix blocks the agent's engine holds: with `full`, everything the
+    router knew of it is replaced by the changes that follow; else they apply in order."""
+
+    full: bool = False
+    changes: Annotated[list[CacheChange], msgspec.Meta(max_length=MAX_REPORT_BLOCKS)] = (
+        msgspec.field(default_factory=list)
+    )
+
+
+def pack_blocks(blocks: Sequence[int]) -> str:
+    return base64.b64encode(struct.pack(f">{len(blocks)}q", *blocks)).decode()
+
+
+def unpack_blocks(text: str) -> tuple[int, ...]:
+    """The hashes `pack_blocks` wrote; ValueError for anything else."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    if len(raw) % 8:
+        raise ValueError("not a whole number of 8-byte hashes")
+    return struct.unpack(f">{len(raw) // 8}q", raw)
 
 
 class RoutingSignal(msgspec.Struct):

@@ -19,8 +19,13 @@ if TYPE_CHECKING:
     from hivenet_router.policy.document import RoutingReader
 
 # Option blocks a step may carry, and the strategies that read each.
-BLOCKS = ("affinity", "hash", "scoring")
-READERS = {"affinity": ("prefix-affinity",), "hash": ("consistent-hash",), "scoring": ("scored",)}
+BLOCKS = ("affinity", "hash", "scoring", "prediction")
+READERS = {
+    "affinity": ("prefix-affinity",),
+    "hash": ("consistent-hash",),
+    "scoring": ("scored",),
+    "prediction": ("predicted-latency",),
+}
 HASH_KEYS = ("session", "prefix")
 MAX_WEIGHT = 1000.0
 MAX_TEMPERATURE = 100.0
@@ -55,8 +60,13 @@ def _bounded(
     return value
 
 
-def _affinity(reader: RoutingReader, node: yaml.Node, path: str) -> dict[str, Any]:
-    fields = reader.mapping(node, path, ("min_match", "max_imbalance"))
+def _affinity(
+    reader: RoutingReader,
+    node: yaml.Node,
+    path: str,
+    known: tuple[str, ...] = ("min_match", "max_imbalance"),
+) -> dict[str, Any]:
+    fields = reader.mapping(node, path, known)
     out: dict[str, Any] = {}
     if "min_match" in fields:
         out["min_match"] = _bounded(reader, fields["min_match"], f"{path}.min_match", 0.0, 1.0)
@@ -142,7 +152,23 @@ def _costs(reader: RoutingReader, node: yaml.Node, path: str) -> tuple[CostRule,
     return tuple(rules)
 
 
-_BLOCK_PARSERS = {"affinity": _affinity, "hash": _hash, "scoring": _scoring}
+def _prediction(reader: RoutingReader, node: yaml.Node, path: str) -> dict[str, Any]:
+    fields = reader.mapping(node, path, ("max_imbalance", "ttft_objective_ms"))
+    out = _affinity(reader, node, path, ("max_imbalance", "ttft_objective_ms"))
+    if "ttft_objective_ms" in fields:
+        where = f"{path}.ttft_objective_ms"
+        out["ttft_objective_ms"] = _bounded(
+            reader, fields["ttft_objective_ms"], where, 0.0, 3_600_000.0, above=True
+        )
+    return out
+
+
+_BLOCK_PARSERS = {
+    "affinity": _affinity,
+    "hash": _hash,
+    "scoring": _scoring,
+    "prediction": _prediction,
+}
 
 
 def complete_breaker(values: dict[str, Any]) -> None:

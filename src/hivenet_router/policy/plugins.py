@@ -14,18 +14,29 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hivenet_router.domain.request import RequestFacts
 from hivenet_router.policy.gates import ThresholdGate
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.routing.prefix import PrefixIndex, prompt_blocks
+from hivenet_router.routing.ttft import Rates
+
+if TYPE_CHECKING:
+    from hivenet_router.policy.predicted import Row
 
 A = TypeVar("A", bound=AgentFacts)
 
 
 def _healthy(peer: str) -> float:
     return 1.0
+
+
+_COLD = Rates()
+
+
+def _cold(peer: str) -> Rates:
+    return _COLD
 
 
 @dataclass(slots=True)
@@ -42,6 +53,11 @@ class RouteInput:
     # 1 for an agent whose breaker is closed and whose recent requests succeeded, towards
     # 0 for one that fails or is probing in half-open.
     health: Callable[[str], float] = _healthy
+    # What routing state learnt of each agent's time to the first token (by peer ID).
+    rates: Callable[[str], Rates] = _cold
+    # The predicted-latency plug-ins' last prediction for each agent they ranked, for
+    # routing state to compare with the answer's measured time.
+    predicted: dict[str, Row] = field(default_factory=dict)
     _blocks: tuple[int, ...] | None = None
     # The last match, with the candidates it was computed for: retries, re-queues and
     # fallback steps ask again about other agents.
@@ -349,6 +365,7 @@ class Strategy:
     scorers: tuple[tuple[Scorer, float], ...]
     picker: Picker
     uses_prefix: bool = False  # dispatch records the prefixes this strategy routes by
+    predicts: bool = False  # routing state learns each agent's time to the first token
 
     def choose(self, inp: RouteInput, agents: Sequence[A]) -> A | None:
         if len(self.scorers) == 1:

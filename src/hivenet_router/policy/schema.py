@@ -41,6 +41,17 @@ def _options() -> dict[str, Any]:
                 "max_imbalance": {"type": "integer", "minimum": 0, "maximum": 100000},
             },
         },
+        "prediction": {
+            **closed,
+            "properties": {
+                "max_imbalance": {"type": "integer", "minimum": 0, "maximum": 100000},
+                "ttft_objective_ms": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": 3600000,
+                },
+            },
+        },
         "hash": {
             **closed,
             "properties": {

@@ -11,6 +11,7 @@ executor runs, once, when the policy is read.
     consistent-hash  a session key (or the prompt's first block) to the same agent, loads bounded
     prefix-affinity  the agent holding the longest prefix of the prompt, load-guarded
     scored           a weighted sum of scorers, with presets and an optional softmax draw
+    predicted-latency  the least predicted time to the first token, ties to the most cached
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hivenet_router.policy.plugins import (
     SoftmaxPicker,
     Strategy,
 )
+from hivenet_router.policy.predicted import PredictedLatencyPicker, PredictedLatencyScorer
 from hivenet_router.policy.signals import AgentFacts
 
 NAMES = (
@@ -45,8 +47,9 @@ NAMES = (
     "consistent-hash",
     "prefix-affinity",
     "scored",
+    "predicted-latency",
 )
-SCORERS = ("load", "latency", "cost", "affinity", "breaker")
+SCORERS = ("load", "latency", "cost", "affinity", "breaker", "ttft")
 PRESETS: dict[str, dict[str, float]] = {
     # Weights per scorer. The latency scorer measures the time to an answer's head, which
     # for a stream includes prefill: affinity lowers it too, so latency-first also leans on
@@ -90,6 +93,8 @@ class Options:
     weights: tuple[tuple[str, float], ...] = ()  # overrides of the preset's weights
     temperature: float | None = None
     costs: tuple[CostRule, ...] = ()
+    # predicted-latency (max_imbalance is shared with prefix-affinity)
+    ttft_objective_ms: float | None = None
 
     def scored_weights(self) -> dict[str, float]:
         weights = dict.fromkeys(SCORERS, 0.0)
@@ -127,6 +132,12 @@ def build(name: str, options: Options) -> Strategy:
     if name == "prefix-affinity":
         affinity = AffinityPicker(options.min_match, options.max_imbalance)
         return Strategy(((load, 1.0),), affinity, uses_prefix=True)
+    if name == "predicted-latency":
+        objective = options.ttft_objective_ms
+        predicted = PredictedLatencyPicker(
+            options.max_imbalance, None if objective is None else objective / 1000
+        )
+        return Strategy(((EvenScorer(), 1.0),), predicted, uses_prefix=True, predicts=True)
     return _scored(options)
 
 
@@ -138,10 +149,14 @@ def _scored(options: Options) -> Strategy:
         "cost": CostScorer(_price(options.costs)),
         "affinity": AffinityScorer(),
         "breaker": HealthScorer(),
+        "ttft": PredictedLatencyScorer(),
     }
     chosen = tuple((scorers[name], weight) for name, weight in weights.items() if weight > 0)
     temperature = options.temperature
     if temperature is None:
         temperature = PRESET_TEMPERATURE.get(options.preset)
     picker: Picker = BestPicker() if temperature is None else SoftmaxPicker(temperature)
-    return Strategy(chosen, picker, uses_prefix=weights["affinity"] > 0)
+    predicts = weights["ttft"] > 0
+    return Strategy(
+        chosen, picker, uses_prefix=weights["affinity"] > 0 or predicts, predicts=predicts
+    )

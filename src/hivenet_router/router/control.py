@@ -21,6 +21,7 @@ from aiohttp import web
 
 from hivenet_router.clock import Clock
 from hivenet_router.domain.agent import (
+    CacheReport,
     Heartbeat,
     Registration,
     Renewal,
@@ -43,6 +44,12 @@ _registration = msgspec.json.Decoder(Registration)
 _renewal = msgspec.json.Decoder(Renewal)
 _heartbeat = msgspec.json.Decoder(Heartbeat)
 _signal = msgspec.json.Decoder(RoutingSignal)
+_cache_report = msgspec.json.Decoder(CacheReport)
+
+
+def _ignore_report(record: AgentRecord, report: CacheReport) -> None:
+    pass
+
 
 Reply = tuple[int, dict[str, object]]
 
@@ -83,11 +90,15 @@ class ControlPlane:
         # the status to refuse it with (429: its address has its share, 503: all are taken).
         self.admit_link: Callable[[tuple[object, ...] | None], int] = lambda peer: 0
         self._closing: set[asyncio.Task[None]] = set()  # replaced links being closed
+        # Where an agent's report of its engine's prefix cache goes (routing state's
+        # prefix indexes; set by wiring).
+        self.cache_report: Callable[[AgentRecord, CacheReport], None] = _ignore_report
         self._calls: dict[str, Callable[[Binding, bytes], Reply]] = {
             "/register": self._register,
             "/renew": self._renew,
             "/heartbeat": self._heartbeat,
             "/routing-signals": self._signal,
+            "/cache-blocks": self._cache_blocks,
         }
 
     def link_app(self) -> web.Application:
@@ -273,6 +284,18 @@ class ControlPlane:
             return 409, {"error": "not registered"}
         # Routing signals never count as liveness: only heartbeats do.
         record.sampled(signal.engine, signal.hardware)
+        return 200, {"ok": True}
+
+    def _cache_blocks(self, binding: Binding, body: bytes) -> Reply:
+        report = _cache_report.decode(body)
+        record = self._current(binding)
+        if record is None:
+            return 409, {"error": "not registered"}
+        try:
+            self.cache_report(record, report)
+        except ValueError as exc:
+            log.warning("agent %s sent an invalid cache report: %s", record.peer_id, exc)
+            return 400, {"error": f"invalid /cache-blocks: {exc}"}
         return 200, {"ok": True}
 
 

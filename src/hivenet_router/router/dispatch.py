@@ -33,7 +33,7 @@ from hivenet_router.router.agent_source import AgentSource
 from hivenet_router.router.forwarding import DispatchLimits, follow_fleet
 from hivenet_router.router.providers import ProviderRefused, Providers
 from hivenet_router.router.registry import AgentRecord, Registry
-from hivenet_router.router.routing_state import RoutingState, header_value, queue_cost
+from hivenet_router.router.routing_state import RoutingState, Sent, header_value, queue_cost
 from hivenet_router.router.waitqueue import CapacityQueue, PendingQueue, Place
 from hivenet_router.transport.link import INFERENCE_PROTOCOL, LinkClosed, Stream, StreamReset
 
@@ -206,15 +206,15 @@ class Dispatcher:
                 full = full or step_full
                 if agent is None:
                     break
-                breaker = 0
+                routed = Sent()
                 try:
                     # Still in the synchronous step that took the slot.
-                    breaker = routing.chosen(inp, step, agent, policy)
+                    routed = routing.chosen(inp, step, agent, policy)
                     ticket.phase = "forward"
                     sent = self.clock.monotonic()
-                    answer = await self._attempt(ticket, job, agent, policy, breaker)
+                    answer = await self._attempt(ticket, job, agent, policy, routed)
                 except _Retry as retry:
-                    routing.settled(agent, policy, False, None, None, job.stream, breaker)
+                    routing.settled(agent, policy, False, None, None, job.stream, routed)
                     self._release(agent)
                     failed.add(agent.peer_id)
                     last = retry.error
@@ -239,7 +239,7 @@ class Dispatcher:
                     tries += 1
                     continue
                 except BaseException:
-                    routing.cut_short(agent, policy, self._blame(ticket), breaker)
+                    routing.cut_short(agent, policy, self._blame(ticket), routed)
                     self._release(agent)
                     raise
                 ticket.origin, ticket.agent = agent.peer_id, agent.reg
@@ -385,7 +385,7 @@ class Dispatcher:
                 queue.slot_freed()
 
     async def _attempt(
-        self, ticket: Ticket, job: Job, agent: AgentRecord, policy: Policy, breaker: int
+        self, ticket: Ticket, job: Job, agent: AgentRecord, policy: Policy, routed: Sent
     ) -> Answer:
         link = agent.link
         if link is None or link.closed:
@@ -394,9 +394,10 @@ class Dispatcher:
             )
         sent = self.clock.monotonic()
         body = asking_for_usage(job, agent.reg.engine in USAGE_ENGINES)
+        headers = routed.forwarded(job.headers)  # with the prompt's prefix blocks
         try:
             stream = await link.open(
-                INFERENCE_PROTOCOL, "POST", job.route, job.headers, body or job.body
+                INFERENCE_PROTOCOL, "POST", job.route, headers, body or job.body
             )
         except StreamReset as exc:
             if exc.code == "head_too_large":
@@ -425,7 +426,7 @@ class Dispatcher:
             stream.reset(StreamReset("cancelled", "request cancelled"))
             raise
         rtt_ms = (self.clock.monotonic() - sent) * 1000
-        answer.on_close(self._settle(agent, answer, rtt_ms, policy, breaker))
+        answer.on_close(self._settle(agent, answer, rtt_ms, policy, routed))
         return answer
 
     @staticmethod
@@ -446,7 +447,7 @@ class Dispatcher:
         return Answer(head.status, head.headers, source, body=body, origin=peer)
 
     def _settle(
-        self, agent: AgentRecord, answer: Answer, rtt_ms: float, policy: Policy, breaker: int
+        self, agent: AgentRecord, answer: Answer, rtt_ms: float, policy: Policy, routed: Sent
     ) -> Closer:
         """When the answer closes: the agent's statistics and what routing learns, then its
         slot back."""
@@ -460,7 +461,7 @@ class Dispatcher:
                 ok = None
             else:
                 ok = outcome is Outcome.OK
-            self.routing.settled(agent, policy, ok, rtt_ms, usage, stream, breaker)
+            self.routing.settled(agent, policy, ok, rtt_ms, usage, stream, routed)
             self._release(agent)
 
         return settle

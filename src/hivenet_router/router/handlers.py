@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import orjson
 
+from hivenet_router.domain.agent import PREFIX_HEADER
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job
 from hivenet_router.http1.messages import Answer, Request, Response
@@ -47,6 +48,9 @@ _DROP = frozenset(
         "accept-encoding",
         # Replaced by the request's own ID (the client's when it is a UUID).
         "x-request-id",
+        # The router's own word to the agent on the prompt's prefix blocks: a client's
+        # would paint a false picture of the engine's cache for every router.
+        PREFIX_HEADER,
     }
 )
 

@@ -1,6 +1,7 @@
 """What routing learns from traffic: a circuit breaker per agent and per provider, an
-adaptive (Vegas) concurrency limit per agent, and each model's index of the prompt
-prefixes sent to each agent.
+adaptive (Vegas) concurrency limit per agent, each model's index of the prompt
+prefixes sent to each agent, and each agent's time to the first token (its base latency,
+prefill rate and service time, for the predicted-latency strategy; routing/ttft.py).
 
 Dispatch tells it three things and asks it one: `input` builds a request's routing input,
 `chosen` records where a request went, `settled` (or `cut_short`) how it ended, and
@@ -13,24 +14,49 @@ Everything here is in-process and per router.
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hivenet_router.clock import Clock
+from hivenet_router.domain.agent import PREFIX_HEADER, CacheReport, pack_blocks, unpack_blocks
 from hivenet_router.domain.request import Usage
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.plugins import RouteInput
+from hivenet_router.policy.predicted import Prediction, prediction_of
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.routing.breaker import Breaker, BreakerSettings, BreakerState
 from hivenet_router.routing.prefix import BLOCK_CHARS, PrefixIndex
+from hivenet_router.routing.ttft import Learner, Rates, median
 from hivenet_router.routing.vegas import VegasLimiter
 
 # The simulator and the engines count about four characters per token.
 CHARS_PER_TOKEN = 4
 # A request's cost in the fair queue when it declares no output limit.
 DEFAULT_OUTPUT_TOKENS = 256
+# Predictions whose error the metric summarises: the most recent ones.
+ERROR_WINDOW = 512
+_COLD = Rates()
+
+
+@dataclass(slots=True)
+class Sent:
+    """A request handed to an agent, as routing remembers it until the answer ends: the
+    breaker's ticket, when it left, and the time to its first token predicted for it."""
+
+    breaker: int = 0
+    at: float = 0.0
+    prediction: Prediction | None = None
+    prefix: str | None = None  # the prompt's prefix blocks for the agent's cache picture
+
+    def forwarded(self, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The request's headers to the agent, with the prompt's prefix blocks when routing
+        went by them: the agent keeps its picture of its engine's cache from these."""
+        if self.prefix is None:
+            return headers
+        return [*headers, (PREFIX_HEADER, self.prefix)]
 
 
 def header_value(headers: Sequence[tuple[str, str]], header: str) -> str | None:
@@ -60,6 +86,11 @@ class RoutingState:
         self._providers: dict[str, _Target] = {}
         self._limiters: dict[str, VegasLimiter] = {}
         self._indexes: dict[str, PrefixIndex] = {}
+        self._learners: dict[str, Learner] = {}
+        # Recent predictions' relative errors, (predicted - measured) / measured.
+        self._errors: deque[float] = deque(maxlen=ERROR_WINDOW)
+        self._predictions = 0
+        self.reports = 0  # cache reports applied
         registry.listen(self._registration)
 
     # -- a request -------------------------------------------------------------------------
@@ -78,6 +109,7 @@ class RoutingState:
             affinity=self._index(facts.model),
             rng=self.rng,
             health=lambda peer: self._health(peer, now, settings),
+            rates=self._rates,
         )
 
     def prepare(
@@ -118,8 +150,18 @@ class RoutingState:
             elif agent.slot_limit:
                 agent.limit_slots(0)
 
-    def chosen(self, inp: RouteInput, step: Step, agent: AgentRecord, policy: Policy) -> int:
-        """The request goes to `agent`: note it, and return the breaker's ticket."""
+    def chosen(self, inp: RouteInput, step: Step, agent: AgentRecord, policy: Policy) -> Sent:
+        """The request goes to `agent`: note it, and return what `settled` will want back
+        (the breaker's ticket, the prediction to learn from)."""
+        sent = Sent(at=self.clock.monotonic())
+        if step.plan.predicts:
+            sent.prediction = prediction_of(inp, agent.peer_id)
+            learner = self._learner(agent.peer_id)
+            engine = agent.engine
+            if engine is not None:
+                learner.engine_load(engine.running_requests, engine.waiting_requests)
+                if engine.prompt_tps:
+                    learner.prior(1.0 / engine.prompt_tps)
         if step.plan.uses_prefix:
             index = inp.affinity
             blocks = inp.blocks()
@@ -129,10 +171,11 @@ class RoutingState:
                 if held > 0:  # a nonsense (negative, tiny) report leaves the default
                     index.set_capacity(agent.peer_id, held)
                 index.learn(blocks, agent.peer_id, inp.now)
-        if not policy.breaker.enabled:
-            return 0
-        target = self._target(self._agents, agent.peer_id, policy.breaker)
-        return target.breaker.started(self.clock.monotonic(), policy.breaker)
+                sent.prefix = pack_blocks(blocks)
+        if policy.breaker.enabled:
+            target = self._target(self._agents, agent.peer_id, policy.breaker)
+            sent.breaker = target.breaker.started(sent.at, policy.breaker)
+        return sent
 
     def settled(
         self,
@@ -142,19 +185,59 @@ class RoutingState:
         latency_ms: float | None,
         usage: Usage | None,
         stream: bool,
-        ticket: int,
+        sent: Sent,
     ) -> None:
         """How a request sent to `agent` ended: `ok` None when it was the client's doing.
         `latency_ms` is the time to the answer's head (with a stream's first chunk). The
         agent's own statistics count it (`AgentRecord.finished`), and routing learns."""
         agent.finished(ok, latency_ms if ok else None, usage)
-        self._learn(agent, policy, ok, latency_ms, stream, ticket)
+        if ok and sent.prediction is not None:
+            self._measured(agent.peer_id, sent, latency_ms if stream else None)
+        self._learn(agent, policy, ok, latency_ms, stream, sent.breaker)
 
-    def cut_short(self, agent: AgentRecord, policy: Policy, ok: bool | None, ticket: int) -> None:
+    def cache_report(self, agent: AgentRecord, report: CacheReport) -> None:
+        """What the agent says its engine holds of the prompts sent to it by any router
+        (agent/cache_picture.py): the model's index follows it. ValueError for a report
+        whose blocks do not decode (nothing of it is applied then)."""
+        changes = [(change.held, unpack_blocks(change.blocks)) for change in report.changes]
+        index = self._index(agent.model)
+        peer = agent.peer_id
+        engine = agent.engine
+        tokens = engine.kv_cache_tokens if engine is not None else None
+        held = int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS if tokens else 0
+        if held > 0:
+            index.set_capacity(peer, held)
+        if report.full:
+            index.forget(peer)
+        now = self.clock.monotonic()
+        for stored, blocks in changes:
+            if stored:
+                index.hold(peer, blocks)
+                index.touched(peer, now)
+            else:
+                index.drop(peer, blocks)
+        self.reports += 1
+
+    def cut_short(self, agent: AgentRecord, policy: Policy, ok: bool | None, sent: Sent) -> None:
         """An attempt on `agent` stopped before its answer's head by a cancel (the client
         went away, the router stops) or the deadline (`ok` False): routing learns, and the
         agent's statistics count nothing."""
-        self._learn(agent, policy, ok, None, False, ticket)
+        self._learn(agent, policy, ok, None, False, sent.breaker)
+
+    def _measured(self, peer: str, sent: Sent, ttft_ms: float | None) -> None:
+        """A predicted request's answer ended well: how long it held the engine, and for a
+        stream how long its first chunk took, against the prediction."""
+        prediction = sent.prediction
+        assert prediction is not None
+        learner = self._learner(peer)
+        learner.served(self.clock.monotonic() - sent.at)
+        if ttft_ms is None or ttft_ms <= 0:
+            return
+        measured = ttft_ms / 1000
+        self._predictions += 1
+        self._errors.append((prediction.seconds - measured) / measured)
+        uncached = prediction.prompt_tokens - prediction.cached_tokens
+        learner.observe(uncached, max(0.0, measured - prediction.wait_s))
 
     def _learn(
         self,
@@ -254,7 +337,26 @@ class RoutingState:
             view["adaptive_concurrency"] = limiter.snapshot()
         held = sum(index.size(peer) for index in self._indexes.values())
         view["prefix_blocks"] = held
+        learner = self._learners.get(peer)
+        if learner is not None:
+            rates = learner.rates
+            view["predicted_latency"] = {
+                "base_ms": round(rates.base_s * 1000, 3),
+                "prefill_us_per_token": round(rates.prefill_s * 1e6, 3),
+                "service_ms": None if rates.service_s is None else round(rates.service_s * 1000),
+                "engine_slots": rates.slots,
+                "samples": rates.samples,
+            }
         return view
+
+    def prediction_errors(self) -> tuple[int, float | None, float | None]:
+        """Predictions measured so far, and the median and 90th percentile of the recent
+        ones' absolute relative error (None before the first)."""
+        errors = sorted(abs(e) for e in self._errors)
+        if not errors:
+            return self._predictions, None, None
+        p90 = errors[min(len(errors) - 1, int(0.9 * len(errors)))]
+        return self._predictions, median(errors), p90
 
     def breakers(self) -> Iterator[BreakerRow]:
         """(kind, target, state, transitions) for every breaker, for metrics."""
@@ -273,6 +375,16 @@ class RoutingState:
             yield model, index.total()
 
     # -- inside ----------------------------------------------------------------------------
+
+    def _rates(self, peer: str) -> Rates:
+        learner = self._learners.get(peer)
+        return _COLD if learner is None else learner.rates
+
+    def _learner(self, peer: str) -> Learner:
+        learner = self._learners.get(peer)
+        if learner is None:
+            learner = self._learners[peer] = Learner()
+        return learner
 
     def _index(self, model: str) -> PrefixIndex:
         index = self._indexes.get(model)
@@ -326,6 +438,7 @@ class RoutingState:
         # Gone for good: what was learnt about it would only mislead a newcomer.
         self._agents.pop(record.peer_id, None)
         self._limiters.pop(record.peer_id, None)
+        self._learners.pop(record.peer_id, None)
         for index in self._indexes.values():
             index.forget(record.peer_id)
 

@@ -474,11 +474,14 @@ def _collect(router: Router) -> None:
         )
     )
     routing = router.dispatcher.routing
+    router.control.cache_report = routing.cache_report
     router.metrics.add(
         RoutingCollector(
             breakers=routing.breakers,
             limits=routing.limits,
             prefixes=routing.prefix_blocks,
+            errors=routing.prediction_errors,
+            reports=lambda: routing.reports,
         )
     )
     if router.site is not None:

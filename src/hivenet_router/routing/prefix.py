@@ -14,8 +14,9 @@ not a promise. Everything runs synchronously on the event loop; no locking is ne
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TypeAlias
 
@@ -32,8 +33,7 @@ PREFIX_CHARS = BLOCK_CHARS * MAX_BLOCKS
 """Characters of a prompt (its pieces and the newlines between them) that `prompt_blocks`
 reads with the default sizes: what a request's reader needs to keep, and no more."""
 
-# The hash that stands before block 0, so that every block hashes a (previous, text) pair.
-_ROOT = 0
+_TWO_63, _TWO_64 = 1 << 63, 1 << 64
 
 
 def prompt_blocks(
@@ -44,8 +44,12 @@ def prompt_blocks(
     At most `max_blocks` hashes; a trailing partial block has none, since engines cache full
     blocks only. Pieces are read lazily and only until `max_blocks * block_chars` characters
     are in hand, and the last one taken is sliced, so a prompt of megabytes costs no more
-    than its first blocks. The hashes use Python's `hash`, which is salted per process:
-    they mean something only inside the process that made them.
+    than its first blocks. Block i's hash is the CRC-32 and the Adler-32 of the UTF-8 text
+    of blocks 0..i (each continued from the block before), side by side as a signed 64-bit
+    integer: the same in every process, so the routers of a site and the agents that
+    report their engines' caches (docs/policies.md, Cache reports) name a prefix alike, at
+    about twice the cost of Python's per-process `hash` (which a cryptographic hash would
+    have made five times).
     """
     if block_chars < 1:
         raise ValueError(f"block_chars must be at least 1, not {block_chars}")
@@ -70,10 +74,13 @@ def prompt_blocks(
             break
     text = "".join(parts)
     hashes: list[int] = []
-    previous = _ROOT
+    crc, adler = 0, 1
+    crc32, adler32 = zlib.crc32, zlib.adler32
     for start in range(0, len(text) - block_chars + 1, block_chars):
-        previous = hash((previous, text[start : start + block_chars]))
-        hashes.append(previous)
+        block = text[start : start + block_chars].encode()
+        crc, adler = crc32(block, crc), adler32(block, adler)
+        value = crc << 32 | adler
+        hashes.append(value - _TWO_64 if value >= _TWO_63 else value)
     return tuple(hashes)
 
 
@@ -119,7 +126,12 @@ class PrefixIndex:
     `match` relies on it to find each agent's longest prefix without checking every block.
     """
 
-    def __init__(self, default_blocks_per_agent: int = 4096, max_agents: int = 4096) -> None:
+    def __init__(
+        self,
+        default_blocks_per_agent: int = 4096,
+        max_agents: int = 4096,
+        on_evict: Callable[[str, int], None] | None = None,
+    ) -> None:
         if default_blocks_per_agent < 0:
             raise ValueError(
                 f"default_blocks_per_agent must not be negative, not {default_blocks_per_agent}"
@@ -128,6 +140,8 @@ class PrefixIndex:
             raise ValueError(f"max_agents must be at least 1, not {max_agents}")
         self._default_capacity = default_blocks_per_agent
         self._max_agents = max_agents
+        # Told of every block a peer's capacity pushed out (not of `forget` or `drop`).
+        self._on_evict = on_evict
         self._holders: dict[int, _Holders] = {}
         # Least recently sent a prompt first: the end that makes room for a new agent.
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
@@ -218,6 +232,51 @@ class PrefixIndex:
                 holders.add(peer)
         self._trim(peer, record)
 
+    def hold(self, peer: str, blocks: Iterable[int]) -> None:
+        """Record that `peer`'s engine holds these blocks, each becoming its most recent in
+        the order given: an agent's report of its engine's cache (the engine's own
+        recency order, which keeps the invariant when the engine's cache kept it)."""
+        record = self._peers.get(peer)
+        if record is None:
+            record = self._admit(peer)
+        held = record.blocks
+        for block in blocks:
+            if block in held:
+                held.move_to_end(block)
+                continue
+            held[block] = None
+            self._total += 1
+            holders = self._holders.get(block)
+            if holders is None:
+                self._holders[block] = peer
+            elif isinstance(holders, str):
+                self._holders[block] = {holders, peer}
+            else:
+                holders.add(peer)
+        self._trim(peer, record)
+
+    def touched(self, peer: str, now: float) -> None:
+        """`peer` was last known to take a prompt at `now` (what `last_learned` reads)."""
+        record = self._peers.get(peer)
+        if record is not None:
+            record.last_learned = now
+
+    def drop(self, peer: str, blocks: Iterable[int]) -> None:
+        """`peer`'s engine evicted these blocks (those it is not known to hold are skipped)."""
+        record = self._peers.get(peer)
+        if record is None:
+            return
+        held = record.blocks
+        for block in blocks:
+            if block in held:
+                del held[block]
+                self._release(block, peer)
+
+    def blocks_of(self, peer: str) -> list[int]:
+        """The blocks held for `peer`, least recent first: what `hold` rebuilds them from."""
+        record = self._peers.get(peer)
+        return [] if record is None else list(record.blocks)
+
     def set_capacity(self, peer: str, blocks: int) -> None:
         """How many blocks this peer's engine can hold, from its reported prefix-cache size.
 
@@ -277,9 +336,12 @@ class PrefixIndex:
 
     def _trim(self, peer: str, record: _Peer) -> None:
         held = record.blocks
+        evicted = self._on_evict
         while len(held) > record.capacity:
             block, _ = held.popitem(last=False)
             self._release(block, peer)
+            if evicted is not None:
+                evicted(peer, block)
 
     def _drop(self, peer: str, record: _Peer) -> None:
         for block in record.blocks:

@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from hivenet_router.sim.faults import Faults
+from hivenet_router.sim.kv_events import KvEventPublisher
 
 BYTES_PER_TOKEN = 4
 
@@ -83,13 +84,18 @@ def block_hashes(text: bytes, block_size: int) -> list[int]:
 
 
 class PrefixCache:
-    """An LRU of token blocks. `match` counts the leading blocks already cached and caches all."""
+    """An LRU of token blocks. `match` counts the leading blocks already cached and caches all.
+    With `events`, every block stored and evicted is published (sim/kv_events.py)."""
 
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(
+        self, capacity_blocks: int, block_size: int = 16, events: KvEventPublisher | None = None
+    ) -> None:
         self._capacity = capacity_blocks
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._block_size = block_size
+        self.events = events
 
-    def match(self, hashes: list[int]) -> int:
+    def match(self, hashes: list[int], prompt: bytes = b"") -> int:
         hits = 0
         for block in hashes:
             if block in self._blocks:
@@ -97,11 +103,27 @@ class PrefixCache:
                 hits += 1
             else:
                 break
+        evicted: list[int] = []
         for block in hashes[hits:]:
             self._blocks[block] = None
             if len(self._blocks) > self._capacity:
-                self._blocks.popitem(last=False)
+                evicted.append(self._blocks.popitem(last=False)[0])
+        events = self.events
+        if events is not None and hits < len(hashes):
+            step = self._block_size * BYTES_PER_TOKEN
+            text = prompt[hits * step : len(hashes) * step]
+            tokens = [int.from_bytes(text[i : i + 4], "big") for i in range(0, len(text), 4)]
+            parent = hashes[hits - 1] if hits else None
+            events.stored(hashes[hits:], parent, tokens, self._block_size)
+            if evicted:
+                events.removed(evicted)
         return hits
+
+    def clear(self) -> None:
+        """Drop every cached block, as vLLM's POST /reset_prefix_cache does."""
+        self._blocks.clear()
+        if self.events is not None:
+            self.events.cleared()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -163,6 +185,7 @@ class Engine:
         timing: Timing,
         zero_latency: bool,
         faults: Faults | None = None,
+        events: KvEventPublisher | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.kv_cache_tokens = kv_cache_tokens
@@ -172,7 +195,7 @@ class Engine:
         # Shared with the fault admin route and read at every delay, so a slowdown set
         # mid-run applies to the very next prefill or token.
         self.faults = faults if faults is not None else Faults()
-        self.cache = PrefixCache(kv_cache_tokens // block_size)
+        self.cache = PrefixCache(kv_cache_tokens // block_size, block_size, events)
         self.stats = EngineStats()
         self.running = 0
         self.kv_used = 0
@@ -215,7 +238,7 @@ class Engine:
         else:
             self.running += 1
             self.kv_used += kv_tokens
-        hits = self.cache.match(block_hashes(prompt, self.block_size))
+        hits = self.cache.match(block_hashes(prompt, self.block_size), prompt)
         cached = min(prompt_tokens, hits * self.block_size)
         self.stats.prompt_tokens += prompt_tokens
         self.stats.prefix_queries += prompt_tokens

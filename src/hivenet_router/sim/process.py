@@ -19,6 +19,8 @@ log = logging.getLogger("hivenet.sim")
 def _serve_one(config: SimConfig, reuse_port: bool) -> int:
     async def main(stop: asyncio.Event) -> int:
         sim = Simulator(config)
+        if sim.kv_events is not None:
+            await sim.kv_events.start(config.host, config.kv_events_port)
         runner = await start_site(sim.app(), config.host, config.port, reuse_port=reuse_port)
         log.info(
             "hivenet-sim serving %s on http://%s:%d (zero latency: %s)",
@@ -31,6 +33,8 @@ def _serve_one(config: SimConfig, reuse_port: bool) -> int:
             await stop.wait()
         finally:
             await runner.cleanup()
+            if sim.kv_events is not None:
+                await sim.kv_events.close()
             sim.close()
         return 0
 

@@ -30,6 +30,7 @@ from hivenet_router.sim.formats import (
     MessagesFormat,
     ToolFormat,
 )
+from hivenet_router.sim.kv_events import KvEventPublisher
 from hivenet_router.sim.metrics import render_metrics
 from hivenet_router.sim.text import Corpus, chat_prompt, completion_prompt
 from hivenet_router.sim.tools import forced_call, pieces, structured
@@ -105,6 +106,9 @@ class Simulator:
             crash_after=config.fault_crash_after,
             slowdown=config.fault_slowdown,
         )
+        # vLLM's KV-cache events on a ZeroMQ PUB socket (--kv-events-port), started by
+        # the process once the event loop runs.
+        self.kv_events = KvEventPublisher(config.kv_events_topic) if config.kv_events_port else None
         self.engine = Engine(
             max_num_seqs=config.max_num_seqs,
             kv_cache_tokens=config.kv_cache_tokens,
@@ -114,6 +118,7 @@ class Simulator:
             ),
             zero_latency=config.zero_latency,
             faults=self.faults,
+            events=self.kv_events,
         )
         self.dice = FaultDice(self.faults, config.seed)
         self.corpus = Corpus(config.seed)
@@ -161,11 +166,18 @@ class Simulator:
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/v1/rerank", self.rerank)
         app.router.add_post("/rerank", self.rerank)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/admin/faults", self.get_faults)
         app.router.add_post("/admin/faults", self.set_faults)
         app.router.add_post("/admin/crash", self.crash)
         app.router.add_get("/admin/traceparents", self.get_traceparents)
         return app
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's POST /reset_prefix_cache: the prefix cache emptied (an AllBlocksCleared
+        event with --kv-events-port)."""
+        self.engine.cache.clear()
+        return web.Response(status=200)
 
     @web.middleware
     async def _remember_trace(

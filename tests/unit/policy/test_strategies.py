@@ -41,6 +41,11 @@ STEPS = {
         for preset in ("latency-first", "cost-first", "load-balanced", "speculative")
     },
     "scored-softmax": step_of("{strategy: scored, scoring: {temperature: 0.5}}"),
+    "scored-ttft": step_of("{strategy: scored, scoring: {weights: {ttft: 1}}}"),
+    "predicted-latency": step_of("{strategy: predicted-latency}"),
+    "predicted-latency-objective": step_of(
+        "{strategy: predicted-latency, prediction: {ttft_objective_ms: 50, max_imbalance: 2}}"
+    ),
 }
 
 
@@ -257,6 +262,18 @@ def test_softmax_spreads_by_score() -> None:
         (
             "routing_policy: {strategy: prefix-affinity, affinity: {min_match: 1.5}}",
             "affinity.min_match: must be at least 0",
+        ),
+        (
+            "routing_policy: {strategy: predicted-latency, prediction: {ttft_objective_ms: 0}}",
+            "prediction.ttft_objective_ms: must be more than 0",
+        ),
+        (
+            "routing_policy: {strategy: predicted-latency, prediction: {min_match: 0.5}}",
+            "prediction.min_match: unknown field",
+        ),
+        (
+            "routing_policy: {strategy: least-loaded, prediction: {max_imbalance: 2}}",
+            "prediction: is read only by strategy predicted-latency",
         ),
         (
             "routing_policy: {strategy: consistent-hash, hash: {key: user}}",

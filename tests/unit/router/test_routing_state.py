@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hivenet_router.clock import ManualClock
-from hivenet_router.domain.agent import EngineSnapshot, Registration
+from hivenet_router.domain.agent import (
+    CacheChange,
+    CacheReport,
+    EngineSnapshot,
+    Registration,
+    pack_blocks,
+    unpack_blocks,
+)
 from hivenet_router.domain.request import Job, RequestFacts, Usage
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, parse_policy
+from hivenet_router.policy.predicted import Prediction, prediction_of
 from hivenet_router.router.registry import AgentRecord, Registry
-from hivenet_router.router.routing_state import RoutingState, queue_cost
+from hivenet_router.router.routing_state import RoutingState, Sent, queue_cost
 
 SYSTEM = "You are a careful assistant. " * 40
 
@@ -149,10 +159,10 @@ def test_only_streams_move_the_adaptive_limit() -> None:
     on = policy("adaptive_concurrency: {enabled: true}\n")
     agent = record(registry, "a")
     state.adapt(on, [agent])
-    state.settled(agent, on, True, 400.0, Usage(10, 40), False, 0)
+    state.settled(agent, on, True, 400.0, Usage(10, 40), False, Sent())
     view = state.agent_view("a", on.breaker)["adaptive_concurrency"]
     assert view["min_latency"] is None  # type: ignore[index]
-    state.settled(agent, on, True, 30.0, Usage(10, 40), True, 0)
+    state.settled(agent, on, True, 30.0, Usage(10, 40), True, Sent())
     view = state.agent_view("a", on.breaker)["adaptive_concurrency"]
     assert view["min_latency"] == 30.0  # type: ignore[index]
 
@@ -207,7 +217,7 @@ def test_an_attempt_cut_short_teaches_routing_but_counts_nothing_for_the_agent()
     assert (agent.successes, agent.failures) == (0, 0)
     assert not state.admits(rules)(agent)  # the deadline ran out on it: its breaker opened
     other = record(registry, "b")
-    state.settled(other, rules, True, 20.0, Usage(3, 4), True, 0)
+    state.settled(other, rules, True, 20.0, Usage(3, 4), True, Sent())
     assert (other.successes, other.srtt_ms, other.output_tokens) == (1, 20.0, 4)
 
 
@@ -220,3 +230,70 @@ def test_prepare_sets_limits_and_the_time_the_pick_sees() -> None:
     clock.advance(3.0)
     admits = state.prepare(inp, on, [agent])
     assert agent.limit == 4 and inp.now == clock.monotonic() and admits(agent)
+
+
+def test_predicted_latency_learns_each_agents_figures_and_its_error() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(strategy="predicted-latency")
+    step = rules.steps[0]
+    agent = record(registry, "a")
+    assert state.prediction_errors() == (0, None, None)
+    for n in range(8):
+        t = ticket()
+        text = str(n) + "x" * (399 + 800 * n)  # of different lengths, nothing cached
+        assert t.facts is not None
+        t.facts = RequestFacts(
+            "/v1/chat/completions", "m", "llm", True, 64, len(text), 1, 0, (text,)
+        )
+        inp = state.input(t, rules, None)
+        assert step.plan.choose(inp, [agent]) is agent
+        sent = state.chosen(inp, step, agent, rules)
+        assert sent.prediction is not None
+        tokens = len(text) / 4
+        ttft_ms = 1000 * (0.03 + 0.0002 * tokens)  # a 30 ms base, 5,000 tokens a second
+        clock.advance(0.5)
+        state.settled(agent, rules, True, ttft_ms, Usage(int(tokens), 4), True, sent)
+    view = state.agent_view("a", rules.breaker)["predicted_latency"]
+    assert view == {
+        "base_ms": 30.0,
+        "prefill_us_per_token": 200.0,
+        "service_ms": 500,
+        "engine_slots": None,
+        "samples": 8,
+    }
+    count, p50, p90 = state.prediction_errors()
+    assert count == 8 and p50 is not None and p90 is not None
+    # The last predictions were made with the figures already learnt: exact.
+    inp = state.input(ticket(), rules, None)
+    step.plan.choose(inp, [agent])
+    assert abs(must(prediction_of(inp, "a")).seconds - (0.03 + 0.0002 * 100)) < 1e-9
+    registry.remove("a")
+    assert "predicted_latency" not in state.agent_view("a", rules.breaker)
+
+
+def test_agents_cache_reports_fill_the_index_and_the_prefix_goes_to_the_agent() -> None:
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(strategy="prefix-affinity")
+    agent = record(registry, "a")
+    agent.engine = EngineSnapshot(kv_cache_tokens=256.0)  # four blocks
+    state.cache_report(agent, CacheReport(True, [CacheChange(True, pack_blocks([3, 2, 1]))]))
+    state.cache_report(agent, CacheReport(False, [CacheChange(True, pack_blocks([6, 5, 4]))]))
+    assert dict(state.prefix_blocks()) == {"m": 4}  # held to the engine's size
+    state.cache_report(agent, CacheReport(False, [CacheChange(False, pack_blocks([4, 9]))]))
+    assert dict(state.prefix_blocks()) == {"m": 3}
+    state.cache_report(agent, CacheReport(True, []))  # a whole picture, empty
+    assert dict(state.prefix_blocks()) == {"m": 0}
+    with pytest.raises(ValueError):
+        state.cache_report(agent, CacheReport(False, [CacheChange(True, "%%")]))
+    assert state.reports == 4
+    inp = state.input(ticket(), rules, None)
+    sent = state.chosen(inp, rules.steps[0], agent, rules)
+    assert sent.prefix is not None and unpack_blocks(sent.prefix) == inp.blocks()
+    assert state.chosen(inp, policy().steps[0], agent, policy()).prefix is None
+
+
+def must(prediction: Prediction | None) -> Prediction:
+    assert prediction is not None
+    return prediction

@@ -177,7 +177,7 @@ def test_unknown_model_is_404(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     "path",
     [
-        "/v1/responses",
+        "/v1/assistants",
         "/admin/agents",
         "/v1/chat",
         "/metrics",

@@ -21,7 +21,7 @@ import orjson
 from hivenet_router.auth.providers import ANONYMOUS
 from hivenet_router.observability.events import AgentEvent, Ended, Event
 from hivenet_router.observability.linewriter import LineWriter
-from hivenet_router.pipeline.ticket import Note, Ticket
+from hivenet_router.pipeline.ticket import Key, Note, Ticket
 
 DEFAULT_PATH = "/var/log/hivenet-router/audit.jsonl"
 SKIPPED = frozenset({"/health"})  # probes: frequent, and they say nothing about anyone
@@ -32,6 +32,8 @@ MODEL_CHARS = 256  # a model name is the client's text: bounded in the record
 METHOD_CHARS, PATH_CHARS = 16, 256
 ASKED_METHOD: Final = Note[str]("method", place=50)
 ASKED_PATH: Final = Note[str]("path", place=51)
+# The record, once made, beside the event it tells (see record).
+LINE: Final = Key[tuple[Ended | None, bytes]]("audit_line", lambda: (None, b""))
 
 # The code an error status gets when nothing more specific was attached to the request.
 _BY_STATUS = {
@@ -95,7 +97,13 @@ class AuditObserver:
 
 
 def record(ticket: Ticket, event: Ended, now: float) -> bytes:
-    """The audit line (with its newline) for a request that ended as `event` says."""
+    """The audit line (with its newline) for a request that ended as `event` says.
+
+    Made once a request: the audit writer and the console's recent requests both want it
+    (a request ends once), and the second asks for the bytes the first made."""
+    told, made = ticket.get(LINE)
+    if told is event:
+        return made
     principal = ticket.principal
     usage = event.usage
     fields: dict[str, object] = {
@@ -119,4 +127,6 @@ def record(ticket: Ticket, event: Ended, now: float) -> bytes:
     # exactly the reference's fields; a note never replaces one of those.
     for name, value in ticket.notes():
         fields.setdefault(name, value)
-    return orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)
+    line = orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)
+    ticket.put(LINE, (event, line))
+    return line

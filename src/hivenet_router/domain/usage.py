@@ -156,8 +156,21 @@ class StreamMeter:
         if self._first is None:
             return None
         text = self._first + b"".join(self._tail)
-        if b'"usage"' not in text:
+        # An OpenAI stream reports last: its last usage line says it all, found from the end
+        # (a stream's text is not searched twice). Anthropic's start and delta are read below.
+        last = text.rfind(b'"usage"')
+        if last < 0:
             return None
+        line = _line_at(text, last)
+        if line.startswith(b"data:") and b'"message_' not in line:
+            try:
+                event = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                event = None
+            if isinstance(event, dict) and "type" not in event:
+                found = _from_usage(event.get("usage"))
+                if found is not None:
+                    return found
         prompt = 0
         completion: int | None = None
         seen = False
@@ -188,17 +201,22 @@ class StreamMeter:
         return (prompt, completion) if seen else None
 
 
+def _line_at(text: bytes, at: int) -> bytes:
+    """The line of `text` that holds position `at`, without its line ending."""
+    start = text.rfind(b"\n", 0, at) + 1
+    end = text.find(b"\n", at)
+    return text[start : len(text) if end < 0 else end].rstrip(b"\r")
+
+
 def _lines_with(text: bytes, needle: bytes) -> list[bytes]:
     """The lines of `text` that hold `needle`, found by search rather than by splitting (a
     stream read in one chunk has a hundred lines and one or two with usage)."""
     lines: list[bytes] = []
     at = text.find(needle)
     while at >= 0:
-        start = text.rfind(b"\n", 0, at) + 1
+        lines.append(_line_at(text, at))
         end = text.find(b"\n", at)
-        end = len(text) if end < 0 else end
-        lines.append(text[start:end].rstrip(b"\r"))
-        at = text.find(needle, end)
+        at = text.find(needle, end) if end >= 0 else -1
     return lines
 
 
@@ -362,7 +380,8 @@ def ask_for_usage(body: bytes) -> bytes | None:
 def _event_end(data: bytes, start: int) -> int:
     """Where the SSE event starting at `start` ends (after its blank line), or -1."""
     lf = data.find(b"\n\n", start)
-    crlf = data.find(b"\n\r\n", start)
+    # Only a CRLF blank line before the LF one can end the event first.
+    crlf = data.find(b"\n\r\n", start, lf + 2 if lf >= 0 else len(data))
     if lf < 0:
         return crlf + 3 if crlf >= 0 else -1
     if crlf < 0 or lf < crlf:
@@ -374,7 +393,10 @@ def _usage_only(event: bytes) -> bool:
     """An OpenAI event with no choices and a usage object: the one include_usage adds."""
     if b'"usage"' not in event:
         return False
-    data = b"".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
+    if event.startswith(b"data:") and event.count(b"\n") <= 2:  # one line, as engines send it
+        data = event[5:]
+    else:
+        data = b"".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
     try:
         decoded = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -406,7 +428,12 @@ class UsageEvents:
             lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
             cut = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
             ready, self._held = chunk[:cut], chunk[cut:]
-        return _drop_usage(ready) if _may_hold_usage(ready) else ready
+        # The usage event comes last, before `[DONE]`: only the end of a chunk is searched,
+        # so the usual chunks (and a whole answer sent in one) cost one short search.
+        low = max(0, len(ready) - USAGE_WINDOW)
+        if ready.find(b'"usage"', low) < 0:  # in JSON text a quote is escaped: a member
+            return ready
+        return _drop_usage(ready, low)
 
     def flush(self) -> bytes:
         """What is held at the end of the stream (an event without its blank line)."""
@@ -418,30 +445,35 @@ class UsageEvents:
 # escaped, so these bytes occur only as the member itself (compact or with one space, as
 # the engines and json.dumps write it); an event written otherwise reaches the client.
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
-
-
-def _may_hold_usage(data: bytes) -> bool:
-    return _EMPTY_CHOICES[0] in data or _EMPTY_CHOICES[1] in data
+# How much of the end of a chunk is searched for the usage event: the event (a few hundred
+# bytes), `[DONE]` after it, and room to spare. An engine that sent the usage event with
+# more than this after it in the same chunk would have it reach the client.
+USAGE_WINDOW = 2048
 
 
 def _event_start(data: bytes, at: int, floor: int) -> int:
     """Where the SSE event holding position `at` starts (after the previous blank line)."""
     lf = data.rfind(b"\n\n", floor, at)
-    crlf = data.rfind(b"\n\r\n", floor, at)
+    # Only a CRLF blank line after the LF one can be the nearer.
+    crlf = data.rfind(b"\n\r\n", lf if lf >= 0 else floor, at)
     return max(lf + 2 if lf >= 0 else floor, crlf + 3 if crlf >= 0 else floor)
 
 
-def _drop_usage(data: bytes) -> bytes:
-    """`data` without its usage-only events. Only the events holding empty choices are
-    looked at (one a stream), so a chunk of many events costs a few searches, not a walk."""
+def _drop_usage(data: bytes, low: int = 0) -> bytes:
+    """`data` without its usage-only events whose empty choices lie at or after `low`. Only
+    the events holding empty choices are looked at (one a stream), so a chunk of many
+    events costs a few searches, not a walk."""
     kept: list[bytes] = []
-    start = 0
+    start = 0  # what is not yet kept
+    search = low
     while True:
-        hits = [i for i in (data.find(m, start) for m in _EMPTY_CHOICES) if i >= 0]
+        hits = [i for i in (data.find(m, search) for m in _EMPTY_CHOICES) if i >= 0]
         if not hits:
             break
         at = min(hits)
-        begin = _event_start(data, at, start)
+        # The event begins shortly before its choices: the backward search is bounded (an
+        # event longer than the window is not found whole, so it is kept, not dropped).
+        begin = _event_start(data, at, max(start, at - USAGE_WINDOW))
         end = _event_end(data, at)
         if end < 0:
             end = len(data)
@@ -449,7 +481,7 @@ def _drop_usage(data: bytes) -> bytes:
             kept.append(data[start:begin])
         else:
             kept.append(data[start:end])
-        start = end
+        start = search = end
     if not kept:
         return data
     kept.append(data[start:])

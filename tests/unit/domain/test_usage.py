@@ -5,6 +5,7 @@ import orjson
 from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.request import Usage
 from hivenet_router.domain.usage import (
+    USAGE_WINDOW,
     StreamMeter,
     TextMeter,
     UsageEvents,
@@ -235,6 +236,15 @@ def test_the_usage_event_is_found_in_a_chunk_of_many_events() -> None:
     empty = b'data: {"id":"c","choices":[]}\n\n'
     drop = UsageEvents()
     assert drop(TOKEN + empty + TOKEN) == TOKEN + empty + TOKEN
+    # the event is looked for where engines send it, at the end of a chunk (USAGE_WINDOW):
+    # one followed in its chunk by more than that is the client's to see, unharmed
+    late = ROLE + USAGE_EVENT + TOKEN * (USAGE_WINDOW // len(TOKEN) + 1) + DONE
+    drop = UsageEvents()
+    assert drop(late) + drop.flush() == late
+    # an event written over two data lines is read whole
+    split = USAGE_EVENT.replace(b'"choices":[],', b'"choices":[],\ndata: ')
+    drop = UsageEvents()
+    assert drop(ROLE + split + DONE) + drop.flush() == ROLE + DONE
 
 
 def test_a_whole_answer_without_usage_is_counted_from_its_text() -> None:

@@ -32,6 +32,9 @@ def _events(data: bytes) -> tuple[list[bytes], bytes]:
         return [], data
     payloads = []
     for event in data[:cut].split(b"\n\n"):
+        if event.startswith(b"data:") and b"\n" not in event:  # one line: the usual event
+            payloads.append(event[5:].lstrip())
+            continue
         lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
         if lines:
             payloads.append(b"\n".join(lines))
@@ -54,6 +57,7 @@ class StreamShape:
         self._calls: dict[int, dict[str, Any]] = {}  # open function calls by chat index
         self._reason: str | None = None
         self._usage: dict[str, Any] | None = None
+        self._parts = (b"", b"", b"")  # the open item's delta event bytes (_delta_parts)
 
     def _event(self, out: list[bytes], kind: str, **fields: Any) -> None:
         body = orjson.dumps({"type": kind, "sequence_number": self._seq, **fields})
@@ -95,31 +99,33 @@ class StreamShape:
     # -- reading chat events ------------------------------------------------------------------
 
     def _read(self, out: list[bytes], event: dict[str, Any]) -> None:
-        if isinstance(event.get("error"), dict):
-            self._fail(out, event["error"])
+        # Called once a token: a parsed event holds exact dicts, lists and strs, so the
+        # checks are by type, and absent members cost one lookup.
+        error = event.get("error")
+        if type(error) is dict:
+            self._fail(out, error)
             return
-        found = usage(event.get("usage"))
-        if found is not None:
+        if (counts := event.get("usage")) is not None and (found := usage(counts)) is not None:
             self._usage = found
         choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        if type(choices) is not list or not choices or type(choice := choices[0]) is not dict:
             return
-        choice = choices[0]
         delta = choice.get("delta")
-        if isinstance(delta, dict):
+        if type(delta) is dict:
             thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if isinstance(thought, str) and thought:
+            if thought and type(thought) is str:
                 self._delta(out, "reasoning", thought)
             content = delta.get("content")
-            if isinstance(content, str) and content:
+            if content and type(content) is str:
                 self._delta(out, "message", content)
             calls = delta.get("tool_calls")
-            if isinstance(calls, list):
+            if type(calls) is list:
                 for call in calls:
-                    if isinstance(call, dict):
+                    if type(call) is dict:
                         self._call(out, call)
-        if isinstance(choice.get("finish_reason"), str):
-            self._reason = choice["finish_reason"]
+        reason = choice.get("finish_reason")
+        if type(reason) is str:
+            self._reason = reason
 
     def _delta(self, out: list[bytes], kind: str, text: str) -> None:
         item = self._current
@@ -127,25 +133,24 @@ class StreamShape:
             self._close_current(out)
             item = self._open(out, kind)
         item["_text"].append(text)
-        if kind == "message":
-            self._event(
-                out,
-                "response.output_text.delta",
-                item_id=item["id"],
-                output_index=item["_index"],
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        else:
-            self._event(
-                out,
-                "response.reasoning_text.delta",
-                item_id=item["id"],
-                output_index=item["_index"],
-                content_index=0,
-                delta=text,
-            )
+        # One event a token: written from the open item's bytes (_delta_parts), the same
+        # bytes _event would write for it.
+        head, middle, tail = self._parts
+        out.append(head + str(self._seq).encode() + middle + orjson.dumps(text) + tail)
+        self._seq += 1
+
+    def _delta_parts(self, kind: str, item_id: str, index: int) -> tuple[bytes, bytes, bytes]:
+        """The bytes of the item's delta events around their sequence number and text:
+        `_event(out, name, item_id=..., output_index=..., content_index=0, delta=text,
+        logprobs=[])` (no logprobs for reasoning) in three pieces."""
+        name = (
+            b"response.output_text.delta" if kind == "message" else b"response.reasoning_text.delta"
+        )
+        head = b"event: " + name + b'\ndata: {"type":"' + name + b'","sequence_number":'
+        middle = b',"item_id":' + orjson.dumps(item_id) + b',"output_index":'
+        middle += str(index).encode() + b',"content_index":0,"delta":'
+        tail = b',"logprobs":[]}\n\n' if kind == "message" else b"}\n\n"
+        return head, middle, tail
 
     def _open(self, out: list[bytes], kind: str) -> dict[str, Any]:
         if kind == "message":
@@ -173,6 +178,7 @@ class StreamShape:
         item = {**shown, "_index": index, "_text": []}
         self._items.append(item)
         self._current = item
+        self._parts = self._delta_parts(kind, shown["id"], index)
         return item
 
     def _call(self, out: list[bytes], call: dict[str, Any]) -> None:

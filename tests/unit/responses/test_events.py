@@ -112,3 +112,29 @@ def test_odd_chat_events_are_skipped_not_raised() -> None:
     ]
     out = b"".join(shape(b"data: " + orjson.dumps(e) + b"\n\n") for e in odd) + shape.flush()
     assert _read(out)[-1]["type"] == "response.completed"
+
+
+def test_a_token_event_is_the_bytes_the_general_writer_makes() -> None:
+    """Delta events are written from bytes prepared when their item opens: each one is
+    byte for byte the event `_event` writes from its fields (key order included)."""
+    chat = _sse(
+        _delta(role="assistant", content='a\u00e9"\n'),
+        _delta(reasoning_content="why"),
+        _delta(content="b"),
+    )
+    shape = StreamShape(skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), [].append)
+    out = shape(chat) + shape.flush()
+    deltas = [e for e in out.split(b"\n\n") if e.startswith(b"event: response.") and b".delta" in e]
+    assert len(deltas) == 3
+    for raw in deltas:
+        decoded = orjson.loads(raw.split(b"\ndata: ", 1)[1])
+        kind = decoded.pop("type")
+        again: list[bytes] = []
+        shape._seq = decoded.pop("sequence_number")
+        shape._event(again, kind, **decoded)
+        assert again == [raw + b"\n\n"]
+    assert [orjson.loads(e.split(b"\ndata: ", 1)[1])["delta"] for e in deltas] == [
+        'a\u00e9"\n',
+        "why",
+        "b",
+    ]

@@ -393,8 +393,9 @@ def _usage_only(event: bytes) -> bool:
     """An OpenAI event with no choices and a usage object: the one include_usage adds."""
     if b'"usage"' not in event:
         return False
-    if event.startswith(b"data:") and event.count(b"\n") <= 2:  # one line, as engines send it
-        data = event[5:]
+    line = event.rstrip(b"\r\n")
+    if line.startswith(b"data:") and b"\n" not in line and b"\r" not in line:
+        data = line[5:]  # one line, as engines send it
     else:
         data = b"".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
     try:
@@ -471,13 +472,14 @@ def _drop_usage(data: bytes, low: int = 0) -> bytes:
         if not hits:
             break
         at = min(hits)
-        # The event begins shortly before its choices: the backward search is bounded (an
-        # event longer than the window is not found whole, so it is kept, not dropped).
-        begin = _event_start(data, at, max(start, at - USAGE_WINDOW))
+        # The event begins shortly before its choices: the backward search is bounded, and
+        # an event whose start is not found within it is kept whole, never cut.
+        floor = max(start, at - USAGE_WINDOW)
+        begin = _event_start(data, at, floor)
         end = _event_end(data, at)
         if end < 0:
             end = len(data)
-        if _usage_only(data[begin:end]):
+        if (begin > floor or floor == start) and _usage_only(data[begin:end]):
             kept.append(data[start:begin])
         else:
             kept.append(data[start:end])

@@ -241,6 +241,14 @@ def test_the_usage_event_is_found_in_a_chunk_of_many_events() -> None:
     late = ROLE + USAGE_EVENT + TOKEN * (USAGE_WINDOW // len(TOKEN) + 1) + DONE
     drop = UsageEvents()
     assert drop(late) + drop.flush() == late
+    # an event whose start lies beyond the window is kept whole, never cut
+    far = b"event: usage\nid: " + b"7" * USAGE_WINDOW + b"\n" + USAGE_EVENT + DONE
+    drop = UsageEvents()
+    assert drop(far) + drop.flush() == far
+    # an unterminated last event of two lines is read as two lines
+    tail = USAGE_EVENT[:-2] + b"\n: bye"
+    drop = UsageEvents()
+    assert drop(tail) == b"" and drop.flush() == b""
     # an event written over two data lines is read whole
     split = USAGE_EVENT.replace(b'"choices":[],', b'"choices":[],\ndata: ')
     drop = UsageEvents()

@@ -19,34 +19,52 @@ from typing import Any, Final
 MAX_DEPTH: Final = 64  # nesting of values and of schema references followed
 
 
+# Where a value is: None for the document's root, else (where its parent is, its key or
+# index). Built as the walk goes down, cheaply; spelled out (`$.items[2].name`) only for a
+# value that does not fit.
+Where = tuple[Any, "str | int"] | None
+
+
 def violation(value: Any, schema: Any) -> str | None:
     """Why `value` does not fit `schema`, naming where (`$.items[2].name`); None if it fits
     (or the schema says nothing the checker reads)."""
-    return _check(value, schema, schema, "$", 0)
+    return _check(value, schema, schema, None, 0)
 
 
-def _check(value: Any, schema: Any, root: Any, path: str, depth: int) -> str | None:
-    if not isinstance(schema, dict) or depth > MAX_DEPTH:
+def spelled(where: Where) -> str:
+    """A place as the reasons name it: `$`, `$.name`, `$.items[2]`."""
+    parts: list[str] = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "$" + "".join(reversed(parts))
+
+
+def _check(value: Any, schema: Any, root: Any, where: Where, depth: int) -> str | None:
+    if type(schema) is not dict or depth > MAX_DEPTH:
         return None  # `true`, `{}`, or too deep to judge: anything goes
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = _resolve(root, ref)
-        problem = _check(value, target, root, path, depth + 1)
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if isinstance(ref, str):
+            problem = _check(value, _resolve(root, ref), root, where, depth + 1)
+            if problem is not None:
+                return problem
+    problem = _kind(value, schema, where)
+    if problem is not None:
+        return problem
+    if "allOf" in schema or "anyOf" in schema or "oneOf" in schema:
+        problem = _choices(value, schema, root, where, depth)
         if problem is not None:
             return problem
-    problem = _kind(value, schema, path)
-    if problem is not None:
-        return problem
-    problem = _choices(value, schema, root, path, depth)
-    if problem is not None:
-        return problem
-    if isinstance(value, dict):
-        return _object(value, schema, root, path, depth)
-    if isinstance(value, list):
+    kind = type(value)
+    if kind is dict:
+        return _object(value, schema, root, where, depth)
+    if kind is list:
         items = schema.get("items")
-        if isinstance(items, dict):
+        if type(items) is dict:
+            depth += 1
             for index, item in enumerate(value):
-                problem = _check(item, items, root, f"{path}[{index}]", depth + 1)
+                problem = _check(item, items, root, (where, index), depth)
                 if problem is not None:
                     return problem
     return None
@@ -65,37 +83,45 @@ def _resolve(root: Any, ref: str) -> Any:
     return node
 
 
+# The JSON kinds a parsed value of each type is (a float with no fraction is an integer too).
+_KINDS: Final[dict[type, frozenset[str]]] = {
+    str: frozenset({"string"}),
+    int: frozenset({"integer", "number"}),
+    float: frozenset({"number"}),
+    bool: frozenset({"boolean"}),
+    type(None): frozenset({"null"}),
+    dict: frozenset({"object"}),
+    list: frozenset({"array"}),
+}
+_KNOWN: Final = frozenset({"string", "integer", "number", "boolean", "null", "object", "array"})
+
+
 def _is(value: Any, kind: Any) -> bool:
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer()
-        )
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "null":
-        return value is None
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "array":
-        return isinstance(value, list)
-    return True  # a type the checker does not know
+    kinds = _KINDS.get(type(value))
+    if kinds is None:  # not what a JSON parser makes: judged by what it is an instance of
+        kinds = next((k for t, k in _KINDS.items() if isinstance(value, t)), frozenset())
+    if kind in kinds:
+        return True
+    if kind == "integer" and isinstance(value, float):
+        return value.is_integer()
+    return kind not in _KNOWN  # a type the checker does not know
 
 
-def _kind(value: Any, schema: dict[str, Any], path: str) -> str | None:
-    kind = schema.get("type")
-    if isinstance(kind, str) and not _is(value, kind):
-        return f"{path}: expected {kind}, got {_name(value)}"
-    if isinstance(kind, list) and kind and not any(_is(value, k) for k in kind):
-        return f"{path}: expected one of {', '.join(map(str, kind))}, got {_name(value)}"
-    enum = schema.get("enum")
-    if isinstance(enum, list) and not any(_same(value, option) for option in enum):
-        return f"{path}: not one of the enum's values"
+def _kind(value: Any, schema: dict[str, Any], where: Where) -> str | None:
+    if "type" in schema:
+        kind = schema["type"]
+        if isinstance(kind, str):
+            if not _is(value, kind):
+                return f"{spelled(where)}: expected {kind}, got {_name(value)}"
+        elif isinstance(kind, list) and kind and not any(_is(value, k) for k in kind):
+            expected = ", ".join(map(str, kind))
+            return f"{spelled(where)}: expected one of {expected}, got {_name(value)}"
+    if "enum" in schema:
+        enum = schema["enum"]
+        if isinstance(enum, list) and not any(_same(value, option) for option in enum):
+            return f"{spelled(where)}: not one of the enum's values"
     if "const" in schema and not _same(value, schema["const"]):
-        return f"{path}: not the const value"
+        return f"{spelled(where)}: not the const value"
     return None
 
 
@@ -106,11 +132,11 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _choices(value: Any, schema: dict[str, Any], root: Any, path: str, depth: int) -> str | None:
+def _choices(value: Any, schema: dict[str, Any], root: Any, where: Where, depth: int) -> str | None:
     every = schema.get("allOf")
     if isinstance(every, list):
         for part in every:
-            problem = _check(value, part, root, path, depth + 1)
+            problem = _check(value, part, root, where, depth + 1)
             if problem is not None:
                 return problem
     for key in ("anyOf", "oneOf"):  # oneOf is read as anyOf: lenient, never stricter
@@ -118,32 +144,34 @@ def _choices(value: Any, schema: dict[str, Any], root: Any, path: str, depth: in
         if (
             isinstance(options, list)
             and options
-            and all(_check(value, o, root, path, depth + 1) is not None for o in options)
+            and all(_check(value, o, root, where, depth + 1) is not None for o in options)
         ):
-            return f"{path}: fits none of {key}"
+            return f"{spelled(where)}: fits none of {key}"
     return None
 
 
 def _object(
-    value: dict[str, Any], schema: dict[str, Any], root: Any, path: str, depth: int
+    value: dict[str, Any], schema: dict[str, Any], root: Any, where: Where, depth: int
 ) -> str | None:
     required = schema.get("required")
     if isinstance(required, list):
         for name in required:
             if isinstance(name, str) and name not in value:
-                return f"{path}: missing required property {name!r}"
+                return f"{spelled(where)}: missing required property {name!r}"
     properties = schema.get("properties")
-    properties = properties if isinstance(properties, dict) else {}
+    if type(properties) is not dict:
+        properties = {}
     extra = schema.get("additionalProperties")
+    depth += 1
     for name, item in value.items():
         if name in properties:
-            problem = _check(item, properties[name], root, f"{path}.{name}", depth + 1)
+            problem = _check(item, properties[name], root, (where, name), depth)
         elif extra is False:
-            problem = f"{path}: property {name!r} is not allowed"
-        elif isinstance(extra, dict):
-            problem = _check(item, extra, root, f"{path}.{name}", depth + 1)
+            problem = f"{spelled(where)}: property {name!r} is not allowed"
+        elif type(extra) is dict:
+            problem = _check(item, extra, root, (where, name), depth)
         else:
-            problem = None
+            continue
         if problem is not None:
             return problem
     return None

@@ -42,6 +42,7 @@ _WHITESPACE: Final = " \t\n\r"
 _HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
 _ESCAPES: Final = frozenset('"\\/bfnrtu')
 _LITERALS: Final = {"t": "rue", "f": "alse", "n": "ull"}
+_OPENER: Final = {"}": "{", "]": "["}
 _STRING_RUN: Final = re.compile(r'[^"\\\x00-\x1f]+')
 _SPACE_RUN: Final = re.compile(r"[ \t\n\r]+")
 _DIGIT_RUN: Final = re.compile(r"[0-9]+")
@@ -81,54 +82,62 @@ class JsonPrefix:
             return self.error
         i, n = 0, len(text)
         state = self.state
+        stack = self._stack
         while i < n:
-            c = text[i]
             if state == STRING:
                 run = _STRING_RUN.match(text, i)
                 if run is not None:
                     i = run.end()
                     if i >= n:
                         break
-                    c = text[i]
+                c = text[i]
                 if c == '"':
-                    state = COLON if self._key else self._after()
+                    state = COLON if self._key else AFTER if stack else DONE
                 elif c == "\\":
                     state = ESCAPE
                 else:
                     return self._stop(i, n, state)  # a control character inside a string
                 i += 1
-            elif c == '"' and state <= KEY:  # a string starts: a key or a value
-                self._key = state in (KEY, OBJECT_FIRST)
-                if not self._key and self._object_only and not self._stack:
+                continue
+            c = text[i]
+            # The common characters first, each where it is plainly right; anything else
+            # (or any of them elsewhere) goes the general way below.
+            if c == '"' and state <= KEY:  # a string starts: a key or a value
+                self._key = state >= OBJECT_FIRST
+                if not self._key and self._object_only and not stack:
                     return self._stop(i, n, state)
                 state = STRING
-                i += 1
             elif c == ":" and state == COLON:
                 state = VALUE
-                i += 1
             elif c == "," and state == AFTER:
-                state = KEY if self._stack[-1] == "{" else VALUE
-                i += 1
+                state = KEY if stack[-1] == "{" else VALUE
+            elif c == "{" and state <= ARRAY_FIRST:
+                stack.append(c)
+                state = OBJECT_FIRST
+            elif state == AFTER and c in _OPENER and stack[-1] == _OPENER[c]:
+                stack.pop()
+                state = AFTER if stack else DONE
             elif state == DONE or (state < STRING and c in _WHITESPACE):
                 run = _SPACE_RUN.match(text, i)
                 if run is None:
                     return self._stop(i, n, state)  # something after the complete document
                 i = run.end()
+                continue
             elif state >= MINUS:
                 state, advance = self._number(state, text, i)
                 if state < 0:
                     return self._stop(i, n, state)
                 i += advance
+                continue
             elif state <= KEY:
                 state = self._open(state, c)
                 if state < 0:
                     return self._stop(i, n, state)
-                i += 1
             else:
                 state = self._inside(state, c)
                 if state < 0:
                     return self._stop(i, n, state)
-                i += 1
+            i += 1
         self.state = state
         self.seen += n
         return None

@@ -28,10 +28,13 @@ _OTHER_FIELDS: Final = (b":", b"id:", b"id\r", b"retry:")
 
 
 class EventSink(Protocol):
-    """Who else reads every event (the syntax judge): handed each parsed `data:` payload,
-    and told of each line that is no SSE field or payload that is no JSON."""
+    """Who else reads every event (the syntax judge): offered each `data:` payload first
+    unparsed (`quick`: the text it carries when the sink could read it so, else None), then
+    handed it parsed, and told of each line that is no SSE field or payload that is no JSON."""
 
-    def event(self, event: Any) -> None: ...
+    def quick(self, payload: bytes) -> str | None: ...
+
+    def event(self, event: Any, payload: bytes) -> None: ...
 
     def bad(self, why: str) -> None: ...
 
@@ -64,18 +67,29 @@ class SseText:
         pieces: list[str] = []
         sink = self._sink
         if sink is not None:
+            judge, quick = sink.event, sink.quick
             for line in data.split(b"\n"):
-                if line.startswith(b"data:"):
-                    try:
-                        event = orjson.loads(line[5:])
-                    except orjson.JSONDecodeError:
-                        self._no_json(line[5:], sink)
+                if line[:5] == b"data:":
+                    payload = line[5:]
+                    piece = quick(payload)
+                    if piece is not None:  # the judge read it without a parse
+                        if piece:
+                            pieces.append(piece)
                         continue
-                    sink.event(event)
+                    try:
+                        event = orjson.loads(payload)
+                    except orjson.JSONDecodeError:
+                        self._no_json(payload, sink)
+                        continue
+                    judge(event, payload)
                     if type(event) is dict:
-                        _parsed_text(event, pieces)
-                        if event.get("type") == "message_stop":
-                            self.done = True
+                        choices = event.get("choices")
+                        if type(choices) is list:
+                            _choices_text(choices, pieces)
+                        else:
+                            _parsed_text(event, pieces)
+                            if event.get("type") == "message_stop":
+                                self.done = True
                 elif line:
                     self._other(line, sink)
             return pieces
@@ -144,6 +158,17 @@ def _parsed_text(event: dict[str, Any], out: list[str]) -> None:
                 _choice_text(choice, "delta", out)
     elif event.get("type") == "content_block_delta":
         _block_text(event.get("delta"), out)
+
+
+def _choices_text(choices: list[Any], out: list[str]) -> None:
+    """The text of a chat or completions event's choices."""
+    for choice in choices:
+        if type(choice) is not dict:
+            continue
+        delta = choice.get("delta")
+        if type(delta) is dict and len(delta) == 1 and "tool_calls" in delta:
+            continue  # a piece of a tool call, the common event of one: no text in it
+        _choice_text(choice, "delta", out)
 
 
 def _choice_text(choice: dict[str, Any], key: str, out: list[str]) -> None:

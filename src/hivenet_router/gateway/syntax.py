@@ -32,6 +32,7 @@ import orjson
 from hivenet_router.gateway.jsonprefix import DONE, JsonPrefix
 from hivenet_router.gateway.schema_subset import violation
 from hivenet_router.gateway.settings import SyntaxSettings
+from hivenet_router.gateway.syntax_quick import Template, template
 
 CHECKS: Final = ("json", "schema", "tool_args", "events")
 CHAT: Final = "/v1/chat/completions"
@@ -43,6 +44,11 @@ ROUTES: Final = frozenset({CHAT, COMPLETIONS, MESSAGES, RESPONSES})
 _HINTS: Final = (b'"response_format"', b'"tools"', b'"output_format"', b'"format"')
 MAX_REASON: Final = 200  # characters of a reason kept
 _CUT: Final = frozenset({"length", "max_tokens", "max_output_tokens"})
+# Event shapes kept for `quick` per answer that read fewer than PAID events: enough for each
+# tool call of an answer, and an engine whose every event differs (a count in each) stops
+# paying for them soon.
+MAX_TEMPLATES: Final = 8
+PAID: Final = 4  # events read by a template that make it worth its making
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,16 +177,33 @@ class SyntaxJudge:
     """Feed it the answer's events in order (`event`, `bad`, then `finish` at its end), or
     its whole body (`body`); `reason` says what broke first, `check` under which check."""
 
-    __slots__ = ("_asked", "_calls", "_cut", "_json", "_on", "_texts", "check", "reason")
+    __slots__ = (
+        "_asked",
+        "_builds",
+        "_calls",
+        "_chat",
+        "_cut",
+        "_hits",
+        "_json",
+        "_on",
+        "_template",
+        "_texts",
+        "check",
+        "reason",
+    )
 
     def __init__(self, asked: Asked, settings: SyntaxSettings) -> None:
         self._asked = asked
         on = settings.structured if asked.structured else settings.free_text
         self._on = frozenset(c for c in CHECKS if on and getattr(settings, c))
         self._json = asked.json and "json" in self._on  # generated text is judged as JSON
+        self._chat = asked.route in (CHAT, COMPLETIONS)  # events with choices
         self._texts: dict[int, Doc] = {}  # generated text by choice
         self._calls: dict[tuple[int, int], Doc] = {}  # tool calls by (choice, index)
         self._cut = False  # the answer stopped at its token limit
+        self._template: Template | None = None  # the last plain event's shape (`quick`)
+        self._builds = 0  # templates made for this answer that did not pay for themselves
+        self._hits = 0  # events the current template read
         self.reason: str | None = None
         self.check: str | None = None
 
@@ -193,8 +216,26 @@ class SyntaxJudge:
         if "events" in self._on:
             self._fail(f"events: {why}")
 
-    def event(self, event: Any) -> None:
-        """One parsed `data:` payload."""
+    def quick(self, payload: bytes) -> str | None:
+        """A `data:` payload read without parsing it, when it is the last plain event's
+        shape with another piece in it (syntax_quick): the text it carries for the loop
+        detector ("" for a piece of a tool call). None: parse it and hand it to `event`."""
+        shape = self._template
+        if shape is None:
+            return None
+        piece = shape.piece(payload)
+        if piece is None:
+            return None
+        self._hits += 1
+        if piece and self.reason is None:
+            problem = shape.doc.feed(piece)
+            if problem is not None:
+                self._fail(problem)
+        return piece if shape.text else ""
+
+    def event(self, event: Any, payload: bytes | None = None) -> None:
+        """One parsed `data:` payload (with its bytes, when the caller has them: the plain
+        event's shape is kept from them for `quick`)."""
         if self.reason is not None:
             return
         if type(event) is not dict:
@@ -202,35 +243,68 @@ class SyntaxJudge:
             return
         if "error" in event and event.get("type") in (None, "error"):
             return  # the engine's own error event: passed on as it is, not judged here
-        route = self._asked.route
-        if route == MESSAGES:
-            self._anthropic(event)
-        elif route == RESPONSES:
-            self._responses(event)
-        else:
-            choices = event.get("choices")
-            if type(choices) is not list:
-                self.bad("an event without choices")
-                return
-            for choice in choices:
-                if type(choice) is not dict:
-                    continue
-                delta = choice.get("delta")
-                if type(delta) is not dict:
-                    self._choice(choice, delta)
-                    continue
-                content = delta.get("content")
-                index = choice.get("index", 0)
-                doc = self._texts.get(index) if content and type(index) is int else None
-                if (
-                    doc is not None
-                    and type(content) is str
-                    and "tool_calls" not in delta
-                    and choice.get("finish_reason") is None
-                ):
-                    self._result(doc.feed(content))  # the common case, kept short
+        if not self._chat:
+            if self._asked.route == MESSAGES:
+                self._anthropic(event)
+            else:
+                self._responses(event)
+            return
+        choices = event.get("choices")
+        if type(choices) is not list:
+            self.bad("an event without choices")
+            return
+        if len(choices) == 1:
+            # The common chat event, kept short: one choice under way whose delta carries a
+            # piece of text, or of one tool call, already opened; anything else goes the
+            # general way below (which reads it from the start: nothing is judged here).
+            choice = choices[0]
+            delta = choice.get("delta") if type(choice) is dict else None
+            if type(delta) is dict and choice.get("finish_reason") is None:
+                if "tool_calls" not in delta:
+                    content = delta.get("content")
+                    if not content or not self._json:
+                        return  # a role, an empty delta, or text not asked to be JSON
+                    index = choice.get("index", 0)
+                    doc = self._texts.get(index) if type(index) is int else None
                 else:
-                    self._choice(choice, delta)
+                    doc, content = self._call_piece(choice, delta)
+                if doc is not None and type(content) is str:
+                    if content:
+                        problem = doc.feed(content)
+                        if problem is not None:
+                            self._fail(problem)
+                    if payload is not None and self._keep_shape():
+                        self._template = template(payload, event, doc, "tool_calls" not in delta)
+                    return
+        for choice in choices:
+            if type(choice) is dict:
+                self._choice(choice, choice.get("delta"))
+
+    def _keep_shape(self) -> bool:
+        """May this plain event's shape be kept? Always when the last one read enough
+        events (an engine whose envelope changes now and then, its `created` second), else
+        up to MAX_TEMPLATES times (an engine whose every event differs stops paying)."""
+        if self._hits < PAID:
+            if self._builds >= MAX_TEMPLATES:
+                return False
+            self._builds += 1
+        self._hits = 0
+        return True
+
+    def _call_piece(self, choice: dict[str, Any], delta: dict[str, Any]) -> tuple[Doc | None, Any]:
+        """The tool call an event's delta continues, and its piece of arguments; None when
+        it is anything else (no content beside, one call, already opened)."""
+        calls = delta["tool_calls"]
+        if type(calls) is not list or len(calls) != 1 or delta.get("content"):
+            return None, None
+        call = calls[0]
+        function = call.get("function") if type(call) is dict else None
+        if type(function) is not dict:
+            return None, None
+        index, at = choice.get("index", 0), call.get("index", 0)
+        if type(index) is not int or type(at) is not int:
+            return None, None
+        return self._calls.get((index, at)), function.get("arguments")
 
     def finish(self) -> str | None:
         """The answer is over: every text still open must be complete."""

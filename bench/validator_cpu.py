@@ -37,7 +37,7 @@ from hivenet_router.gateway.blocks import VALIDATOR
 from hivenet_router.gateway.degenerate import Detector
 from hivenet_router.gateway.settings import SYNTAX_OFF, SyntaxSettings, ValidatorSettings
 from hivenet_router.gateway.sse_text import SseText
-from hivenet_router.gateway.syntax import CHAT, Asked, SyntaxJudge, asked
+from hivenet_router.gateway.syntax import CHAT, MESSAGES, Asked, SyntaxJudge, asked
 from hivenet_router.gateway.validator import StreamValidator
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
@@ -112,6 +112,27 @@ def answer_tool(count: int) -> list[bytes]:
     return [chunk(head), *(chunk(d) for d in rest)]
 
 
+def answer_atool(count: int) -> list[bytes]:
+    """The tool call of `answer_tool` as Anthropic's messages stream it (`input_json_delta`)."""
+    trips: list[dict[str, object]] = []
+    text = ""
+    while len(text) < count * 4:
+        trips.append({"city": f"C{len(trips)}", "days": len(trips) % 9})
+        text = orjson.dumps({"trips": trips}).decode()
+
+    def event(value: dict[str, object]) -> bytes:
+        return b"event: " + str(value["type"]).encode() + b"\ndata: " + orjson.dumps(value) + b"\n\n"
+
+    block = {"type": "tool_use", "id": "toolu_1", "name": "plan", "input": {}}
+    head = event({"type": "content_block_start", "index": 0, "content_block": block})
+    rest = [
+        event({"type": "content_block_delta", "index": 0,
+               "delta": {"type": "input_json_delta", "partial_json": piece}})
+        for piece in tokens(text)
+    ]  # fmt: skip
+    return [head, *rest]
+
+
 def answer_text(count: int) -> list[bytes]:
     return [chunk({"content": t}) for t in Corpus(5).answer(b"prose", count)]
 
@@ -120,7 +141,9 @@ REQUESTS = {
     "json": {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
     "tool": {"tools": [{"type": "function", "function": {"name": "plan", "parameters": SCHEMA}}]},
     "text": {"messages": [{"role": "user", "content": "hello"}]},
+    "atool": {"tools": [{"name": "plan", "input_schema": SCHEMA}]},
 }
+ROUTES = {"atool": MESSAGES}
 
 
 def run(chunks: list[bytes], make: Callable[[], tuple[SseText, Detector]]) -> None:
@@ -151,12 +174,15 @@ class Chunks:
         pass
 
 
-async def through_stage(chunks: list[bytes], request: bytes, settings: ValidatorSettings) -> None:
+async def through_stage(
+    chunks: list[bytes], request: bytes, settings: ValidatorSettings, route: str = CHAT
+) -> None:
     policy = Policy("p", ("m",), BUILT_IN.steps).with_block(VALIDATOR, settings)
-    ticket = Ticket("rid", CHAT, 0.0, Observers())
-    ticket.job = Job(CHAT, "m", "llm", True, request, [])
+    ticket = Ticket("rid", route, 0.0, Observers())
+    ticket.job = Job(route, "m", "llm", True, request, [])
     ticket.policy = policy
-    local = Answer(200, [], Chunks([*chunks[1:], END]), first=chunks[0], origin="peer")
+    end = END if route == CHAT else ANTHROPIC_END
+    local = Answer(200, [], Chunks([*chunks[1:], end]), first=chunks[0], origin="peer")
 
     async def dispatch(_: Ticket) -> Answer:
         return local
@@ -170,14 +196,16 @@ async def through_stage(chunks: list[bytes], request: bytes, settings: Validator
     await answer.close(Outcome.OK)
 
 
-def timed_stage(chunks: list[bytes], request: bytes, syntax: bool, rounds: int) -> float:
+def timed_stage(
+    chunks: list[bytes], request: bytes, syntax: bool, rounds: int, route: str = CHAT
+) -> float:
     settings = ValidatorSettings(syntax=SyntaxSettings() if syntax else SYNTAX_OFF)
     best = float("inf")
     loop = asyncio.new_event_loop()
     try:
         for _ in range(rounds):
             started = time.process_time()
-            loop.run_until_complete(through_stage(chunks, request, settings))
+            loop.run_until_complete(through_stage(chunks, request, settings, route))
             best = min(best, time.process_time() - started)
     finally:
         loop.close()
@@ -185,6 +213,11 @@ def timed_stage(chunks: list[bytes], request: bytes, syntax: bool, rounds: int) 
 
 
 END = chunk({}, "stop") + b"data: [DONE]\n\n"
+ANTHROPIC_END = (
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"tool_use"}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
 
 
 def main() -> None:
@@ -193,12 +226,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     settings = ValidatorSettings()
-    answers = {"json": answer_json, "tool": answer_tool, "text": answer_text}
+    answers = {"json": answer_json, "tool": answer_tool, "atool": answer_atool, "text": answer_text}
     head = f"{'level':<7}{'answer':<8}{'repetition us/chunk':>22}{'syntax on us/chunk':>22}"
     print(f"{head}{'ratio':>8}")
     for name, build in answers.items():
         chunks = build(args.chunks)
-        form = asked(CHAT, orjson.dumps(REQUESTS[name]))
+        route = ROUTES.get(name, CHAT)
+        form = asked(route, orjson.dumps(REQUESTS[name]))
         assert form is not None
 
         def alone() -> tuple[SseText, Detector]:
@@ -217,8 +251,8 @@ def main() -> None:
         both = timed(chunks, judged, args.rounds)
         print(f"{'parse':<7}{name:<8}{base:>22.2f}{both:>22.2f}{both / base:>8.2f}")
         request = orjson.dumps(REQUESTS[name])
-        base = timed_stage(chunks, request, False, args.rounds)
-        both = timed_stage(chunks, request, True, args.rounds)
+        base = timed_stage(chunks, request, False, args.rounds, route)
+        both = timed_stage(chunks, request, True, args.rounds, route)
         print(f"{'stage':<7}{name:<8}{base:>22.2f}{both:>22.2f}{both / base:>8.2f}")
 
 

@@ -32,7 +32,7 @@ import orjson
 from hivenet_router.gateway.jsonprefix import DONE, JsonPrefix
 from hivenet_router.gateway.schema_subset import violation
 from hivenet_router.gateway.settings import SyntaxSettings
-from hivenet_router.gateway.syntax_quick import Template, template
+from hivenet_router.gateway.syntax_quick import Template, block_template, chat_template
 
 CHECKS: Final = ("json", "schema", "tool_args", "events")
 CHAT: Final = "/v1/chat/completions"
@@ -245,7 +245,7 @@ class SyntaxJudge:
             return  # the engine's own error event: passed on as it is, not judged here
         if not self._chat:
             if self._asked.route == MESSAGES:
-                self._anthropic(event)
+                self._anthropic(event, payload)
             else:
                 self._responses(event)
             return
@@ -274,7 +274,8 @@ class SyntaxJudge:
                         if problem is not None:
                             self._fail(problem)
                     if payload is not None and self._keep_shape():
-                        self._template = template(payload, event, doc, "tool_calls" not in delta)
+                        text = "tool_calls" not in delta
+                        self._template = chat_template(payload, event, doc, text)
                     return
         for choice in choices:
             if type(choice) is dict:
@@ -421,7 +422,7 @@ class SyntaxJudge:
             if owner == index:
                 self._result(doc.end(cut))
 
-    def _anthropic(self, event: dict[str, Any]) -> None:
+    def _anthropic(self, event: dict[str, Any], payload: bytes | None) -> None:
         kind = event.get("type")
         if not isinstance(kind, str):
             self.bad("an event without a type")
@@ -430,10 +431,18 @@ class SyntaxJudge:
             delta = event.get("delta")
             if not isinstance(delta, dict):
                 return
+            doc: Doc | None = None
             if delta.get("type") == "text_delta":
-                self._text(0, delta.get("text"))
+                piece = delta.get("text")
+                self._text(0, piece)
+                doc = self._texts.get(0) if self._json else None
             elif delta.get("type") == "input_json_delta":
-                self._call((0, _index(event)), None, delta.get("partial_json"))
+                piece = delta.get("partial_json")
+                doc = self._call((0, _index(event)), None, piece)
+            if doc is not None and type(piece) is str and payload is not None:
+                if self._keep_shape():
+                    text = delta["type"] == "text_delta"
+                    self._template = block_template(payload, event, doc, text)
         elif kind == "content_block_start":
             block = event.get("content_block")
             if isinstance(block, dict) and block.get("type") == "tool_use":

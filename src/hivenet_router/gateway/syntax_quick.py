@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 # writes, and checked to occur once.
 MARK: Final = "\ue000hivenet-piece\ue001"
 _MARK_BYTES: Final = orjson.dumps(MARK)[1:-1]
-# Fields of a delta whose text the loop detector reads (sse_text's _DELTA_FIELDS).
-_TEXT_FIELDS: Final = ("content", "reasoning_content", "reasoning")
+# Fields whose text the loop detector reads (sse_text): of a chat delta, the piece's first;
+# of an Anthropic block delta, the same.
+_CHAT_TEXT: Final = ("content", "reasoning_content", "reasoning")
+_BLOCK_TEXT: Final = ("text", "thinking")
 
 
 class Template:
@@ -60,36 +62,59 @@ class Template:
         if end < start:
             return None
         try:
-            # Valid only when what lies between is one string's body: a bare quote would
-            # end the string early and leave the last quote over, and orjson also refuses
-            # control characters, bad escapes, lone surrogates and invalid UTF-8.
-            piece = orjson.loads(b'"' + payload[start:end] + b'"')
+            # The string with its quotes (the head's last byte, the tail's first). Valid
+            # only when what lies between is one string's body: a bare quote would end the
+            # string early and leave the last quote over, and orjson also refuses control
+            # characters, bad escapes, lone surrogates and invalid UTF-8.
+            piece = orjson.loads(payload[start - 1 : end + 1])
         except orjson.JSONDecodeError:
             return None  # the general way parses it and says what is wrong
         return piece if type(piece) is str else None
 
 
-def template(payload: bytes, event: dict[str, Any], doc: Doc, text: bool) -> Template | None:
+def chat_template(payload: bytes, event: dict[str, Any], doc: Doc, text: bool) -> Template | None:
     """A template from `payload`, parsed as `event`: a chat event of one choice whose delta
-    carries a piece of generated text (`text`) or of one tool call's arguments. None when
-    the engine's bytes are not what orjson writes for it, or the piece cannot be found."""
-    body = payload.lstrip(b" ")
-    if orjson.dumps(event) != body:
-        return None
+    carries a piece of generated text (`text`) or of one tool call's arguments."""
     choice = event["choices"][0]
     delta = choice["delta"]
-    others = _TEXT_FIELDS[1:] if text else _TEXT_FIELDS
-    if any(delta.get(f) and type(delta.get(f)) is str for f in others):
-        return None  # other text beside the piece (or beside a call): read the general way
+    if _other_text(delta, _CHAT_TEXT[1:] if text else _CHAT_TEXT):
+        return None  # text beside the piece (or beside a call): read the general way
     if text:
         marked_delta = {**delta, "content": MARK}
     else:
         call = delta["tool_calls"][0]
         marked_call = {**call, "function": {**call["function"], "arguments": MARK}}
         marked_delta = {**delta, "tool_calls": [marked_call]}
-    marked = orjson.dumps({**event, "choices": [{**choice, "delta": marked_delta}]})
-    at = marked.find(_MARK_BYTES)
-    if at < 0 or marked.find(_MARK_BYTES, at + 1) >= 0:
+    marked = {**event, "choices": [{**choice, "delta": marked_delta}]}
+    return _template(payload, event, marked, doc, text)
+
+
+def block_template(payload: bytes, event: dict[str, Any], doc: Doc, text: bool) -> Template | None:
+    """A template from `payload`, parsed as `event`: an Anthropic `content_block_delta` whose
+    delta carries a piece of text (`text_delta`) or of a tool's input (`input_json_delta`)."""
+    delta = event["delta"]
+    if _other_text(delta, _BLOCK_TEXT[1:] if text else _BLOCK_TEXT):
+        return None
+    marked = {**event, "delta": {**delta, "text" if text else "partial_json": MARK}}
+    return _template(payload, event, marked, doc, text)
+
+
+def _other_text(delta: dict[str, Any], fields: tuple[str, ...]) -> bool:
+    return any(type(delta.get(f)) is str and delta.get(f) for f in fields)
+
+
+def _template(
+    payload: bytes, event: dict[str, Any], marked: dict[str, Any], doc: Doc, text: bool
+) -> Template | None:
+    """The bytes around the piece, from `marked` (the event with MARK in the piece's place)
+    written by orjson; None when `event` written so is not `payload` (the engine writes its
+    JSON another way), or the mark is not found once."""
+    body = payload.lstrip(b" ")
+    if orjson.dumps(event) != body:
+        return None
+    written = orjson.dumps(marked)
+    at = written.find(_MARK_BYTES)
+    if at < 0 or written.find(_MARK_BYTES, at + 1) >= 0:
         return None
     lead = payload[: len(payload) - len(body)]
-    return Template(lead + marked[:at], marked[at + len(_MARK_BYTES) :], doc, text)
+    return Template(lead + written[:at], written[at + len(_MARK_BYTES) :], doc, text)

@@ -121,7 +121,8 @@ def answer_atool(count: int) -> list[bytes]:
         text = orjson.dumps({"trips": trips}).decode()
 
     def event(value: dict[str, object]) -> bytes:
-        return b"event: " + str(value["type"]).encode() + b"\ndata: " + orjson.dumps(value) + b"\n\n"
+        name = str(value["type"]).encode()
+        return b"event: " + name + b"\ndata: " + orjson.dumps(value) + b"\n\n"
 
     block = {"type": "tool_use", "id": "toolu_1", "name": "plan", "input": {}}
     head = event({"type": "content_block_start", "index": 0, "content_block": block})

@@ -439,10 +439,14 @@ class SyntaxJudge:
             elif delta.get("type") == "input_json_delta":
                 piece = delta.get("partial_json")
                 doc = self._call((0, _index(event)), None, piece)
-            if doc is not None and type(piece) is str and payload is not None:
-                if self._keep_shape():
-                    text = delta["type"] == "text_delta"
-                    self._template = block_template(payload, event, doc, text)
+            if (
+                doc is not None
+                and type(piece) is str
+                and payload is not None
+                and self._keep_shape()
+            ):
+                text = delta["type"] == "text_delta"
+                self._template = block_template(payload, event, doc, text)
         elif kind == "content_block_start":
             block = event.get("content_block")
             if isinstance(block, dict) and block.get("type") == "tool_use":

@@ -6,19 +6,22 @@
 What is timed is what dispatch does per request on the event loop to pick an agent: build
 the RouteInput, then `run_step` (filters, the strategy's scorers and picker, the prefix
 match and, for predicted-latency, the prediction of every candidate). Hashing the prompt
-into blocks happens inside (on the first use of `inp.blocks()`), as in dispatch; taking the
-slot and learning the prefix afterwards do not.
+into blocks happens inside (on the first use of `inp.blocks()`), as in dispatch. Learning
+the prefix afterwards is left out (the index stays as built), and so is the agents' load
+moving, but for a counter or two: the chosen agent takes a slot and, 256 requests later,
+gives it back.
 
 The state is what a busy fleet looks like and stays the same for every strategy and round:
 64 agents of capacity 32 with 0 to 8 requests in flight (so all 64 pass the load guard of
-max_imbalance 8 and are predicted); a prefix index holding, for each
-agent, sixteen conversations behind one of eight system prompts (eight agents share each);
-learnt figures per agent (base 8 to 40 ms, 20 to 200 us a prompt token, a service time and,
-for most, a batch size; four agents not measured yet) and an engine snapshot with running
-and waiting counts for most. Requests are 1 KiB prompts (four blocks) in three kinds, in
-turn: a conversation's continuation (four blocks cached on one agent, two on seven more), a
-new conversation behind a known system prompt (two blocks on eight agents), and a prompt
-nobody holds.
+max_imbalance 8 and are predicted); a prefix index holding, for each agent, sixteen
+conversations behind one of eight system prompts (eight agents share each); learnt figures
+for every agent (one not measured yet would be predicted with the fastest's figures and,
+the state never changing, win most requests), taught to a RoutingState through its public calls
+(`teach`) and read through the `rates` of the RouteInput it builds, as dispatch does; and
+an engine snapshot with running and waiting counts for most. Requests are 1 KiB prompts
+(four blocks) in three kinds, in turn: a conversation's continuation (four blocks cached
+on one agent, two on seven more), a new conversation behind a known system prompt (two
+blocks on eight agents), and a prompt nobody holds.
 
 Strategies are timed in interleaved rounds (A, B, C, A, B, C, ...) and the best round of
 each is reported, as microseconds per request: on a shared machine the best round is the
@@ -33,23 +36,33 @@ import hashlib
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hivenet_router.clock import ManualClock
 from hivenet_router.domain.agent import EngineSnapshot, Registration
-from hivenet_router.domain.request import RequestFacts
+from hivenet_router.domain.request import Job, RequestFacts, Usage
+from hivenet_router.observability.events import Observers
+from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Step, parse_policy
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
+from hivenet_router.router.registry import AgentRecord, Registry
+from hivenet_router.router.routing_state import RoutingState
 from hivenet_router.routing.prefix import PrefixIndex, prompt_blocks
 from hivenet_router.routing.ttft import Rates
 
 AGENTS = 64
+IN_FLIGHT = 64 * 4  # requests out at once, beyond the starting loads
 CAPACITY = 32
 PROMPT_CHARS = 1024
 SYSTEMS = [
     (f"System prompt {k}: you are a helpful assistant for team {k}. " * 20)[:512] for k in range(8)
 ]
+LEARN = parse_policy(
+    "routing_policy: {strategy: predicted-latency}\n", "p.yaml", "p", require_models=False
+)
 STEPS = {
     "prefix-affinity": "{strategy: prefix-affinity}",
     "predicted-latency": "{strategy: predicted-latency}",
@@ -88,10 +101,55 @@ def conversation(agent: int, number: int) -> str:
     return (head + "lorem ipsum dolor sit amet " * 200)[: 4 * PROMPT_CHARS]
 
 
-def fleet(rng: random.Random) -> tuple[list[StandIn], dict[str, Rates], PrefixIndex]:
+def teach(
+    state: RoutingState, registry: Registry, clock: ManualClock, peer: str, rng: random.Random
+) -> None:
+    """Routing state learns an agent's figures the way it does in the router: a pick,
+    `chosen`, then `settled` with the measured time to the first token, 24 times, prompts
+    of different lengths and nothing cached. Base 8 to 40 ms, 20 to 200 us a prompt token,
+    0.5 to 3 s a slot held; for most, a batch size from a last report of requests waiting."""
+    reg = Registration(peer_id=peer, model="m1", capability="llm", engine="vllm", capacity=CAPACITY)
+    record = AgentRecord(reg=reg, link=None, last_heartbeat=0.0, registered_at=0.0)
+    registry.upsert(record)
+    base, prefill = rng.uniform(0.008, 0.04), rng.uniform(20e-6, 200e-6)
+    service = rng.uniform(0.5, 3.0)
+    slots = rng.choice((None, 8, 16, 24))
+    for n in range(25):
+        text = f"{peer} {n} " + "x" * (256 + 160 * n)
+        inp = state.input(ticket(text), LEARN, None)
+        LEARN.steps[0].plan.choose(inp, [record])
+        if n == 24:  # the last: only the engine's report of its batch size
+            if slots:
+                record.engine = EngineSnapshot(running_requests=slots, waiting_requests=1.0)
+            state.chosen(inp, LEARN.steps[0], record, LEARN)
+            break
+        sent = state.chosen(inp, LEARN.steps[0], record, LEARN)
+        clock.advance(service)
+        tokens = len(text) / 4
+        usage = Usage(int(tokens), 4)
+        state.settled(record, LEARN, True, 1000 * (base + prefill * tokens), usage, True, sent)
+
+
+def ticket(text: str) -> Ticket:
+    made = Ticket("r", "/v1/chat/completions", 0.0, Observers([]))
+    made.facts = facts(text)
+    made.job = Job("/v1/chat/completions", "m1", "llm", True, b"{}", [])
+    return made
+
+
+def facts(text: str) -> RequestFacts:
+    return RequestFacts(
+        "/v1/chat/completions", "m1", "llm", True, 64, text_bytes=len(text), prompt=(text,)
+    )
+
+
+def fleet(rng: random.Random) -> tuple[list[StandIn], Callable[[str], Rates], PrefixIndex]:
+    """The stand-in agents, the learnt figures as dispatch hands them to routing (the
+    `rates` of the RouteInput that RoutingState.input builds), and the prefix index."""
     index = PrefixIndex(default_blocks_per_agent=4096, max_agents=AGENTS)
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
     agents: list[StandIn] = []
-    rates: dict[str, Rates] = {}
     for number in range(AGENTS):
         peer = f"agent-{number:02d}"
         reg = Registration(
@@ -107,19 +165,10 @@ def fleet(rng: random.Random) -> tuple[list[StandIn], dict[str, Rates], PrefixIn
                 reg, active=rng.randint(0, 8), engine=engine, last_assigned=rng.randrange(10**6)
             )
         )
-        if number % 16 == 15:
-            rates[peer] = Rates()  # not measured yet
-        else:
-            rates[peer] = Rates(
-                base_s=rng.uniform(0.008, 0.04),
-                prefill_s=rng.uniform(20e-6, 200e-6),
-                service_s=rng.uniform(0.5, 3.0),
-                slots=rng.choice((None, 8, 16, 24)),
-                samples=24,
-            )
+        teach(state, registry, clock, peer, rng)
         for talk in range(16):
             index.learn(prompt_blocks([conversation(number, talk)]), peer, now=0.0)
-    return agents, rates, index
+    return agents, state.input(ticket("x"), LEARN, None).rates, index
 
 
 def prompt(number: int) -> str:
@@ -144,16 +193,33 @@ def run(
     index: PrefixIndex,
     rates: Callable[[str], Rates],
 ) -> tuple[float, list[str]]:
-    """Seconds for routing every request once, and whom each went to."""
+    """Seconds for routing every request once, and whom each went to. Loads move as in
+    the router: the chosen agent takes a slot (and becomes the most recently chosen), and
+    once IN_FLIGHT requests are out the oldest ends. Every run starts from the same loads."""
+    start_loads = [(a.active, a.last_assigned) for a in agents]
     chosen: list[str] = []
     failed: frozenset[str] = frozenset()
     rng = random.Random(7)
+    out: deque[StandIn] = deque()
+    order = 10**6
     start = time.perf_counter()
     for fact in facts:
         inp = RouteInput(fact, affinity=index, rng=rng, rates=rates)
         agent = run_step(step, inp, agents, failed).agent
-        chosen.append(agent.peer_id if agent is not None else "-")
-    return time.perf_counter() - start, chosen
+        if agent is None:
+            chosen.append("-")
+            continue
+        chosen.append(agent.peer_id)
+        agent.active += 1
+        order += 1
+        agent.last_assigned = order
+        out.append(agent)
+        if len(out) > IN_FLIGHT:
+            out.popleft().active -= 1
+    seconds = time.perf_counter() - start
+    for a, (active, last) in zip(agents, start_loads, strict=True):
+        a.active, a.last_assigned = active, last
+    return seconds, chosen
 
 
 def main() -> None:
@@ -163,27 +229,19 @@ def main() -> None:
     parser.add_argument("--strategies", default=",".join(STEPS), help="comma-separated")
     args = parser.parse_args()
 
-    agents, learnt, index = fleet(random.Random(40))
-    default = Rates()
-
-    def rates(peer: str) -> Rates:
-        return learnt.get(peer, default)
-
+    agents, rates, index = fleet(random.Random(40))
     texts = [prompt(n) for n in range(args.requests)]
-    facts = [
-        RequestFacts("/v1/chat/completions", "m1", "llm", True, 64, text_bytes=len(t), prompt=(t,))
-        for t in texts
-    ]
+    requests = [facts(t) for t in texts]
     names = [n.strip() for n in args.strategies.split(",") if n.strip()]
     steps = {name: step_of(STEPS[name]) for name in names}
     best = dict.fromkeys(names, float("inf"))
     digests: dict[str, str] = {}
     for name in names:  # warm up, and the decisions (the same in every round)
-        _, chosen = run(steps[name], facts, agents, index, rates)
+        _, chosen = run(steps[name], requests, agents, index, rates)
         digests[name] = hashlib.sha256("\n".join(chosen).encode()).hexdigest()[:16]
     for _ in range(args.rounds):
         for name in names:
-            seconds, _ = run(steps[name], facts, agents, index, rates)
+            seconds, _ = run(steps[name], requests, agents, index, rates)
             best[name] = min(best[name], seconds)
     load = os.getloadavg()
     print(

@@ -23,7 +23,7 @@ from hivenet_router.routing.prefix import PrefixIndex, prompt_blocks
 from hivenet_router.routing.ttft import Rates
 
 if TYPE_CHECKING:
-    from hivenet_router.policy.predicted import Row
+    from hivenet_router.policy.predicted import Forecast
 
 A = TypeVar("A", bound=AgentFacts)
 
@@ -55,9 +55,9 @@ class RouteInput:
     health: Callable[[str], float] = _healthy
     # What routing state learnt of each agent's time to the first token (by peer ID).
     rates: Callable[[str], Rates] = _cold
-    # The predicted-latency plug-ins' last prediction for each agent they ranked, for
-    # routing state to compare with the answer's measured time.
-    predicted: dict[str, Row] = field(default_factory=dict)
+    # The predicted-latency plug-ins' predictions at the last pick, for routing state to
+    # compare the chosen agent's with the answer's measured time.
+    forecast: Forecast | None = None
     _blocks: tuple[int, ...] | None = None
     # The last match, with the candidates it was computed for: retries, re-queues and
     # fallback steps ask again about other agents.
@@ -70,13 +70,17 @@ class RouteInput:
 
     def matches(self, agents: Sequence[AgentFacts]) -> dict[str, int]:
         """Leading prompt blocks each agent was already sent (its likely cache hits)."""
-        peers = tuple(a.peer_id for a in agents)
-        if self._matched is None or self._matched[0] != peers:
+        return self.matches_of(tuple(a.peer_id for a in agents))
+
+    def matches_of(self, peers: tuple[str, ...]) -> dict[str, int]:
+        """`matches` for the agents of these peer IDs, for a caller that has them already."""
+        matched = self._matched
+        if matched is None or matched[0] != peers:
             blocks = self.blocks()
             index = self.affinity
             found = index.match(blocks, peers) if index and blocks else {}
-            self._matched = (peers, found)
-        return self._matched[1]
+            self._matched = matched = (peers, found)
+        return matched[1]
 
     def affinity_of(self, agents: Sequence[AgentFacts]) -> list[float]:
         """Share of the prompt's blocks each agent holds, 0 to 1."""

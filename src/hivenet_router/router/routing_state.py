@@ -41,6 +41,14 @@ ERROR_WINDOW = 512
 _COLD = Rates()
 
 
+class _Figures(dict[str, Rates]):
+    """Learnt figures by peer ID; an agent nothing was learnt of has the cold-start ones.
+    Read through `__getitem__`, which runs no Python code for a peer it holds."""
+
+    def __missing__(self, peer: str) -> Rates:
+        return _COLD
+
+
 @dataclass(slots=True)
 class Sent:
     """A request handed to an agent, as routing remembers it until the answer ends: the
@@ -87,6 +95,10 @@ class RoutingState:
         self._limiters: dict[str, VegasLimiter] = {}
         self._indexes: dict[str, PrefixIndex] = {}
         self._learners: dict[str, Learner] = {}
+        # Each learner's figures by peer ID, refreshed whenever a learner takes something
+        # in: what a pick reads for every candidate, so `_rates` is a plain dict lookup.
+        self._figures = _Figures()
+        self._rates: Callable[[str], Rates] = self._figures.__getitem__
         # Recent predictions' relative errors, (predicted - measured) / measured.
         self._errors: deque[float] = deque(maxlen=ERROR_WINDOW)
         self._predictions = 0
@@ -162,6 +174,7 @@ class RoutingState:
                 learner.engine_load(engine.running_requests, engine.waiting_requests)
                 if engine.prompt_tps:
                     learner.prior(1.0 / engine.prompt_tps)
+            self._figures[agent.peer_id] = learner.rates
         if step.plan.uses_prefix:
             index = inp.affinity
             blocks = inp.blocks()
@@ -231,6 +244,7 @@ class RoutingState:
         assert prediction is not None
         learner = self._learner(peer)
         learner.served(self.clock.monotonic() - sent.at)
+        self._figures[peer] = learner.rates
         if ttft_ms is None or ttft_ms <= 0:
             return
         measured = ttft_ms / 1000
@@ -238,6 +252,7 @@ class RoutingState:
         self._errors.append((prediction.seconds - measured) / measured)
         uncached = prediction.prompt_tokens - prediction.cached_tokens
         learner.observe(uncached, max(0.0, measured - prediction.wait_s))
+        self._figures[peer] = learner.rates
 
     def _learn(
         self,
@@ -376,10 +391,6 @@ class RoutingState:
 
     # -- inside ----------------------------------------------------------------------------
 
-    def _rates(self, peer: str) -> Rates:
-        learner = self._learners.get(peer)
-        return _COLD if learner is None else learner.rates
-
     def _learner(self, peer: str) -> Learner:
         learner = self._learners.get(peer)
         if learner is None:
@@ -439,6 +450,7 @@ class RoutingState:
         self._agents.pop(record.peer_id, None)
         self._limiters.pop(record.peer_id, None)
         self._learners.pop(record.peer_id, None)
+        self._figures.pop(record.peer_id, None)
         for index in self._indexes.values():
             index.forget(record.peer_id)
 

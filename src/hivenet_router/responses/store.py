@@ -32,7 +32,12 @@ T = TypeVar("T")
 DB_FILE = "responses.sqlite3"
 SWEEP_EVERY = 60.0  # seconds between passes that delete expired records
 SWEEP_TARGET = 0.9  # share of the size bound a sweep brings the records under
-BATCH_WINDOW = 0.02  # seconds the SQLite store gathers rows before writing them together
+# Seconds the SQLite store gathers rows before writing them together. A write's cost is
+# mostly per transaction (the worker's wake-up, the WAL pages a commit writes, cold caches):
+# on a router serving ~1,000 stored responses a second the store's thread took about 40 us
+# of CPU a row at 20 ms, 15 us at 100 ms. Records are read from memory until written; a
+# crash loses at most this much.
+BATCH_WINDOW = 0.1
 log = logging.getLogger("hivenet.responses")
 
 
@@ -246,21 +251,24 @@ class SqliteResponses(ResponseStore):
         return bytes(row[0]) if row is not None else None
 
     def _insert(self, batch: list[tuple[Key, float, bytes]]) -> None:
-        if self._db is None:
+        db = self._db
+        if db is None:
             return
-        for key, created, data in batch:
+        rows: list[tuple[str, str, float, int, bytes]] = []
+        for (tenant, response_id), created, data in batch:
             if len(data) > self.max_bytes:
-                log.warning("response %s (%d bytes) is over the bound", key[1], len(data))
+                log.warning("response %s (%d bytes) is over the bound", response_id, len(data))
                 continue
-            # Response IDs are new: a replaced row (never expected) is recounted by the
-            # next sweep.
-            self._db.execute(
-                "INSERT OR REPLACE INTO responses (tenant, id, created, size, data)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (*key, created, len(data), data),
-            )
-            self._total += len(data)
-        self._db.commit()
+            rows.append((tenant, response_id, created, len(data), data))
+        db.executemany(
+            "INSERT OR REPLACE INTO responses (tenant, id, created, size, data)"
+            " VALUES (?, ?, ?, ?, ?)",
+            rows,
+        )
+        # Response IDs are new: a replaced row (never expected) is recounted by the next
+        # sweep.
+        self._total += sum(row[3] for row in rows)
+        db.commit()
         if self._total > self.max_bytes or self.wall() - self._swept > SWEEP_EVERY:
             self._sweep()
 

@@ -42,10 +42,13 @@ def _events(data: bytes) -> tuple[list[bytes], bytes]:
 
 
 class StreamShape:
-    """Chat SSE chunks in, Responses SSE bytes out. `on_done` gets the final Response
-    (before its last event is sent, so a GET right after the stream finds it stored)."""
+    """Chat SSE chunks in, Responses SSE bytes out. `on_done` gets the final Response and
+    its JSON, the bytes the last event carries (before that event is sent, so a GET right
+    after the stream finds it stored)."""
 
-    def __init__(self, base: dict[str, Any], on_done: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, base: dict[str, Any], on_done: Callable[[dict[str, Any], bytes], None]
+    ) -> None:
         self.response = base
         self._on_done = on_done
         self._seq = 0
@@ -64,12 +67,34 @@ class StreamShape:
         self._seq += 1
         out.append(b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n")
 
+    def _response_event(self, out: list[bytes], kind: str, response: bytes) -> None:
+        """`_event(out, kind, response=...)` with the Response's JSON made already: the
+        same bytes (orjson writes a dict's members in order, without spaces)."""
+        name = kind.encode()
+        out.append(
+            b"".join(
+                (
+                    b"event: ",
+                    name,
+                    b'\ndata: {"type":"',
+                    name,
+                    b'","sequence_number":',
+                    str(self._seq).encode(),
+                    b',"response":',
+                    response,
+                    b"}\n\n",
+                )
+            )
+        )
+        self._seq += 1
+
     def __call__(self, chunk: bytes) -> bytes:
         out: list[bytes] = []
         if not self._started:
             self._started = True
-            self._event(out, "response.created", response=self.response)
-            self._event(out, "response.in_progress", response=self.response)
+            start = orjson.dumps(self.response)  # once for both events
+            self._response_event(out, "response.created", start)
+            self._response_event(out, "response.in_progress", start)
         if self.finished:
             return b"".join(out)
         payloads, self._carry = _events(self._carry + chunk)
@@ -297,6 +322,7 @@ class StreamShape:
     def _last(self, out: list[bytes], response: dict[str, Any]) -> None:
         self.finished = True
         self.response = response
-        self._on_done(response)
+        encoded = orjson.dumps(response)  # once, for the client and the store
+        self._on_done(response, encoded)
         kind = {"completed": "response.completed", "incomplete": "response.incomplete"}
-        self._event(out, kind.get(response["status"], "response.failed"), response=response)
+        self._response_event(out, kind.get(response["status"], "response.failed"), encoded)

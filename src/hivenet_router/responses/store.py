@@ -56,14 +56,23 @@ class Stored:
         """The items a response continuing this one starts from."""
         return [*self.history, *self.items, *self.response.get("output", ())]
 
-    def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "response": self.response,
-                "items": self.items,
-                "history": self.history,
-                "created": self.created,
-            }
+    def encode(self, response: bytes | None = None) -> bytes:
+        """The record's bytes; `response`, the Response's JSON when the caller has it (the
+        bytes its client was sent), is not serialized again. The same bytes either way."""
+        if response is None:
+            response = orjson.dumps(self.response)
+        return b"".join(
+            (
+                b'{"response":',
+                response,
+                b',"items":',
+                orjson.dumps(self.items),
+                b',"history":',
+                orjson.dumps(self.history),
+                b',"created":',
+                orjson.dumps(self.created),
+                b"}",
+            )
         )
 
     @staticmethod
@@ -113,12 +122,14 @@ class ResponseStore:
         response: dict[str, Any],
         items: list[dict[str, Any]],
         history: list[dict[str, Any]],
+        encoded: bytes | None = None,
     ) -> None:
-        """Store a response: visible at once, written behind."""
+        """Store a response: visible at once, written behind. `encoded`: the response's
+        JSON, when the caller made it already."""
         record = Stored(tenant, response, items, history, self.wall())
         key = (tenant, response["id"])
         self._pending[key] = record
-        write = self._write(key, record.created, record.encode())
+        write = self._write(key, record.created, record.encode(encoded))
         self._writes[key] = write
 
         def written(done: asyncio.Future[None]) -> None:

@@ -44,7 +44,7 @@ def test_events_in_order_whatever_the_chunking() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
     for size in (1, 7, len(chat)):
         done: list[dict[str, Any]] = []
-        shape = StreamShape(skeleton(request, "resp_1"), done.append)
+        shape = StreamShape(skeleton(request, "resp_1"), lambda r, _, kept=done: kept.append(r))
         out = b"".join(shape(chat[i : i + size]) for i in range(0, len(chat), size))
         out += shape.flush()
         events = _read(out)
@@ -82,7 +82,7 @@ def test_events_in_order_whatever_the_chunking() -> None:
 
 def test_an_engine_error_in_the_stream_fails_the_response() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
-    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, _: None)
     out = shape(_sse(_delta(content="a"), {"error": {"code": "oops", "message": "broke"}}))
     events = _read(out)
     assert events[-1]["type"] == "response.failed"
@@ -92,7 +92,7 @@ def test_an_engine_error_in_the_stream_fails_the_response() -> None:
 
 def test_a_stream_cut_without_done_still_ends() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
-    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, _: None)
     shape(b"data: " + orjson.dumps(_delta(content="a")) + b"\n\n")
     events = _read(shape.flush())
     assert events[-1]["type"] == "response.completed"
@@ -100,7 +100,7 @@ def test_a_stream_cut_without_done_still_ends() -> None:
 
 def test_odd_chat_events_are_skipped_not_raised() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
-    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, _: None)
     odd = [
         {"choices": [{"delta": {"tool_calls": [{"index": [1], "function": {"name": 3}}]}}]},
         {"choices": [{"delta": {"tool_calls": [5]}, "finish_reason": ["x"]}]},
@@ -114,19 +114,29 @@ def test_odd_chat_events_are_skipped_not_raised() -> None:
     assert _read(out)[-1]["type"] == "response.completed"
 
 
-def test_a_token_event_is_the_bytes_the_general_writer_makes() -> None:
-    """Delta events are written from bytes prepared when their item opens: each one is
-    byte for byte the event `_event` writes from its fields (key order included)."""
+def test_every_event_is_the_bytes_the_general_writer_makes() -> None:
+    """Delta events are written from bytes prepared when their item opens, the Response's
+    events around the Response's JSON made once: each one is byte for byte the event
+    `_event` writes from its fields (key order included), and the store is handed the
+    bytes the last event carries."""
     chat = _sse(
         _delta(role="assistant", content='a\u00e9"\n'),
         _delta(reasoning_content="why"),
         _delta(content="b"),
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
     )
-    shape = StreamShape(skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), [].append)
+    kept: list[tuple[dict[str, Any], bytes]] = []
+    request = parse(
+        b'{"model": "m", "input": "x", "temperature": 0.5, "metadata": {"k": "\xc3\xa9"}}'
+    )
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, b: kept.append((r, b)))
     out = shape(chat) + shape.flush()
-    deltas = [e for e in out.split(b"\n\n") if e.startswith(b"event: response.") and b".delta" in e]
-    assert len(deltas) == 3
-    for raw in deltas:
+    events = [e for e in out.split(b"\n\n") if e]
+    deltas = [e for e in events if b".delta" in e.split(b"\n", 1)[0]]
+    assert len(deltas) == 3 and len(events) > 10
+    [(final, encoded)] = kept
+    assert encoded == orjson.dumps(final) and events[-1].endswith(b',"response":' + encoded + b"}")
+    for raw in events:
         decoded = orjson.loads(raw.split(b"\ndata: ", 1)[1])
         kind = decoded.pop("type")
         again: list[bytes] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,6 +27,10 @@ def _read(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
+def _collect(into: list[dict[str, Any]]) -> Callable[[dict[str, Any], bytes], None]:
+    return lambda response, _encoded: into.append(response)
+
+
 def _delta(**delta: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
@@ -44,7 +49,7 @@ def test_events_in_order_whatever_the_chunking() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
     for size in (1, 7, len(chat)):
         done: list[dict[str, Any]] = []
-        shape = StreamShape(skeleton(request, "resp_1"), lambda r, _, kept=done: kept.append(r))
+        shape = StreamShape(skeleton(request, "resp_1"), _collect(done))
         out = b"".join(shape(chat[i : i + size]) for i in range(0, len(chat), size))
         out += shape.flush()
         events = _read(out)

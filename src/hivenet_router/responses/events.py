@@ -14,7 +14,7 @@ sent an error inside the stream. The engine's usage event becomes the Response's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -26,12 +26,17 @@ _CARRY_MAX = 1 << 22  # an event split across chunks kept up to this, then dropp
 
 def _events(data: bytes) -> tuple[list[bytes], bytes]:
     """The `data:` payloads of the whole SSE events in `data`, and what is left over."""
-    data = data.replace(b"\r\n", b"\n")
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n")
     cut = data.rfind(b"\n\n")
     if cut < 0:
         return [], data
+    block = data[:cut]
+    events = block.split(b"\n\n")
+    if block.count(b"\n") == 2 * len(events) - 2:  # every event one line: the usual chunk
+        return [e[5:].lstrip() for e in events if e.startswith(b"data:")], data[cut + 2 :]
     payloads = []
-    for event in data[:cut].split(b"\n\n"):
+    for event in events:
         if event.startswith(b"data:") and b"\n" not in event:  # one line: the usual event
             payloads.append(event[5:].lstrip())
             continue
@@ -39,6 +44,47 @@ def _events(data: bytes) -> tuple[list[bytes], bytes]:
         if lines:
             payloads.append(b"\n".join(lines))
     return payloads, data[cut + 2 :]
+
+
+# The delta members with text, and the output item kind each one's text goes to.
+_TEXTS: Final = {"content": "message", "reasoning_content": "reasoning", "reasoning": "reasoning"}
+_PROBE: Final = "\x00probe"
+_LEARN_TRIES: Final = 8  # chat events a stream looks at for its token events' shape
+Slot = tuple[bytes, bytes, str]  # a token event's bytes before and after its text, its kind
+
+
+def _slot(payload: bytes, event: dict[str, Any]) -> Slot | None:
+    """Where the text is in `payload` (parsed: `event`), when it is a token event: its
+    first choice's delta sets one text member, and nothing else `_read` acts on is set.
+    Any event of the same bytes around another JSON string is then this event with that
+    text, which the probe checks (the text found where orjson writes it, once, and a probe
+    put there parsing as the event with the probe for text). None for any other event."""
+    if event.get("error") is not None or event.get("usage") is not None:
+        return None
+    choices = event.get("choices")
+    if type(choices) is not list or not choices or type(choice := choices[0]) is not dict:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or choice.get("finish_reason") is not None:
+        return None
+    if delta.get("tool_calls") is not None:
+        return None
+    names = [name for name in _TEXTS if delta.get(name) is not None]
+    if len(names) != 1 or type(text := delta[names[0]]) is not str or not text:
+        return None
+    encoded = orjson.dumps(text)
+    at = payload.find(encoded)
+    if at < 0 or payload.find(encoded, at + 1) >= 0:
+        return None
+    head, tail = payload[:at], payload[at + len(encoded) :]
+    try:
+        probed = orjson.loads(head + orjson.dumps(_PROBE) + tail)
+    except orjson.JSONDecodeError:
+        return None
+    delta[names[0]] = _PROBE
+    same = probed == event
+    delta[names[0]] = text
+    return (head, tail, _TEXTS[names[0]]) if same else None
 
 
 class StreamShape:
@@ -61,6 +107,8 @@ class StreamShape:
         self._reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._parts = (b"", b"", b"")  # the open item's delta event bytes (_delta_parts)
+        self._slots: list[Slot] = []  # the token events' shapes (_slot), one a kind
+        self._tries = _LEARN_TRIES
 
     def _event(self, out: list[bytes], kind: str, **fields: Any) -> None:
         body = orjson.dumps({"type": kind, "sequence_number": self._seq, **fields})
@@ -100,7 +148,10 @@ class StreamShape:
         payloads, self._carry = _events(self._carry + chunk)
         if len(self._carry) > _CARRY_MAX:
             self._carry = b""
+        slots = self._slots
         for payload in payloads:
+            if slots and self._token(out, payload, slots):
+                continue
             if payload == b"[DONE]":
                 self._end(out)
                 break
@@ -110,9 +161,44 @@ class StreamShape:
                 continue
             if isinstance(event, dict):
                 self._read(out, event)
+                if self._tries and len(self._slots) < 2:
+                    self._learn(payload, event)
             if self.finished:
                 break
         return b"".join(out)
+
+    def _learn(self, payload: bytes, event: dict[str, Any]) -> None:
+        self._tries -= 1
+        slot = _slot(payload, event)
+        if slot is not None and all(known[2] != slot[2] for known in self._slots):
+            self._slots.append(slot)
+
+    def _token(self, out: list[bytes], payload: bytes, slots: list[Slot]) -> bool:
+        """Read a token event of a known shape from its bytes: what `_read` does with it
+        (the text parsed as the JSON string it is); False for any other event."""
+        for head, tail, kind in slots:
+            if payload.startswith(head) and payload.endswith(tail):
+                try:
+                    text = orjson.loads(payload[len(head) : len(payload) - len(tail)])
+                except orjson.JSONDecodeError:
+                    return False
+                if type(text) is not str:
+                    return False
+                if not text:
+                    return True
+                item = self._current
+                if item is None or item["type"] != kind:
+                    self._delta(out, kind, text)
+                    return True
+                # _delta's work for the open item, inline: one call less a token.
+                item["_text"].append(text)
+                parts = self._parts
+                out.append(
+                    b"%b%d%b%b%b" % (parts[0], self._seq, parts[1], orjson.dumps(text), parts[2])
+                )
+                self._seq += 1
+                return True
+        return False
 
     def flush(self) -> bytes:
         """The events that end the Response, when the chat stream ended without [DONE]."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 
+from hivenet_router.responses import events
 from hivenet_router.responses.events import StreamShape
 from hivenet_router.responses.request import parse
 from hivenet_router.responses.translate import skeleton
@@ -153,3 +156,54 @@ def test_every_event_is_the_bytes_the_general_writer_makes() -> None:
         "why",
         "b",
     ]
+
+
+def _stream_out(chat: bytes, size: int, learn: bool, monkeypatch: pytest.MonkeyPatch) -> bytes:
+    ids = iter(range(1000))
+    monkeypatch.setattr(events, "new_id", lambda prefix: f"{prefix}_{next(ids)}")
+    shape = StreamShape(skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), _collect([]))
+    if not learn:
+        shape._tries = 0
+    out = b"".join(shape(chat[i : i + size]) for i in range(0, len(chat), size))
+    assert len(shape._slots) == (2 if learn else 0)  # a reasoning and a message shape
+    return out + shape.flush()
+
+
+def test_token_events_read_from_their_bytes_as_when_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a stream's token events have a known shape they are read from their bytes
+    (_slot): the events written are the same, byte for byte, as when each is parsed, for
+    whatever the engine sends in the same shape or out of it."""
+    head = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def token(**delta: Any) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**head, "choices": [choice]}
+
+    events_ = [
+        token(role="assistant", content=""),
+        token(reasoning_content="think"),
+        token(reasoning_content=' "deep"\n'),
+        token(content="Hel"),
+        token(content="lo \u00e9\u4e2d\U0001f600"),
+        token(content=""),
+        token(content="m"),  # the model's name: found twice, not a shape to learn from
+        token(content=None),
+        token(content=7),
+        token(content="x", reasoning_content=None),
+        token(reasoning_content="again"),
+        {**token(content="a"), "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+        token(content="\\u0041 ", tool_calls=None),
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    compact = _sse(*events_)
+    # An engine that writes JSON otherwise (Python's json: spaces, \u escapes).
+    spaced = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events_)
+    spaced += b"data: [DONE]\n\n"
+    for chat in (compact, spaced, compact.replace(b'"content":"lo', b'"content": "lo')):
+        for size in (1, 5, 64, len(chat)):
+            fast = _stream_out(chat, size, True, monkeypatch)
+            assert fast == _stream_out(chat, size, False, monkeypatch)
+    text = [e["delta"] for e in _read(fast) if e["type"] == "response.output_text.delta"]
+    assert text == ["Hel", "lo \u00e9\u4e2d\U0001f600", "m", "x", "a", "\\u0041 "]

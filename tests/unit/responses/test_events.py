@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 
-from hivenet_router.responses import events
+from hivenet_router.responses import events, translate
 from hivenet_router.responses.events import StreamShape
 from hivenet_router.responses.request import parse
 from hivenet_router.responses.translate import skeleton
@@ -161,6 +162,7 @@ def test_every_event_is_the_bytes_the_general_writer_makes() -> None:
 def _stream_out(chat: bytes, size: int, learn: bool, monkeypatch: pytest.MonkeyPatch) -> bytes:
     ids = iter(range(1000))
     monkeypatch.setattr(events, "new_id", lambda prefix: f"{prefix}_{next(ids)}")
+    monkeypatch.setattr(translate, "time", SimpleNamespace(time=lambda: 1_700_000_000.0))
     shape = StreamShape(skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), _collect([]))
     if not learn:
         shape._tries = 0

@@ -149,8 +149,12 @@ class StreamShape:
         if len(self._carry) > _CARRY_MAX:
             self._carry = b""
         slots = self._slots
-        for payload in payloads:
+        at, count = 0, len(payloads)
+        while at < count:
+            payload = payloads[at]
+            at += 1
             if slots and self._token(out, payload, slots):
+                at = self._tokens(out, payloads, at)
                 continue
             if payload == b"[DONE]":
                 self._end(out)
@@ -184,21 +188,43 @@ class StreamShape:
                     return False
                 if type(text) is not str:
                     return False
-                if not text:
-                    return True
-                item = self._current
-                if item is None or item["type"] != kind:
+                if text:
                     self._delta(out, kind, text)
-                    return True
-                # _delta's work for the open item, inline: one call less a token.
-                item["_text"].append(text)
-                parts = self._parts
-                out.append(
-                    b"%b%d%b%b%b" % (parts[0], self._seq, parts[1], orjson.dumps(text), parts[2])
-                )
-                self._seq += 1
                 return True
         return False
+
+    def _tokens(self, out: list[bytes], payloads: list[bytes], at: int) -> int:
+        """`_token` for the payloads from `at` on while they are tokens of the open item
+        (the usual run: one a token), with what each needs at hand; returns where the
+        run ended."""
+        item = self._current
+        slot = next((s for s in self._slots if item is not None and s[2] == item["type"]), None)
+        if item is None or slot is None:
+            return at
+        head, tail, _kind = slot
+        skip, keep = len(head), len(tail)
+        texts = item["_text"]
+        before, middle, after = self._parts
+        seq = self._seq
+        loads, dumps, append = orjson.loads, orjson.dumps, out.append
+        count = len(payloads)
+        while at < count:
+            payload = payloads[at]
+            if not (payload.startswith(head) and payload.endswith(tail)):
+                break
+            try:
+                text = loads(payload[skip : len(payload) - keep])
+            except orjson.JSONDecodeError:
+                break
+            if type(text) is not str:
+                break
+            if text:  # the bytes _delta writes
+                texts.append(text)
+                append(b"%b%d%b%b%b" % (before, seq, middle, dumps(text), after))
+                seq += 1
+            at += 1
+        self._seq = seq
+        return at
 
     def flush(self) -> bytes:
         """The events that end the Response, when the chat stream ended without [DONE]."""

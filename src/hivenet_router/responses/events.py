@@ -14,7 +14,7 @@ sent an error inside the stream. The engine's usage event becomes the Response's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -26,12 +26,17 @@ _CARRY_MAX = 1 << 22  # an event split across chunks kept up to this, then dropp
 
 def _events(data: bytes) -> tuple[list[bytes], bytes]:
     """The `data:` payloads of the whole SSE events in `data`, and what is left over."""
-    data = data.replace(b"\r\n", b"\n")
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n")
     cut = data.rfind(b"\n\n")
     if cut < 0:
         return [], data
+    block = data[:cut]
+    events = block.split(b"\n\n")
+    if block.count(b"\n") == 2 * len(events) - 2:  # every event one line: the usual chunk
+        return [e[5:].lstrip() for e in events if e.startswith(b"data:")], data[cut + 2 :]
     payloads = []
-    for event in data[:cut].split(b"\n\n"):
+    for event in events:
         if event.startswith(b"data:") and b"\n" not in event:  # one line: the usual event
             payloads.append(event[5:].lstrip())
             continue
@@ -41,11 +46,55 @@ def _events(data: bytes) -> tuple[list[bytes], bytes]:
     return payloads, data[cut + 2 :]
 
 
-class StreamShape:
-    """Chat SSE chunks in, Responses SSE bytes out. `on_done` gets the final Response
-    (before its last event is sent, so a GET right after the stream finds it stored)."""
+# The delta members with text, and the output item kind each one's text goes to.
+_TEXTS: Final = {"content": "message", "reasoning_content": "reasoning", "reasoning": "reasoning"}
+_PROBE: Final = "\x00probe"
+_LEARN_TRIES: Final = 8  # chat events a stream looks at for its token events' shape
+Slot = tuple[bytes, bytes, str]  # a token event's bytes before and after its text, its kind
 
-    def __init__(self, base: dict[str, Any], on_done: Callable[[dict[str, Any]], None]) -> None:
+
+def _slot(payload: bytes, event: dict[str, Any]) -> Slot | None:
+    """Where the text is in `payload` (parsed: `event`), when it is a token event: its
+    first choice's delta sets one text member, and nothing else `_read` acts on is set.
+    Any event of the same bytes around another JSON string is then this event with that
+    text, which the probe checks (the text found where orjson writes it, once, and a probe
+    put there parsing as the event with the probe for text). None for any other event."""
+    if event.get("error") is not None or event.get("usage") is not None:
+        return None
+    choices = event.get("choices")
+    if type(choices) is not list or not choices or type(choice := choices[0]) is not dict:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or choice.get("finish_reason") is not None:
+        return None
+    if delta.get("tool_calls") is not None:
+        return None
+    names = [name for name in _TEXTS if delta.get(name) is not None]
+    if len(names) != 1 or type(text := delta[names[0]]) is not str or not text:
+        return None
+    encoded = orjson.dumps(text)
+    at = payload.find(encoded)
+    if at < 0 or payload.find(encoded, at + 1) >= 0:
+        return None
+    head, tail = payload[:at], payload[at + len(encoded) :]
+    try:
+        probed = orjson.loads(head + orjson.dumps(_PROBE) + tail)
+    except orjson.JSONDecodeError:
+        return None
+    delta[names[0]] = _PROBE
+    same = probed == event
+    delta[names[0]] = text
+    return (head, tail, _TEXTS[names[0]]) if same else None
+
+
+class StreamShape:
+    """Chat SSE chunks in, Responses SSE bytes out. `on_done` gets the final Response and
+    its JSON, the bytes the last event carries (before that event is sent, so a GET right
+    after the stream finds it stored)."""
+
+    def __init__(
+        self, base: dict[str, Any], on_done: Callable[[dict[str, Any], bytes], None]
+    ) -> None:
         self.response = base
         self._on_done = on_done
         self._seq = 0
@@ -58,24 +107,55 @@ class StreamShape:
         self._reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._parts = (b"", b"", b"")  # the open item's delta event bytes (_delta_parts)
+        self._slots: list[Slot] = []  # the token events' shapes (_slot), one a kind
+        self._tries = _LEARN_TRIES
 
     def _event(self, out: list[bytes], kind: str, **fields: Any) -> None:
         body = orjson.dumps({"type": kind, "sequence_number": self._seq, **fields})
         self._seq += 1
         out.append(b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n")
 
+    def _response_event(self, out: list[bytes], kind: str, response: bytes) -> None:
+        """`_event(out, kind, response=...)` with the Response's JSON made already: the
+        same bytes (orjson writes a dict's members in order, without spaces)."""
+        name = kind.encode()
+        out.append(
+            b"".join(
+                (
+                    b"event: ",
+                    name,
+                    b'\ndata: {"type":"',
+                    name,
+                    b'","sequence_number":',
+                    str(self._seq).encode(),
+                    b',"response":',
+                    response,
+                    b"}\n\n",
+                )
+            )
+        )
+        self._seq += 1
+
     def __call__(self, chunk: bytes) -> bytes:
         out: list[bytes] = []
         if not self._started:
             self._started = True
-            self._event(out, "response.created", response=self.response)
-            self._event(out, "response.in_progress", response=self.response)
+            start = orjson.dumps(self.response)  # once for both events
+            self._response_event(out, "response.created", start)
+            self._response_event(out, "response.in_progress", start)
         if self.finished:
             return b"".join(out)
         payloads, self._carry = _events(self._carry + chunk)
         if len(self._carry) > _CARRY_MAX:
             self._carry = b""
-        for payload in payloads:
+        slots = self._slots
+        at, count = 0, len(payloads)
+        while at < count:
+            payload = payloads[at]
+            at += 1
+            if slots and self._token(out, payload, slots):
+                at = self._tokens(out, payloads, at)
+                continue
             if payload == b"[DONE]":
                 self._end(out)
                 break
@@ -85,9 +165,66 @@ class StreamShape:
                 continue
             if isinstance(event, dict):
                 self._read(out, event)
+                if self._tries and len(self._slots) < 2:
+                    self._learn(payload, event)
             if self.finished:
                 break
         return b"".join(out)
+
+    def _learn(self, payload: bytes, event: dict[str, Any]) -> None:
+        self._tries -= 1
+        slot = _slot(payload, event)
+        if slot is not None and all(known[2] != slot[2] for known in self._slots):
+            self._slots.append(slot)
+
+    def _token(self, out: list[bytes], payload: bytes, slots: list[Slot]) -> bool:
+        """Read a token event of a known shape from its bytes: what `_read` does with it
+        (the text parsed as the JSON string it is); False for any other event."""
+        for head, tail, kind in slots:
+            if payload.startswith(head) and payload.endswith(tail):
+                try:
+                    text = orjson.loads(payload[len(head) : len(payload) - len(tail)])
+                except orjson.JSONDecodeError:
+                    return False
+                if type(text) is not str:
+                    return False
+                if text:
+                    self._delta(out, kind, text)
+                return True
+        return False
+
+    def _tokens(self, out: list[bytes], payloads: list[bytes], at: int) -> int:
+        """`_token` for the payloads from `at` on while they are tokens of the open item
+        (the usual run: one a token), with what each needs at hand; returns where the
+        run ended."""
+        item = self._current
+        slot = next((s for s in self._slots if item is not None and s[2] == item["type"]), None)
+        if item is None or slot is None:
+            return at
+        head, tail, _kind = slot
+        skip, keep = len(head), len(tail)
+        texts = item["_text"]
+        before, middle, after = self._parts
+        seq = self._seq
+        loads, dumps, append = orjson.loads, orjson.dumps, out.append
+        count = len(payloads)
+        while at < count:
+            payload = payloads[at]
+            if not (payload.startswith(head) and payload.endswith(tail)):
+                break
+            try:
+                text = loads(payload[skip : len(payload) - keep])
+            except orjson.JSONDecodeError:
+                break
+            if type(text) is not str:
+                break
+            if text:  # the bytes _delta writes
+                texts.append(text)
+                append(b"%b%d%b%b%b" % (before, seq, middle, dumps(text), after))
+                seq += 1
+            at += 1
+        self._seq = seq
+        return at
 
     def flush(self) -> bytes:
         """The events that end the Response, when the chat stream ended without [DONE]."""
@@ -297,6 +434,7 @@ class StreamShape:
     def _last(self, out: list[bytes], response: dict[str, Any]) -> None:
         self.finished = True
         self.response = response
-        self._on_done(response)
+        encoded = orjson.dumps(response)  # once, for the client and the store
+        self._on_done(response, encoded)
         kind = {"completed": "response.completed", "incomplete": "response.incomplete"}
-        self._event(out, kind.get(response["status"], "response.failed"), response=response)
+        self._response_event(out, kind.get(response["status"], "response.failed"), encoded)

@@ -44,9 +44,9 @@ class _Shape:
         self._tenant = tenant
         self._history = history
 
-    def _keep(self, response: dict[str, Any]) -> None:
+    def _keep(self, response: dict[str, Any], encoded: bytes) -> None:
         if self._store is not None:
-            self._store.keep(self._tenant, response, self._request.items, self._history)
+            self._store.keep(self._tenant, response, self._request.items, self._history, encoded)
 
     def whole(self, body: bytes) -> bytes:
         try:
@@ -56,8 +56,9 @@ class _Shape:
         if not isinstance(chat, dict):
             raise ValueError("not a JSON object")
         response = response_from_chat(self._base, chat)
-        self._keep(response)
-        return orjson.dumps(response)
+        encoded = orjson.dumps(response)  # once, for the client and the store
+        self._keep(response, encoded)
+        return encoded
 
     def stream(self) -> Reshape:
         return StreamShape(self._base, self._keep)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
+import pytest
 
+from hivenet_router.responses import events, translate
 from hivenet_router.responses.events import StreamShape
 from hivenet_router.responses.request import parse
 from hivenet_router.responses.translate import skeleton
@@ -26,6 +31,10 @@ def _read(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
+def _collect(into: list[dict[str, Any]]) -> Callable[[dict[str, Any], bytes], None]:
+    return lambda response, _encoded: into.append(response)
+
+
 def _delta(**delta: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
@@ -44,7 +53,7 @@ def test_events_in_order_whatever_the_chunking() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
     for size in (1, 7, len(chat)):
         done: list[dict[str, Any]] = []
-        shape = StreamShape(skeleton(request, "resp_1"), done.append)
+        shape = StreamShape(skeleton(request, "resp_1"), _collect(done))
         out = b"".join(shape(chat[i : i + size]) for i in range(0, len(chat), size))
         out += shape.flush()
         events = _read(out)
@@ -82,7 +91,7 @@ def test_events_in_order_whatever_the_chunking() -> None:
 
 def test_an_engine_error_in_the_stream_fails_the_response() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
-    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, _: None)
     out = shape(_sse(_delta(content="a"), {"error": {"code": "oops", "message": "broke"}}))
     events = _read(out)
     assert events[-1]["type"] == "response.failed"
@@ -92,7 +101,7 @@ def test_an_engine_error_in_the_stream_fails_the_response() -> None:
 
 def test_a_stream_cut_without_done_still_ends() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
-    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, _: None)
     shape(b"data: " + orjson.dumps(_delta(content="a")) + b"\n\n")
     events = _read(shape.flush())
     assert events[-1]["type"] == "response.completed"
@@ -100,7 +109,7 @@ def test_a_stream_cut_without_done_still_ends() -> None:
 
 def test_odd_chat_events_are_skipped_not_raised() -> None:
     request = parse(b'{"model": "m", "input": "x"}')
-    shape = StreamShape(skeleton(request, "resp_1"), lambda r: None)
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, _: None)
     odd = [
         {"choices": [{"delta": {"tool_calls": [{"index": [1], "function": {"name": 3}}]}}]},
         {"choices": [{"delta": {"tool_calls": [5]}, "finish_reason": ["x"]}]},
@@ -114,19 +123,29 @@ def test_odd_chat_events_are_skipped_not_raised() -> None:
     assert _read(out)[-1]["type"] == "response.completed"
 
 
-def test_a_token_event_is_the_bytes_the_general_writer_makes() -> None:
-    """Delta events are written from bytes prepared when their item opens: each one is
-    byte for byte the event `_event` writes from its fields (key order included)."""
+def test_every_event_is_the_bytes_the_general_writer_makes() -> None:
+    """Delta events are written from bytes prepared when their item opens, the Response's
+    events around the Response's JSON made once: each one is byte for byte the event
+    `_event` writes from its fields (key order included), and the store is handed the
+    bytes the last event carries."""
     chat = _sse(
         _delta(role="assistant", content='a\u00e9"\n'),
         _delta(reasoning_content="why"),
         _delta(content="b"),
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
     )
-    shape = StreamShape(skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), [].append)
+    kept: list[tuple[dict[str, Any], bytes]] = []
+    request = parse(
+        b'{"model": "m", "input": "x", "temperature": 0.5, "metadata": {"k": "\xc3\xa9"}}'
+    )
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, b: kept.append((r, b)))
     out = shape(chat) + shape.flush()
-    deltas = [e for e in out.split(b"\n\n") if e.startswith(b"event: response.") and b".delta" in e]
-    assert len(deltas) == 3
-    for raw in deltas:
+    events = [e for e in out.split(b"\n\n") if e]
+    deltas = [e for e in events if b".delta" in e.split(b"\n", 1)[0]]
+    assert len(deltas) == 3 and len(events) > 10
+    [(final, encoded)] = kept
+    assert encoded == orjson.dumps(final) and events[-1].endswith(b',"response":' + encoded + b"}")
+    for raw in events:
         decoded = orjson.loads(raw.split(b"\ndata: ", 1)[1])
         kind = decoded.pop("type")
         again: list[bytes] = []
@@ -138,3 +157,55 @@ def test_a_token_event_is_the_bytes_the_general_writer_makes() -> None:
         "why",
         "b",
     ]
+
+
+def _stream_out(chat: bytes, size: int, learn: bool, monkeypatch: pytest.MonkeyPatch) -> bytes:
+    ids = iter(range(1000))
+    monkeypatch.setattr(events, "new_id", lambda prefix: f"{prefix}_{next(ids)}")
+    monkeypatch.setattr(translate, "time", SimpleNamespace(time=lambda: 1_700_000_000.0))
+    shape = StreamShape(skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), _collect([]))
+    if not learn:
+        shape._tries = 0
+    out = b"".join(shape(chat[i : i + size]) for i in range(0, len(chat), size))
+    assert len(shape._slots) == (2 if learn else 0)  # a reasoning and a message shape
+    return out + shape.flush()
+
+
+def test_token_events_read_from_their_bytes_as_when_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a stream's token events have a known shape they are read from their bytes
+    (_slot): the events written are the same, byte for byte, as when each is parsed, for
+    whatever the engine sends in the same shape or out of it."""
+    head = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def token(**delta: Any) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**head, "choices": [choice]}
+
+    events_ = [
+        token(role="assistant", content=""),
+        token(reasoning_content="think"),
+        token(reasoning_content=' "deep"\n'),
+        token(content="Hel"),
+        token(content="lo \u00e9\u4e2d\U0001f600"),
+        token(content=""),
+        token(content="m"),  # the model's name: found twice, not a shape to learn from
+        token(content=None),
+        token(content=7),
+        token(content="x", reasoning_content=None),
+        token(reasoning_content="again"),
+        {**token(content="a"), "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+        token(content="\\u0041 ", tool_calls=None),
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    compact = _sse(*events_)
+    # An engine that writes JSON otherwise (Python's json: spaces, \u escapes).
+    spaced = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events_)
+    spaced += b"data: [DONE]\n\n"
+    for chat in (compact, spaced, compact.replace(b'"content":"lo', b'"content": "lo')):
+        for size in (1, 5, 64, len(chat)):
+            fast = _stream_out(chat, size, True, monkeypatch)
+            assert fast == _stream_out(chat, size, False, monkeypatch)
+    text = [e["delta"] for e in _read(fast) if e["type"] == "response.output_text.delta"]
+    assert text == ["Hel", "lo \u00e9\u4e2d\U0001f600", "m", "x", "a", "\\u0041 "]

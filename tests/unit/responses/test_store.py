@@ -8,11 +8,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from blockbuster import BlockBuster
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.responses.store import ResponseStore, SqliteResponses
+from hivenet_router.responses.store import ResponseStore, SqliteResponses, Stored
 from hivenet_router.responses.store_pg import PgResponses
 from tests.postgres import Postgres, allow_connect_reads, postgres_server
 
@@ -120,3 +121,16 @@ async def test_postgres_down_at_start_then_back(
     finally:
         await store.close()
         await asyncio.to_thread(server.start)  # returns at once when it runs
+
+
+def test_a_record_is_the_same_bytes_from_the_response_json() -> None:
+    """The Response's JSON its client was sent, handed to the store, makes the record
+    byte for byte as serializing the whole record would."""
+    response = {"id": "r1", "temperature": 1.0, "metadata": {"k": "\u00e9\n"}, "output": []}
+    record = Stored("a", response, [{"id": "i1"}], [{"id": "h"}], 1234.5)
+    expected = orjson.dumps(
+        {"response": response, "items": record.items, "history": record.history, "created": 1234.5}
+    )
+    assert record.encode() == expected
+    assert record.encode(orjson.dumps(response)) == expected
+    assert Stored.decode("a", expected) == record

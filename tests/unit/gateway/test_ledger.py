@@ -355,9 +355,9 @@ async def test_a_ledger_failing_every_settle_backs_off_and_warns_once(
         await until(lambda: len(attempts) >= 4, timeout=60)
         # The first try is the settle's own; the charge then waits on disk and the
         # background loop tries it at once, then after pauses of 0.2 and 0.4 s (and more).
-        gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)][1:]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)][1:3]
         slack = 0.01  # the event loop's clock may wake a timer this much early
-        assert all(gap >= pause - slack for gap, pause in zip(gaps[:2], (0.2, 0.4), strict=True)), gaps
+        assert all(gap >= pause - slack for gap, pause in zip(gaps, (0.2, 0.4), strict=True)), gaps
         assert ledger.snapshot().pending == 1
     assert caplog.text.count("ledger unreachable") == 1
 

@@ -20,9 +20,11 @@ holding every prefix an earlier request of the workload sent (the base plus the 
 prefill of the rest), which no router can beat; for a predicted-latency run, the
 router's median and 90th-percentile prediction error too.
 Systems: this router with least-loaded, prefix-affinity, scored (latency-first) and
-predicted-latency,
-vllm-router (round robin, power of two, cache aware), sglang-router (cache aware) and
-LiteLLM (least-busy). Fresh simulators for every system, so no one inherits a warm cache.
+predicted-latency; a site of two routers with prefix-affinity and sites of two and three
+with predicted-latency (every agent serves every router, `--routers`, and reports its
+engine's prefix blocks to each; a conversation's turns go to the routers in turn, each
+conversation starting at another); vllm-router (round robin, power of two, cache aware),
+sglang-router (cache aware) and LiteLLM (least-busy). Fresh simulators for every system, so no one inherits a warm cache.
 Results: bench/results/routing.json, docs/benchmarks.md between the routing markers, and
 docs/img/routing-quality.png.
 
@@ -65,6 +67,7 @@ from bench.routing_fleet import (
     quantile,
     start_router,
     start_sims,
+    start_site,
     workload,
 )
 from bench.routing_report import plot, render, render_scenarios
@@ -73,9 +76,11 @@ from bench.routing_scenarios import SCENARIOS, Context, Scenarios
 
 @dataclass(frozen=True)
 class Hive:
-    """This router with this global policy (None: no policy file, the built-in one)."""
+    """This router with this global policy (None: no policy file, the built-in one); with
+    `routers` > 1, a site of that many routers whose clients alternate between them."""
 
     policy: Policy | None
+    routers: int = 1
 
 
 SYSTEMS: dict[str, Hive | Starter] = {
@@ -83,6 +88,9 @@ SYSTEMS: dict[str, Hive | Starter] = {
     "hivenet prefix-affinity": Hive(Policy("prefix-affinity")),
     "hivenet scored latency-first": Hive(Policy("scored", "latency-first")),
     "hivenet predicted-latency": Hive(Policy("predicted-latency")),
+    "hivenet prefix-affinity (site of 2)": Hive(Policy("prefix-affinity"), 2),
+    "hivenet predicted-latency (site of 2)": Hive(Policy("predicted-latency"), 2),
+    "hivenet predicted-latency (site of 3)": Hive(Policy("predicted-latency"), 3),
     "vllm-router round_robin": rust_router("vllm-router", ["vllm-router"], "round_robin"),
     "vllm-router power_of_two": rust_router("vllm-router", ["vllm-router"], "power_of_two"),
     "vllm-router cache_aware": rust_router("vllm-router", ["vllm-router"], "cache_aware"),
@@ -132,6 +140,8 @@ def start_system(
     system = SYSTEMS[name]
     if not isinstance(system, Hive):
         return name, system(fleet, list(urls.values()), folder)
+    if system.routers > 1 and system.policy is not None:
+        return name, start_site(fleet, urls, folder, system.policy, system.routers)
     running = start_router(fleet, urls, folder, RouterSetup(system.policy, fallback))
     if running.refused:
         name = f"{name} (ran as {running.strategy})"
@@ -154,9 +164,9 @@ def measure(
         shown, running = start_system(name, fleet, urls, folder, fallback)
         bar.set_description(shown)
         before = {engine: engine_counters(url) for engine, url in urls.items()}
-        outcome, seconds = asyncio.run(
-            drive(running.url + "/v1/chat/completions", prompts, sessions, bar)
-        )
+        site = running.urls if isinstance(running, HiveRunning) else []
+        targets = [url + "/v1/chat/completions" for url in site or [running.url]]
+        outcome, seconds = asyncio.run(drive(targets, prompts, sessions, bar))
         after = {engine: engine_counters(url) for engine, url in urls.items()}
         errors = prediction_errors(running) if isinstance(running, HiveRunning) else None
     finally:

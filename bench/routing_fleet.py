@@ -172,6 +172,8 @@ class HiveRunning(Running):
     asked: str = ""  # the strategy asked for, when it was refused
     policy_yaml: str = ""
     metrics_url: str = ""  # the router's /metrics
+    urls: list[str] = field(default_factory=list)  # a site's routers (start_site)
+    metrics_urls: list[str] = field(default_factory=list)  # and their /metrics
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,51 @@ def _start_router(
     return HiveRunning(url, names, command, strategy, "", policy_yaml, metrics_url=metrics_url)
 
 
-def _wait_router(fleet: Fleet, url: str, agents: int, key: str, timeout: float = 60.0) -> None:
+def start_site(
+    fleet: Fleet, engines: dict[str, str], folder: Path, policy: Policy, routers: int
+) -> HiveRunning:
+    """`routers` routers of one site (one JWT secret, each its own --router-id) with
+    `policy`, and one agent per engine serving them all (--routers): each agent reports its
+    engine's prefix blocks to every router. `urls` lists the routers' addresses; the
+    clients spread a conversation's turns over them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    secret = secret_file(folder)
+    (folder / "policy.yaml").write_text(policy.yaml())
+    ports = [(free_port(), free_port()) for _ in range(routers)]
+    names: list[str] = []
+    metrics: list[str] = []
+    for n, (http, grpc) in enumerate(ports):
+        extra = ["--max-concurrent", "2048", "--queue-size", "8192"]
+        extra += ["--policy-file", str(folder / "policy.yaml"), "--router-id", f"r{n}"]
+        extra += ["--advertise-grpc-addr", f"127.0.0.1:{grpc}"]
+        args = router_args(secret, folder / f"store-{n}", http, grpc, *extra)
+        metrics.append(f"http://{args[args.index('--metrics-port') + 1]}/metrics")
+        name = "hivenet" if n == 0 else f"hivenet-{n}"
+        fleet.start(name, args, {"HIVENET_ROUTER_ADMIN_API_KEYS": ADMIN_KEY})
+        names.append(name)
+    listed = ",".join(f"127.0.0.1:{grpc}" for _, grpc in ports)
+    for name, engine in engines.items():
+        flags = ("--capacity", "1024", "--machine", name, "--routers", listed)
+        args = agent_args(secret, ports[0][1], engine, folder / f"agent-{name}.key", *flags)
+        fleet.start(f"hivenet-agent-{name}", args)
+        names.append(f"hivenet-agent-{name}")
+    urls = [f"http://127.0.0.1:{http}" for http, _ in ports]
+    for n, url in enumerate(urls):
+        _wait_router(fleet, url, len(engines), "", process=names[n])
+    command = (
+        f"{routers} x hivenet-router --max-concurrent 2048 --queue-size 8192 --policy-file P "
+        f"({policy.label}) --router-id rN + {len(engines)} x hivenet-agent --capacity 1024 "
+        "--routers (all of them)"
+    )
+    running = HiveRunning(urls[0], names, command, policy.label, "", policy.yaml(), metrics[0])
+    running.urls = urls
+    running.metrics_urls = metrics
+    return running
+
+
+def _wait_router(
+    fleet: Fleet, url: str, agents: int, key: str, timeout: float = 60.0, process: str = "hivenet"
+) -> None:
     """Ready: every agent healthy in /v1/models and a chat completion answered. A router
     that exits first refused its configuration: PolicyRefused with its last log line."""
     headers = {**_JSON, **({"Authorization": f"Bearer {key}"} if key else {})}
@@ -256,8 +302,8 @@ def _wait_router(fleet: Fleet, url: str, agents: int, key: str, timeout: float =
     deadline = time.monotonic() + timeout
     ready = False
     while time.monotonic() < deadline:
-        if fleet.procs["hivenet"].poll() is not None:
-            log = (fleet.tmp / "hivenet.log").read_text(errors="replace").strip()
+        if fleet.procs[process].poll() is not None:
+            log = (fleet.tmp / f"{process}.log").read_text(errors="replace").strip()
             raise PolicyRefused(log.splitlines()[-1] if log else "exited without a word")
         try:
             if not ready:
@@ -404,18 +450,23 @@ async def closed_loop(
 
 async def run_session(
     http: aiohttp.ClientSession,
-    url: str,
+    url: str | list[str],
     prompt: str,
     session: Session,
     outcome: Outcome,
     began: float,
     bar: Any,
+    first: int = 0,
 ) -> None:
+    """One conversation; with several `url`s (a site's routers) its turns go to each in
+    turn, starting at the `first`."""
+    urls = [url] if isinstance(url, str) else url
     await asyncio.sleep(max(0.0, began + session.start - time.monotonic()))
     messages = [{"role": "system", "content": prompt}]
-    for turn, think in zip(session.turns, session.think, strict=True):
+    for number, (turn, think) in enumerate(zip(session.turns, session.think, strict=True)):
         messages.append({"role": "user", "content": turn})
-        answer = await stream_chat(http, url, chat_body(messages, OUTPUT_TOKENS))
+        at = urls[(first + number) % len(urls)]
+        answer = await stream_chat(http, at, chat_body(messages, OUTPUT_TOKENS))
         outcome.add(answer)
         messages.append({"role": "assistant", "content": answer.text if answer.ok else ""})
         if bar is not None:
@@ -424,16 +475,17 @@ async def run_session(
 
 
 async def drive(
-    url: str, prompts: list[str], sessions: list[Session], bar: Any = None
+    url: str | list[str], prompts: list[str], sessions: list[Session], bar: Any = None
 ) -> tuple[Outcome, float]:
-    """Every session at its time, each turn after the last one's answer and think time."""
+    """Every session at its time, each turn after the last one's answer and think time;
+    with several `url`s, turns alternate between them (each session starting elsewhere)."""
     outcome = Outcome()
     async with client() as http:
         began = time.monotonic()
         await asyncio.gather(
             *(
-                run_session(http, url, prompts[s.system_prompt], s, outcome, began, bar)
-                for s in sessions
+                run_session(http, url, prompts[s.system_prompt], s, outcome, began, bar, n)
+                for n, s in enumerate(sessions)
             )
         )
         return outcome, time.monotonic() - began

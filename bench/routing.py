@@ -24,7 +24,8 @@ predicted-latency; a site of two routers with prefix-affinity and sites of two a
 with predicted-latency (every agent serves every router, `--routers`, and reports its
 engine's prefix blocks to each; a conversation's turns go to the routers in turn, each
 conversation starting at another); vllm-router (round robin, power of two, cache aware),
-sglang-router (cache aware) and LiteLLM (least-busy). Fresh simulators for every system, so no one inherits a warm cache.
+sglang-router (cache aware) and LiteLLM (least-busy). Fresh simulators for every system,
+so no one inherits a warm cache.
 Results: bench/results/routing.json, docs/benchmarks.md between the routing markers, and
 docs/img/routing-quality.png.
 

@@ -17,6 +17,24 @@ from __future__ import annotations
 from typing import Any, Final
 
 MAX_DEPTH: Final = 64  # nesting of values and of schema references followed
+# Nodes one check may visit. The schema is the client's: `allOf` or `anyOf` of references
+# back to the root doubles the walk at each level, so a few hundred bytes of schema could
+# hold the event loop for minutes. Past this many (about 50 ms), the value passes unjudged.
+MAX_STEPS: Final = 50_000
+
+
+class _Walk:
+    """One check's schema root and the steps it has left."""
+
+    __slots__ = ("root", "steps")
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.steps = MAX_STEPS
+
+
+class _TooLong(Exception):
+    """The walk ran out of steps."""
 
 
 # Where a value is: None for the document's root, else (where its parent is, its key or
@@ -28,7 +46,10 @@ Where = tuple[Any, "str | int"] | None
 def violation(value: Any, schema: Any) -> str | None:
     """Why `value` does not fit `schema`, naming where (`$.items[2].name`); None if it fits
     (or the schema says nothing the checker reads)."""
-    return _check(value, schema, schema, None, 0)
+    try:
+        return _check(value, schema, _Walk(schema), None, 0)
+    except _TooLong:
+        return None  # too costly to judge: anything goes, as for a schema part too deep
 
 
 def spelled(where: Where) -> str:
@@ -40,31 +61,34 @@ def spelled(where: Where) -> str:
     return "$" + "".join(reversed(parts))
 
 
-def _check(value: Any, schema: Any, root: Any, where: Where, depth: int) -> str | None:
+def _check(value: Any, schema: Any, walk: _Walk, where: Where, depth: int) -> str | None:
     if type(schema) is not dict or depth > MAX_DEPTH:
         return None  # `true`, `{}`, or too deep to judge: anything goes
+    walk.steps -= 1
+    if walk.steps < 0:
+        raise _TooLong
     if "$ref" in schema:
         ref = schema["$ref"]
         if isinstance(ref, str):
-            problem = _check(value, _resolve(root, ref), root, where, depth + 1)
+            problem = _check(value, _resolve(walk.root, ref), walk, where, depth + 1)
             if problem is not None:
                 return problem
     problem = _kind(value, schema, where)
     if problem is not None:
         return problem
     if "allOf" in schema or "anyOf" in schema or "oneOf" in schema:
-        problem = _choices(value, schema, root, where, depth)
+        problem = _choices(value, schema, walk, where, depth)
         if problem is not None:
             return problem
     kind = type(value)
     if kind is dict:
-        return _object(value, schema, root, where, depth)
+        return _object(value, schema, walk, where, depth)
     if kind is list:
         items = schema.get("items")
         if type(items) is dict:
             depth += 1
             for index, item in enumerate(value):
-                problem = _check(item, items, root, (where, index), depth)
+                problem = _check(item, items, walk, (where, index), depth)
                 if problem is not None:
                     return problem
     return None
@@ -97,6 +121,8 @@ _KNOWN: Final = frozenset({"string", "integer", "number", "boolean", "null", "ob
 
 
 def _is(value: Any, kind: Any) -> bool:
+    if not isinstance(kind, str):
+        return True  # not a type's name: a type the checker does not know
     kinds = _KINDS.get(type(value))
     if kinds is None:  # not what a JSON parser makes: judged by what it is an instance of
         kinds = next((k for t, k in _KINDS.items() if isinstance(value, t)), frozenset())
@@ -132,11 +158,13 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _choices(value: Any, schema: dict[str, Any], root: Any, where: Where, depth: int) -> str | None:
+def _choices(
+    value: Any, schema: dict[str, Any], walk: _Walk, where: Where, depth: int
+) -> str | None:
     every = schema.get("allOf")
     if isinstance(every, list):
         for part in every:
-            problem = _check(value, part, root, where, depth + 1)
+            problem = _check(value, part, walk, where, depth + 1)
             if problem is not None:
                 return problem
     for key in ("anyOf", "oneOf"):  # oneOf is read as anyOf: lenient, never stricter
@@ -144,14 +172,14 @@ def _choices(value: Any, schema: dict[str, Any], root: Any, where: Where, depth:
         if (
             isinstance(options, list)
             and options
-            and all(_check(value, o, root, where, depth + 1) is not None for o in options)
+            and all(_check(value, o, walk, where, depth + 1) is not None for o in options)
         ):
             return f"{spelled(where)}: fits none of {key}"
     return None
 
 
 def _object(
-    value: dict[str, Any], schema: dict[str, Any], root: Any, where: Where, depth: int
+    value: dict[str, Any], schema: dict[str, Any], walk: _Walk, where: Where, depth: int
 ) -> str | None:
     required = schema.get("required")
     if isinstance(required, list):
@@ -165,11 +193,11 @@ def _object(
     depth += 1
     for name, item in value.items():
         if name in properties:
-            problem = _check(item, properties[name], root, (where, name), depth)
+            problem = _check(item, properties[name], walk, (where, name), depth)
         elif extra is False:
             problem = f"{spelled(where)}: property {name!r} is not allowed"
         elif type(extra) is dict:
-            problem = _check(item, extra, root, (where, name), depth)
+            problem = _check(item, extra, walk, (where, name), depth)
         else:
             continue
         if problem is not None:

@@ -88,8 +88,8 @@ class SseText:
                             _choices_text(choices, pieces)
                         else:
                             _parsed_text(event, pieces)
-                            if event.get("type") == "message_stop":
-                                self.done = True
+                        if event.get("type") == "message_stop":
+                            self.done = True
                 elif line:
                     self._other(line, sink)
             return pieces

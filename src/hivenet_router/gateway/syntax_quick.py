@@ -110,9 +110,12 @@ def _template(
     written by orjson; None when `event` written so is not `payload` (the engine writes its
     JSON another way), or the mark is not found once."""
     body = payload.lstrip(b" ")
-    if orjson.dumps(event) != body:
-        return None
-    written = orjson.dumps(marked)
+    try:
+        if orjson.dumps(event) != body:
+            return None
+        written = orjson.dumps(marked)
+    except orjson.JSONEncodeError:
+        return None  # nested deeper than orjson writes (it reads deeper): no shortcut
     at = written.find(_MARK_BYTES)
     if at < 0 or written.find(_MARK_BYTES, at + 1) >= 0:
         return None

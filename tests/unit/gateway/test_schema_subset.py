@@ -90,3 +90,20 @@ def test_refs_and_messages() -> None:
     assert violation(1, {"$ref": "https://example.com/s.json"}) is None
     assert violation(1, {"$ref": "#/nowhere"}) is None
     assert violation(True, {"type": "integer"}) is not None
+
+
+def test_a_type_list_holding_no_names_is_read_as_unknown_types() -> None:
+    # A client's schema may hold anything: a list or an object where a type's name goes is
+    # a type the checker does not know, so anything fits it (no TypeError on the way).
+    assert violation(1, {"type": [["string"]]}) is None
+    assert violation({"a": 1}, {"properties": {"a": {"type": ["string", {"x": 1}]}}}) is None
+    expected = "$: expected one of string, null, got number"
+    assert violation(1, {"type": ["string", "null"]}) == expected
+
+
+def test_a_schema_that_doubles_its_walk_is_given_up_on_in_bounded_time() -> None:
+    # allOf of two references to the root doubles the walk at every level, 2**64 nodes:
+    # after MAX_STEPS the value passes unjudged, as for a schema too deep to read.
+    schema = {"allOf": [{"$ref": "#"}, {"$ref": "#"}]}
+    assert violation(1, schema) is None
+    assert violation(1, {"anyOf": [{"$ref": "#"}, {"$ref": "#"}], "type": "string"}) is not None

@@ -181,3 +181,25 @@ def test_an_anthropic_tool_input_is_read_without_parsing() -> None:
     # The tool opens at its block's start: its first piece is parsed, the rest read as bytes.
     assert judge.read == [False, False, False, True, True, True, False, False, False]
     assert judge.finish() is None
+
+
+def test_an_event_too_deep_for_orjson_to_write_is_parsed_not_templated() -> None:
+    # orjson reads 1,024 levels but writes 255: such an event gets no shortcut, no error.
+    form = asked(CHAT, orjson.dumps({"response_format": {"type": "json_object"}}))
+    assert form is not None
+    judge = SyntaxJudge(form, SyntaxSettings())
+    text = SseText(judge)
+    deep = b"[" * 300 + b"]" * 300
+    text.feed(b'data: {"choices":[{"delta":{"content":"{"}}]}\n\n')
+    assert text.feed(b'data: {"choices":[{"delta":{"content":"}"}}],"x":' + deep + b"}\n\n") == [
+        "}"
+    ]
+    assert judge.finish() is None
+
+
+def test_a_message_stop_with_choices_still_ends_the_answer() -> None:
+    form = asked(MESSAGES, orjson.dumps({"output_format": {"type": "json_schema", "schema": {}}}))
+    assert form is not None
+    text = SseText(SyntaxJudge(form, SyntaxSettings()))
+    text.feed(b'data: {"type":"message_stop","choices":[]}\n\n')
+    assert text.done

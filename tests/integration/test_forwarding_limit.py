@@ -65,8 +65,13 @@ async def streams_wait(
         state: dict[str, float | None] = {}
 
         async def reached() -> None:
-            # Polled, with a generous bound: processes share a small machine.
-            while (state.get("running"), state.get("waiting")) != (running, STREAMS - running):
+            # Polled, with a generous bound: processes share a small machine. The engine
+            # counts a stream as running before its answer's head has reached the client,
+            # so the clients' 200s are waited for too.
+            while (state.get("running"), state.get("waiting")) != (
+                running,
+                STREAMS - running,
+            ) or statuses.count(200) < running:
                 await asyncio.sleep(0.1)
                 engine, own = await asyncio.gather(
                     scraper.get(sim.url + "/metrics"),

@@ -139,6 +139,7 @@ class Fleet:
     agents: list[Proc] = field(default_factory=list)
     lives: list[Life] = field(default_factory=list)  # every router process, in order
     faults: list[tuple[str, float, float]] = field(default_factory=list)  # what, from, to
+    agent_kills: list[tuple[int, float]] = field(default_factory=list)  # (agent, when killed)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -263,6 +264,7 @@ class Fleet:
         """SIGKILL agent `index`; once every router dropped it, start it again."""
         began = time.monotonic()
         self.agents[index].kill()
+        self.agent_kills.append((index, began))
         self.ready(agents=ROUTERS - 1)
         self.agents[index] = self._agent(index)
         self.ready()

@@ -11,7 +11,9 @@ broke, or it got no answer (a router or agent killed under it).
    complete generations, to the token, except the charges of requests a router was running
    when it was killed with SIGKILL (docs/wallets.md, "Lost: only the charges of requests in
    flight when a router is killed with SIGKILL"): those are counted as `lost`, and allowed
-   only for requests sent to that router process before its kill. A cut group is charged
+   only for requests sent to that router process before its kill; so are the generations
+   a killed agent's engine finished and never delivered, beside the retry that was (see
+   `undelivered`). A cut group is charged
    what the meter counted from the text relayed (docs/admission.md), which is not the
    engine's count: shown beside it, not judged to the token.
 2. A request refused for a limit (429, 402) reached no engine and has no charge row. The
@@ -79,6 +81,19 @@ def at_risk(fleet: Fleet, result: Result) -> bool:
         and life.began <= result.started <= life.killed
         for life in fleet.lives
     )
+
+
+def undelivered(fleet: Fleet, result: Result, generated: list[EngineLine]) -> list[EngineLine]:
+    """Of a request's complete generations, those an agent killed under it never delivered:
+    made by the engine of an agent killed while the request was in flight, when another
+    generation (the router's retry on another agent) is there to have been delivered."""
+    if len(generated) < 2:
+        return []
+    killed = {
+        agent for agent, at in fleet.agent_kills if result.started <= at <= (result.finished or at)
+    }
+    lost = [e for e in generated if e.sim in killed]
+    return lost if len(lost) < len(generated) else []
 
 
 def group_key(result: Result) -> str:
@@ -157,6 +172,10 @@ def _judge_group(fleet: Fleet, members: list[Result], src: Sources, v: Verdict) 
     for member in members:
         rid = member.call.rid
         generated = [e for e in src.engine.get(rid, []) if e.complete]
+        wasted = undelivered(fleet, member, generated)
+        if wasted:  # the retry was delivered and billed; the killed agent's work was not
+            lost += sum(e.prompt + e.completion for e in wasted)
+            v.lost.append(rid)
         if generated and not src.ledger.get(rid):
             if at_risk(fleet, member):
                 lost += sum(e.prompt + e.completion for e in generated)

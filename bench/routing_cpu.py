@@ -38,7 +38,8 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+from tests.unit.policy.agents import Agent
 
 from hivenet_router.clock import ManualClock
 from hivenet_router.domain.agent import EngineSnapshot, Registration
@@ -68,31 +69,6 @@ STEPS = {
     "predicted-latency": "{strategy: predicted-latency}",
     "scored ttft": "{strategy: scored, scoring: {preset: latency-first, weights: {ttft: 0.3}}}",
 }
-
-
-@dataclass
-class StandIn:
-    """An agent as policies read it (the fields of the router's AgentRecord they use)."""
-
-    reg: Registration
-    active: int = 0
-    eligible: bool = True
-    engine: EngineSnapshot | None = None
-    hardware: None = None
-    successes: int = 0
-    failures: int = 0
-    consecutive_failures: int = 0
-    srtt_ms: float | None = None
-    last_assigned: int = field(default=0)
-    last_served: int = field(default=0)
-
-    @property
-    def peer_id(self) -> str:
-        return self.reg.peer_id
-
-    @property
-    def limit(self) -> int:
-        return self.reg.capacity
 
 
 def conversation(agent: int, number: int) -> str:
@@ -143,13 +119,13 @@ def facts(text: str) -> RequestFacts:
     )
 
 
-def fleet(rng: random.Random) -> tuple[list[StandIn], Callable[[str], Rates], PrefixIndex]:
+def fleet(rng: random.Random) -> tuple[list[Agent], Callable[[str], Rates], PrefixIndex]:
     """The stand-in agents, the learnt figures as dispatch hands them to routing (the
     `rates` of the RouteInput that RoutingState.input builds), and the prefix index."""
     index = PrefixIndex(default_blocks_per_agent=4096, max_agents=AGENTS)
     clock, registry = ManualClock(), Registry()
     state = RoutingState(clock, registry)
-    agents: list[StandIn] = []
+    agents: list[Agent] = []
     for number in range(AGENTS):
         peer = f"agent-{number:02d}"
         reg = Registration(
@@ -161,9 +137,7 @@ def fleet(rng: random.Random) -> tuple[list[StandIn], Callable[[str], Rates], Pr
             waiting = float(rng.choice((0, 0, 0, 1, 3)))
             engine = EngineSnapshot(running_requests=running, waiting_requests=waiting)
         agents.append(
-            StandIn(
-                reg, active=rng.randint(0, 8), engine=engine, last_assigned=rng.randrange(10**6)
-            )
+            Agent(reg, active=rng.randint(0, 8), engine=engine, last_assigned=rng.randrange(10**6))
         )
         teach(state, registry, clock, peer, rng)
         for talk in range(16):
@@ -189,7 +163,7 @@ def step_of(text: str) -> Step:
 def run(
     step: Step,
     facts: list[RequestFacts],
-    agents: list[StandIn],
+    agents: list[Agent],
     index: PrefixIndex,
     rates: Callable[[str], Rates],
 ) -> tuple[float, list[str]]:
@@ -200,7 +174,7 @@ def run(
     chosen: list[str] = []
     failed: frozenset[str] = frozenset()
     rng = random.Random(7)
-    out: deque[StandIn] = deque()
+    out: deque[Agent] = deque()
     order = 10**6
     start = time.perf_counter()
     for fact in facts:

@@ -99,13 +99,19 @@ def answer_json(count: int) -> list[bytes]:
     return [chunk({"content": piece}) for piece in tokens(text)]
 
 
-def answer_tool(count: int) -> list[bytes]:
-    """A forced tool call whose arguments make about `count` tokens."""
+def tool_arguments(count: int) -> str:
+    """A tool call's arguments of about `count` tokens (four characters each)."""
     trips: list[dict[str, object]] = []
     text = ""
     while len(text) < count * 4:
         trips.append({"city": f"C{len(trips)}", "days": len(trips) % 9})
         text = orjson.dumps({"trips": trips}).decode()
+    return text
+
+
+def answer_tool(count: int) -> list[bytes]:
+    """A forced tool call whose arguments make about `count` tokens."""
+    text = tool_arguments(count)
     head = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                             "function": {"name": "plan", "arguments": ""}}]}  # fmt: skip
     rest = [{"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in tokens(text)]
@@ -114,11 +120,7 @@ def answer_tool(count: int) -> list[bytes]:
 
 def answer_atool(count: int) -> list[bytes]:
     """The tool call of `answer_tool` as Anthropic's messages stream it (`input_json_delta`)."""
-    trips: list[dict[str, object]] = []
-    text = ""
-    while len(text) < count * 4:
-        trips.append({"city": f"C{len(trips)}", "days": len(trips) % 9})
-        text = orjson.dumps({"trips": trips}).decode()
+    text = tool_arguments(count)
 
     def event(value: dict[str, object]) -> bytes:
         name = str(value["type"]).encode()

@@ -91,6 +91,7 @@ class Answer:
         "_closed",
         "_closers",
         "_meter",
+        "_reported",
         "_text",
         "_unfed",
         "body",
@@ -129,6 +130,8 @@ class Answer:
         # Input tokens counted for a stream that reports no usage (set by the relay).
         self.input_estimate = 0
         self._meter: StreamMeter | None = None
+        # The usage a reader of the stream already found in it (`read_usage`).
+        self._reported: tuple[int, int | None] | None = None
         # The text count, for a stream whose usage is not expected (`expect_usage`); the
         # first chunk is fed to it with the second, so a stream found to report its usage
         # before then never pays for a scan.
@@ -151,6 +154,12 @@ class Answer:
         if self._meter is not None:
             self._meter.count_events(anthropic, framing)
         self._text = self._unfed = None
+
+    def read_usage(self, found: tuple[int, int | None]) -> None:
+        """The usage the stream's last line with usage reports, as `StreamMeter.reported`
+        would read it, found by whoever already parsed that line (the relay's usage-event
+        filter): the meter does not search for it again."""
+        self._reported = found
 
     @property
     def expects_usage(self) -> bool:
@@ -213,7 +222,7 @@ class Answer:
         meter = self._meter
         if meter is None or self.status >= 400:
             return None
-        reported = meter.reported()
+        reported = self._reported or meter.reported()
         if reported is not None and reported[1] is not None:
             return Usage(reported[0], reported[1])
         # No output count: counted from the events or the text relayed, the input as

@@ -391,34 +391,51 @@ def _event_end(data: bytes, start: int) -> int:
 
 def _usage_only(event: bytes) -> bool:
     """An OpenAI event with no choices and a usage object: the one include_usage adds."""
+    return _usage_event(event) is not None
+
+
+def _usage_event(event: bytes) -> tuple[bool, dict[str, Any]] | None:
+    """For a usage-only event (`_usage_only`): whether `StreamMeter.reported` would read it
+    the same way as its last line with usage (one `data:` line, with no `type` member and
+    no `"message_` in it), and the event; None for any other event."""
     if b'"usage"' not in event:
-        return False
+        return None
     line = event.rstrip(b"\r\n")
-    if line.startswith(b"data:") and b"\n" not in line and b"\r" not in line:
-        data = line[5:]  # one line, as engines send it
+    one_line = line.startswith(b"data:") and b"\n" not in line and b"\r" not in line
+    if one_line:
+        data = line[5:]  # as engines send it
     else:
         data = b"".join(line[5:] for line in event.splitlines() if line.startswith(b"data:"))
     try:
         decoded = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return False
-    return (
+        return None
+    if (
         isinstance(decoded, dict)
         and decoded.get("choices") == []
         and isinstance(decoded.get("usage"), dict)
-    )
+    ):
+        plain = one_line and b'"message_' not in data and "type" not in decoded
+        return plain, decoded
+    return None
 
 
 class UsageEvents:
     """Drops the usage-only events from the stream sent to a client that did not ask for
     them (the router asks engines on its behalf); every other byte passes unchanged, in
-    order. An event split across
-    chunks is held until it is whole (SSE clients act only on whole events)."""
+    order. An event split across chunks is held until it is whole (SSE clients act only on
+    whole events).
 
-    __slots__ = ("_held",)
+    `found` is the usage of the last event it dropped, read as `StreamMeter.reported` would
+    read the stream (its last line with usage), so the meter need not find and parse that
+    event again; None when none was dropped, when that reading could differ, or when usage
+    was mentioned after it."""
+
+    __slots__ = ("_held", "found")
 
     def __init__(self) -> None:
         self._held = b""
+        self.found: tuple[int, int | None] | None = None
 
     def __call__(self, chunk: bytes) -> bytes:
         if self._held:
@@ -429,17 +446,35 @@ class UsageEvents:
             lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\n\r\n")
             cut = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
             ready, self._held = chunk[:cut], chunk[cut:]
+        if self.found is not None and b'"usage"' in ready:
+            self.found = None  # a later line with usage: the meter reads that one
         # The usage event comes last, before `[DONE]`: only the end of a chunk is searched,
         # so the usual chunks (and a whole answer sent in one) cost one short search.
         low = max(0, len(ready) - USAGE_WINDOW)
         if ready.find(b'"usage"', low) < 0:  # in JSON text a quote is escaped: a member
             return ready
-        return _drop_usage(ready, low)
+        dropped: list[tuple[int, tuple[bool, dict[str, Any]]]] = []
+        kept = _drop_usage(ready, low, dropped)
+        if dropped:
+            self._dropped(ready, *dropped[-1])
+        return kept
 
     def flush(self) -> bytes:
         """What is held at the end of the stream (an event without its blank line)."""
         held, self._held = self._held, b""
-        return b"" if _usage_only(held) else held
+        found = _usage_event(held)
+        if found is None:
+            if self.found is not None and b'"usage"' in held:
+                self.found = None
+            return held
+        self._dropped(held, len(held), found)
+        return b""
+
+    def _dropped(self, data: bytes, end: int, event: tuple[bool, dict[str, Any]]) -> None:
+        plain, decoded = event
+        self.found = _from_usage(decoded["usage"]) if plain else None
+        if data.find(b'"usage"', end) >= 0:
+            self.found = None
 
 
 # The empty choices of the event include_usage adds. Inside a JSON string every quote is
@@ -460,18 +495,27 @@ def _event_start(data: bytes, at: int, floor: int) -> int:
     return max(lf + 2 if lf >= 0 else floor, crlf + 3 if crlf >= 0 else floor)
 
 
-def _drop_usage(data: bytes, low: int = 0) -> bytes:
-    """`data` without its usage-only events whose empty choices lie at or after `low`. Only
-    the events holding empty choices are looked at (one a stream), so a chunk of many
-    events costs a few searches, not a walk."""
+def _drop_usage(
+    data: bytes,
+    low: int = 0,
+    dropped: list[tuple[int, tuple[bool, dict[str, Any]]]] | None = None,
+) -> bytes:
+    """`data` without its usage-only events whose empty choices lie at or after `low`, each
+    dropped one added to `dropped` with where it ended. Only the events holding empty
+    choices are looked at (one a stream), so a chunk of many events costs a few searches,
+    not a walk."""
     kept: list[bytes] = []
     start = 0  # what is not yet kept
     search = low
+    compact, spaced = _EMPTY_CHOICES
     while True:
-        hits = [i for i in (data.find(m, search) for m in _EMPTY_CHOICES) if i >= 0]
-        if not hits:
+        at = data.find(compact, search)
+        # The other spelling, only where it would come first.
+        other = data.find(spaced, search, at + len(spaced) if at >= 0 else len(data))
+        if other >= 0 and (at < 0 or other < at):
+            at = other
+        elif at < 0:
             break
-        at = min(hits)
         # The event begins shortly before its choices: the backward search is bounded, and
         # an event whose start is not found within it is kept whole, never cut.
         floor = max(start, at - USAGE_WINDOW)
@@ -479,8 +523,11 @@ def _drop_usage(data: bytes, low: int = 0) -> bytes:
         end = _event_end(data, at)
         if end < 0:
             end = len(data)
-        if (begin > floor or floor == start) and _usage_only(data[begin:end]):
+        found = _usage_event(data[begin:end]) if begin > floor or floor == start else None
+        if found is not None:
             kept.append(data[start:begin])
+            if dropped is not None:
+                dropped.append((end, found))
         else:
             kept.append(data[start:end])
         start = search = end
@@ -491,10 +538,15 @@ def _drop_usage(data: bytes, low: int = 0) -> bytes:
 
 
 def stream_input_tokens(first: bytes) -> int | None:
-    """Input tokens announced at the start of a stream (Anthropic `message_start`)."""
-    if b'"input_tokens"' not in first:
+    """Input tokens announced at the start of a stream (Anthropic `message_start`). Only the
+    first event is read, which is where that event comes: an OpenAI stream's first chunk
+    (at times its whole answer) is not searched, and a stream that opens with another
+    event has its input counted at its end, from its usage."""
+    end = _event_end(first, 0)
+    head = first if end < 0 else first[:end]
+    if b'"input_tokens"' not in head:
         return None
-    for line in first.split(b"\n"):
+    for line in head.split(b"\n"):
         if line.startswith(b"data:") and b"message_start" in line:
             try:
                 event = orjson.loads(line[5:])

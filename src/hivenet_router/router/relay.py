@@ -161,6 +161,8 @@ class Relay:
                         await response.end()
             raise
         finally:
+            if type(drop) is UsageEvents and drop.found is not None:
+                answer.read_usage(drop.found)
             await self._close(ticket, answer, outcome)
         # Only a cancellation can leave before the stream began, and that one propagates.
         assert response is not None

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hivenet_router.domain.answer import Answer, Outcome, Whole
 from hivenet_router.domain.request import Usage
@@ -296,3 +298,48 @@ def test_text_members_are_counted_once_and_decoded() -> None:
     role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
     text.feed(role)
     assert text.text_bytes == len(b'{"content": "x"}')
+
+
+_EVENTS = st.sampled_from(
+    [
+        ROLE,
+        TOKEN,
+        TOKEN.replace(b"\n\n", b"\r\n\r\n"),
+        USAGE_EVENT,
+        USAGE_EVENT.replace(b'"choices":[]', b'"choices": []'),
+        USAGE_EVENT.replace(b"\n\n", b"\r\n\r\n"),
+        USAGE_EVENT.replace(b'"id":"c"', b'"type":"x"'),  # read another way by the meter
+        USAGE_EVENT.replace(b'"id":"c"', b'"id":"message_1"'),
+        USAGE_EVENT.replace(b'"choices":[],', b'"choices":[],\ndata: '),  # two data lines
+        USAGE_EVENT.replace(b'"prompt_tokens":5,"completion_tokens":7,', b""),  # no counts
+        USAGE_EVENT.replace(b"7", b"9"),
+        b'data: {"choices":[{"delta":{}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n',
+        b": keep-alive\n\n",
+        DONE,
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_EVENTS, max_size=12), st.data())
+def test_the_usage_the_filter_hands_over_is_what_the_meter_would_read(
+    events: list[bytes], data: st.DataObject
+) -> None:
+    """The filter's `found` (given to the answer so its meter need not search again) is,
+    whenever set, what the meter reads from the same stream, however it is cut. (The meter
+    is fed it whole: chunk by chunk it keeps the last TAIL_CHUNKS only, and misses a usage
+    event cut over more chunks than that, which the filter, holding it whole, does not.)"""
+    stream = b"".join(events)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(stream) - 1)), max_size=6)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    chunks = [chunk for chunk in chunks if chunk]
+    drop, meter = UsageEvents(), StreamMeter()
+    meter.feed(stream)
+    for chunk in chunks:
+        drop(chunk)
+    drop.flush()
+    if drop.found is not None:
+        assert drop.found == meter.reported()
+    plain = (USAGE_EVENT, USAGE_EVENT.replace(b'"choices":[]', b'"choices": []'))
+    if events and events[-1] in plain:
+        assert drop.found == (5, 7)  # the usual stream's last event: handed over

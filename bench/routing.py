@@ -89,6 +89,10 @@ SYSTEMS: dict[str, Hive | Starter] = {
     "hivenet prefix-affinity": Hive(Policy("prefix-affinity")),
     "hivenet scored latency-first": Hive(Policy("scored", "latency-first")),
     "hivenet predicted-latency": Hive(Policy("predicted-latency")),
+    # The policy's TTFT objective: under it, the most cached candidate wins.
+    "hivenet predicted-latency (objective 100 ms)": Hive(
+        Policy("predicted-latency", step_yaml="  prediction:\n    ttft_objective_ms: 100\n")
+    ),
     "hivenet prefix-affinity (site of 2)": Hive(Policy("prefix-affinity"), 2),
     "hivenet predicted-latency (site of 2)": Hive(Policy("predicted-latency"), 2),
     "hivenet predicted-latency (site of 3)": Hive(Policy("predicted-latency"), 3),

@@ -283,7 +283,19 @@ def test_policies_written_in_memory(fleet: tuple[Cluster, Router]) -> None:
         assert reply.status_code == 400 and field in _error(reply), reply.text
     too_big = admin(router, "PUT", "/admin/policy", content=b"#" * ((1 << 20) + 1))
     assert too_big.status_code == 413
+    # A dry run changes nothing, however it is spelt; a value that is neither true nor
+    # false is refused, not read as false (which applied the document).
+    other = BASE + "  max_tries: 3\n"
+    for flag in ("true", "1", "TRUE", ""):
+        dry = admin(router, "PUT", f"/admin/policy?dry_run={flag}", content=other)
+        assert dry.status_code == 200 and dry.json()["status"] == "policy valid", flag
+    for flag in ("yes", "on", "maybe"):
+        for path in ("/admin/policy", "/admin/policy/models/gpt"):
+            refused = admin(router, "PUT", f"{path}?dry_run={flag}", content=other)
+            assert refused.status_code == 400, (path, flag, refused.text)
+            assert refused.json()["error"]["param"] == "dry_run"
     assert admin(router, "GET", "/admin/policy").json() == current
+    assert admin(router, "GET", "/admin/policy/models").json() == {}
 
     # Named policies.
     named = "models: [" + MODEL + "]\n" + BASE + "  max_tries: 1\n"

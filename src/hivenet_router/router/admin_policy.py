@@ -101,8 +101,9 @@ class PolicyApi:
     # -- writing ------------------------------------------------------------------------------
 
     async def put_policy(self, request: Request) -> Response:
+        dry = _dry_run(request)
         policy = await self._document(request, "global", named=False)
-        if _dry_run(request):
+        if dry:
             return _json({"status": "policy valid", "policy": policy_json(policy)})
         try:
             self.policies.replace_default(policy)
@@ -112,8 +113,9 @@ class PolicyApi:
 
     async def put_policy_model(self, request: Request) -> Response:
         name = _name(request)
+        dry = _dry_run(request)
         policy = await self._document(request, name, named=True)
-        if _dry_run(request):
+        if dry:
             return _json({"status": "policy valid", "name": name, "models": list(policy.models)})
         try:
             self.policies.put_named(policy)
@@ -157,8 +159,26 @@ class PolicyApi:
 def _dry_run(request: Request) -> bool:
     """`?dry_run=true`: validate the document and say so, changing nothing (the console's
     Validate button). The checks against the other policies and the keys are made only
-    when it is applied."""
-    return request.query.get("dry_run", "").lower() in {"1", "true"}
+    when it is applied. A bare `?dry_run` is one too; a value that is neither true nor
+    false is refused rather than read as false, which would apply what was only meant to
+    be checked. Raises ApiError (400)."""
+    value = request.query.get("dry_run")
+    if value is None:
+        return False
+    flag = value.lower()
+    if flag in _YES:
+        return True
+    if flag in _NO:
+        return False
+    raise ApiError(
+        ErrorCode.REQUEST_INVALID,
+        f"dry_run must be true or false, not {value[:40]!r}: nothing was changed",
+        param="dry_run",
+    )
+
+
+_YES = frozenset({"", "1", "true"})
+_NO = frozenset({"0", "false"})
 
 
 def _name(request: Request) -> str:

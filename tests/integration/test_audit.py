@@ -255,6 +255,7 @@ def test_probes_and_preflights_are_not_audited(fleet: tuple[Cluster, Router, str
         timeout=5,
     )
     assert preflight.status_code == 204  # answered without a key
+    assert preflight.headers["x-request-id"] == rid
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
     marker = str(uuid.uuid4())
     httpx.get(router.url + "/v1/models", headers={"X-Request-ID": marker}, timeout=5)

@@ -196,6 +196,24 @@ def test_wrong_method_is_405(client: httpx.Client) -> None:
     reply = client.get(CHAT)
     assert reply.status_code == 405
     assert reply.json()["error"]["code"] == "method_not_allowed"
+    assert reply.headers["Allow"] == "POST"  # RFC 9110
+    assert client.request("OPTIONS", CHAT).status_code == 405  # not a preflight
+
+
+def test_a_preflight_with_no_origin_allowed_is_refused(client: httpx.Client) -> None:
+    """No origin is allowed by default (docs/observability.md, CORS): a browser's preflight
+    is refused as one from an origin not listed, with its request ID."""
+    mine = str(uuid.uuid4())
+    headers = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "X-Request-ID": mine,
+    }
+    reply = client.request("OPTIONS", CHAT, headers=headers)
+    assert reply.status_code == 400 and reply.headers["X-Request-ID"] == mine
+    body = reply.json()
+    assert body["error"]["code"] == "request_invalid" and body["request_id"] == mine
+    assert "access-control-allow-origin" not in reply.headers
 
 
 def test_request_ids(client: httpx.Client) -> None:

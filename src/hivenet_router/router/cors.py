@@ -37,22 +37,24 @@ class Cors:
             "Vary": "Origin",
         }
 
-    def preflight(self, request: Request) -> Response | None:
-        """The answer to a preflight, or None when `request` is not one."""
+    def preflight(self, request: Request, request_id: str) -> Response | None:
+        """The answer to a preflight (with `request_id`, as every answer has one), or None
+        when `request` is not one."""
         headers = request.headers
         if request.method != "OPTIONS" or "access-control-request-method" not in headers:
             return None
         origin = headers.get("origin")
         if origin is None or not self.allowed(origin):
-            body = error_body(
-                ErrorCode.REQUEST_INVALID, f"origin {origin!r} is not allowed", status=400
-            )
-            return Response(body, 400, headers={"Vary": "Origin"})
+            shown = origin[:200] if origin is not None else None  # bounded in the answer
+            message = f"origin {shown!r} is not allowed"
+            body = error_body(ErrorCode.REQUEST_INVALID, message, status=400, request_id=request_id)
+            return Response(body, 400, headers={"Vary": "Origin", "X-Request-ID": request_id})
         asked = headers.get("access-control-request-headers", "")
         return Response(
             b"",
             204,
             headers={
+                "X-Request-ID": request_id,
                 "Access-Control-Allow-Origin": origin,
                 "Access-Control-Allow-Methods": METHODS,
                 "Access-Control-Allow-Headers": asked

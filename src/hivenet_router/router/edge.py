@@ -199,6 +199,9 @@ def received_code(body: bytes) -> ErrorCode | None:
     return code_from_str(code) if isinstance(code, str) else None
 
 
+_NO_ORIGINS = Cors(())
+
+
 class Routes:
     """The route allowlist: fixed paths by dictionary, then patterns in order. A path known
     under another method is a 405; anything else a structured 404. Both pass the edge."""
@@ -233,9 +236,13 @@ class Routes:
         return None
 
     async def __call__(self, request: Request) -> Answer:
-        cors = self._edge.cors
-        if cors is not None and (preflight := cors.preflight(request)) is not None:
-            return preflight
+        if request.method == "OPTIONS":
+            # With no origin allowed (the default) a preflight is refused all the same,
+            # as docs/observability.md says, not routed to a 405.
+            cors = self._edge.cors or _NO_ORIGINS
+            rid = request_id(request.headers.get("x-request-id"))
+            if (preflight := cors.preflight(request, rid)) is not None:
+                return preflight
         method = "GET" if request.method == "HEAD" else request.method
         found = self._find(method, request.path)
         if found is None:
@@ -253,6 +260,8 @@ class Routes:
             method for method, pattern, _ in self._patterns if pattern.match(path)
         }
         if allowed:
+            if ticket is not None:  # RFC 9110: a 405 says which methods the path takes
+                ticket.headers_out["Allow"] = ", ".join(sorted(allowed))
             raise ApiError(
                 ErrorCode.METHOD_NOT_ALLOWED, f"{path} accepts {', '.join(sorted(allowed))} only"
             )

@@ -193,6 +193,38 @@ def test_refusals_carry_their_code_and_what_was_known(
     assert (entry["tenant_id"], entry["error_code"], entry["model"]) == ("", "unauthorized", "")
 
 
+def test_a_body_refused_as_invalid_is_recorded_under_its_model(
+    fleet: tuple[Cluster, Router, str],
+) -> None:
+    """The body was read, so its model is known to the audit record, the request log and
+    the tenant's failed requests, as for any other refusal; a made-up model's name creates
+    no series."""
+    _, router, _ = fleet
+    before = metric(router.metrics(), "hivenet_tenant_requests_failed_total", model=MODEL) or 0
+    bodies = (
+        ("/v1/chat/completions", {"model": MODEL, "messages": []}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [], "stream": "yes"}),
+        ("/v1/responses", {"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]}),
+        ("/v1/chat/completions", {"model": "made-up-model", "messages": []}),
+    )
+    for path, body in bodies:
+        rid = str(uuid.uuid4())
+        reply = httpx.post(
+            router.url + path,
+            headers={"Authorization": f"Bearer {KEY}", "X-Request-ID": rid},
+            json=body,
+            timeout=5,
+        )
+        assert reply.status_code == 400, reply.text
+        (entry,) = records(router, rid)
+        assert entry["model"] == body["model"] and entry["status_code"] == 400
+        (line,) = [line for line in router.proc.log().splitlines() if rid in line]
+        assert f"model={body['model']}" in line, line
+    text = router.metrics()
+    assert metric(text, "hivenet_tenant_requests_failed_total", model=MODEL) == before + 3
+    assert "made-up-model" not in text
+
+
 def test_an_engines_refusal_is_recorded_with_the_code_the_client_got(
     fleet: tuple[Cluster, Router, str],
 ) -> None:

@@ -73,6 +73,7 @@ class Ticket:
         "_state",
         "admitted",
         "agent",
+        "asked_model",
         "deadline",
         "dispatched",
         "endpoint",
@@ -108,6 +109,9 @@ class Ticket:
         self.trace_id = ""  # the trace this request belongs to, when tracing is on
         self.principal: Principal | None = None  # who is calling, once the edge knows
         self.facts: RequestFacts | None = None
+        # The model a body refused as invalid names (router/handlers.py); facts name it
+        # for every other request.
+        self.asked_model = ""
         self.job: Job | None = None
         # The model's policy, resolved once when the model is known (before the first
         # stage), so that every stage and dispatch see one version across a reload.
@@ -135,7 +139,7 @@ class Ticket:
 
     @property
     def model(self) -> str:
-        return self.facts.model if self.facts is not None else ""
+        return self.facts.model if self.facts is not None else self.asked_model
 
     @property
     def caller(self) -> Principal:

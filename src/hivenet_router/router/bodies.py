@@ -296,3 +296,21 @@ def _explain(message: str, body: bytes) -> str:
     if not isinstance(value, dict):
         return "request body must be a JSON object"
     return message
+
+
+class _Named(msgspec.Struct):
+    model: str = ""
+
+
+_NAMED = msgspec.json.Decoder(_Named)
+MODEL_NAME_CHARS = 256  # longer names are no model the router serves
+
+
+def model_of(body: bytes) -> str:
+    """The `model` a body refused as invalid names, when it names one as a string (so the
+    refusal is recorded under it); "" otherwise. Only that member is decoded."""
+    try:
+        model = _NAMED.decode(body).model
+    except (msgspec.DecodeError, RecursionError):
+        return ""
+    return model if len(model) <= MODEL_NAME_CHARS else ""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import orjson
 
-from hivenet_router.domain.agent import PREFIX_HEADER
+from hivenet_router.domain.agent import PREFIX_HEADER, ROUTE_CAPABILITY
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.domain.request import Job
 from hivenet_router.http1.messages import Answer, Request, Response
@@ -16,6 +16,7 @@ from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
 from hivenet_router.router import catalog
+from hivenet_router.router.bodies import model_of
 from hivenet_router.router.body_reader import BodyReader
 from hivenet_router.router.registry import Registry
 from hivenet_router.router.relay import Relay, Shape
@@ -140,6 +141,17 @@ class Handlers:
 
     # -- inference ------------------------------------------------------------------------------
 
+    def refused_body(self, ticket: Ticket, route: str, body: bytes) -> None:
+        """A body refused as invalid still names its model for the audit record and the
+        request log, and, when the router serves that model to this caller, counts in the
+        tenant's failed requests as any other refusal does (the job is never sent)."""
+        model = model_of(body)
+        ticket.asked_model = model
+        served = bool(model) and (bool(self.registry.for_model(model)) or self.claims(model))
+        if served and ticket.caller.allows(model):
+            capability = ROUTE_CAPABILITY.get(route, "")
+            ticket.job = Job(route, model, capability, False, body, [])
+
     async def inference(self, request: Request) -> Answer:
         body = await read_body(request, self.body_timeout)
         return await self.run(request, request.path, body)
@@ -153,7 +165,11 @@ class Handlers:
         ticket: Ticket = request.ticket
         headers = forward_headers(request, ticket.request_id)  # after the body: its trailers
         principal = ticket.caller
-        facts = await self.reader.parse(route, body, principal.tenant)
+        try:
+            facts = await self.reader.parse(route, body, principal.tenant)
+        except ApiError:
+            self.refused_body(ticket, route, body)
+            raise
         ticket.facts = facts  # the model is known from here on (audit records name it)
         model = facts.model
         allowed = principal.allows(model)

@@ -94,7 +94,11 @@ class ResponsesApi:
 
     async def create(self, request: Request) -> Answer:
         body = await read_body(request, self.body_timeout)
-        parsed = parse(body)
+        try:
+            parsed = parse(body)
+        except ApiError:
+            self.handlers.refused_body(request.ticket, CHAT, body)
+            raise
         history: list[dict[str, Any]] = []
         if parsed.previous_response_id is not None:
             previous = await self._find(

@@ -207,6 +207,18 @@ def test_stored_response_read_listed_deleted(fleet: tuple[Cluster, Router]) -> N
     assert [i.role for i in items.data] == ["user", "developer"]  # newest first
     ascending = client.responses.input_items.list(created.id, order="asc", limit=1)
     assert [i.role for i in ascending.data] == ["developer"] and ascending.has_more
+    following = client.responses.input_items.list(
+        created.id, order="asc", limit=1, after=ascending.data[0].id
+    )
+    assert [i.role for i in following.data] == ["user"] and not following.has_more
+    # A cursor from no page of this list is an error, not a silent end of the list.
+    with pytest.raises(openai.BadRequestError) as stale:
+        client.responses.input_items.list(created.id, after="msg_from_elsewhere")
+    assert stale.value.code == "invalid_parameter" and stale.value.param == "after"
+    # An unknown ID is named in the 404, but a huge one is not echoed whole.
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.responses.retrieve("resp_" + "x" * 3000)
+    assert unknown.value.code == "response_not_found" and len(unknown.value.message) < 300
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.cancel(created.id)
     assert refused.value.code == "response_not_cancellable"

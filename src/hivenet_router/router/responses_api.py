@@ -64,10 +64,14 @@ class _Shape:
         return StreamShape(self._base, self._keep)
 
 
+# How much of an ID a client sent is repeated in an error: the IDs this router makes are
+# far shorter, and a client's 10 KB string is not echoed back whole.
+ID_CHARS = 100
+
+
 def _not_found(response_id: str, param: str | None = None) -> ApiError:
-    return ApiError(
-        ErrorCode.RESPONSE_NOT_FOUND, f"no response with ID {response_id!r}", param=param
-    )
+    shown = response_id[:ID_CHARS] + ("..." if len(response_id) > ID_CHARS else "")
+    return ApiError(ErrorCode.RESPONSE_NOT_FOUND, f"no response with ID {shown!r}", param=param)
 
 
 class ResponsesApi:
@@ -153,7 +157,14 @@ class ResponsesApi:
         after = query.get("after")
         if after is not None:
             ids = [item.get("id") for item in items]
-            items = items[ids.index(after) + 1 :] if after in ids else []
+            if after not in ids:
+                # A cursor from no page of this list: an error, not a silent end of it.
+                raise ApiError(
+                    ErrorCode.INVALID_PARAMETER,
+                    f"after: no input item {after[:ID_CHARS]!r} in response {found.response['id']}",
+                    param="after",
+                )
+            items = items[ids.index(after) + 1 :]
         page = items[:limit]
         return Response(
             orjson.dumps(

@@ -24,6 +24,7 @@ EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"}
 # Refused as `unsupported_parameter` when set to anything but null/false.
 _UNSUPPORTED: Final = ("background", "conversation", "prompt")
 METADATA_KEYS: Final = 16
+MAX_OUTPUT: Final = 2**31 - 1  # as chat's max_tokens (router/bodies.py)
 
 
 def new_id(prefix: str) -> str:
@@ -75,7 +76,7 @@ def parse(body: bytes) -> ResponsesRequest:
     try:
         raw = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise invalid(f"body is not valid JSON: {exc}") from None
+        raise invalid(_malformed(body, exc)) from None
     if not isinstance(raw, dict):
         raise invalid("body must be a JSON object")
     model = raw.get("model")
@@ -96,6 +97,10 @@ def parse(body: bytes) -> ResponsesRequest:
         limit = int(limit)
     if limit is not None and limit < 1:
         raise refused("max_output_tokens: must be at least 1", "max_output_tokens")
+    if limit is not None and limit > MAX_OUTPUT:
+        raise refused(f"max_output_tokens: must be at most {MAX_OUTPUT}", "max_output_tokens")
+    for name in ("user", "safety_identifier"):
+        _typed(raw, name, (str,), "a string")
     previous = _typed(raw, "previous_response_id", (str,), "a response ID")
     instructions = _typed(raw, "instructions", (str,), "a string")
     _check_options(raw)
@@ -113,6 +118,16 @@ def parse(body: bytes) -> ResponsesRequest:
     )
     request.tool_choice = tool_choice(raw.get("tool_choice"), request.tools)
     return request
+
+
+def _malformed(body: bytes, exc: orjson.JSONDecodeError) -> str:
+    """What is wrong with a body that is not JSON, where it is, in the router's words (the
+    decoder's own message misplaces an encoding error at the first character)."""
+    try:
+        body.decode()
+    except UnicodeDecodeError as bad:
+        return f"malformed JSON: not UTF-8 at byte {bad.start}"
+    return f"malformed JSON at line {exc.lineno} column {exc.colno}"
 
 
 def _check_options(raw: dict[str, Any]) -> None:
@@ -172,6 +187,8 @@ def input_items(value: Any, optional: bool = False) -> list[dict[str, Any]]:
         value = [{"role": "user", "content": value}]
     if not isinstance(value, list):
         raise invalid("input: expected a string or a list of items", "input")
+    if not value and not optional:
+        raise refused("input: at least one item (there is nothing else to answer)", "input")
     return [_item(item, f"input[{i}]") for i, item in enumerate(value)]
 
 
@@ -262,15 +279,25 @@ def function_tools(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise invalid("tools: expected a list", "tools")
     tools: list[dict[str, Any]] = []
+    named: set[str] = set()
+
+    def add(tool: Any, where: str) -> None:
+        checked = _function_tool(tool, where)
+        if checked["name"] in named:  # the engine could not tell which one a call means
+            raise refused(f"{where}.name: another function tool has this name", f"{where}.name")
+        named.add(checked["name"])
+        tools.append(checked)
+
     for i, tool in enumerate(value):
         where = f"tools[{i}]"
         if isinstance(tool, dict) and tool.get("type") == "namespace":
             inner = tool.get("tools")
             if not isinstance(inner, list):
                 raise invalid(f"{where}.tools: expected a list of tools", f"{where}.tools")
-            tools.extend(_function_tool(t, f"{where}.tools[{j}]") for j, t in enumerate(inner))
+            for j, one in enumerate(inner):
+                add(one, f"{where}.tools[{j}]")
         else:
-            tools.append(_function_tool(tool, where))
+            add(tool, where)
     return tools
 
 
@@ -297,6 +324,8 @@ def _function_tool(tool: Any, where: str) -> dict[str, Any]:
 def tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
     if value is None:
         return "auto"
+    if value == "required" and not tools:
+        raise refused("tool_choice: required needs a function in tools", "tool_choice")
     if value in ("none", "auto", "required"):
         return value
     if not isinstance(value, dict):
@@ -311,13 +340,21 @@ def tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
         allowed = value.get("tools")
         if value.get("mode") not in ("auto", "required") or not isinstance(allowed, list):
             raise invalid("tool_choice: allowed_tools needs a mode and tools", "tool_choice")
-        for tool in allowed:
+        for i, tool in enumerate(allowed):
             if not isinstance(tool, dict) or tool.get("type") != "function":
                 raise ApiError(
                     ErrorCode.UNSUPPORTED_TOOL,
                     "allowed_tools may name function tools only",
                     param="tool_choice.tools",
                 )
+            if tool.get("name") not in names:
+                where = f"tool_choice.tools[{i}].name"
+                raise refused(f"{where}: names no function in tools", where)
+        if value["mode"] == "required" and not allowed:
+            raise refused(
+                "tool_choice: allowed_tools in required mode needs at least one tool",
+                "tool_choice.tools",
+            )
         return value
     raise ApiError(
         ErrorCode.UNSUPPORTED_TOOL,

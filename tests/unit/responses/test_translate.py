@@ -101,6 +101,17 @@ def test_allowed_tools_narrow_the_tools() -> None:
     assert chat["tool_choice"] == "required"
 
 
+_FN = {"type": "function", "name": "f"}
+
+
+def _allowed(mode: str, *names: str) -> dict[str, Any]:
+    return {
+        "type": "allowed_tools",
+        "mode": mode,
+        "tools": [{"type": "function", "name": n} for n in names],
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
@@ -118,6 +129,27 @@ def test_allowed_tools_narrow_the_tools() -> None:
             ErrorCode.INVALID_PARAMETER,
             "tool_choice.name",
         ),
+        # Found by a new user: each of these was served as plain text, or refused by the
+        # chat body's validation under a field the client never sent.
+        (
+            {"input": "x", "tools": [_FN], "tool_choice": _allowed("required", "g")},
+            ErrorCode.INVALID_PARAMETER,
+            "tool_choice.tools[0].name",
+        ),
+        (
+            {"input": "x", "tools": [_FN], "tool_choice": _allowed("required")},
+            ErrorCode.INVALID_PARAMETER,
+            "tool_choice.tools",
+        ),
+        ({"input": "x", "tool_choice": "required"}, ErrorCode.INVALID_PARAMETER, "tool_choice"),
+        ({"input": "x", "tools": [_FN, _FN]}, ErrorCode.INVALID_PARAMETER, "tools[1].name"),
+        ({"input": []}, ErrorCode.INVALID_PARAMETER, "input"),
+        (
+            {"input": "x", "max_output_tokens": 2**31},
+            ErrorCode.INVALID_PARAMETER,
+            "max_output_tokens",
+        ),
+        ({"input": "x", "user": 5}, ErrorCode.REQUEST_INVALID, "user"),
     ],
 )
 def test_refusals_name_the_field(body: dict[str, Any], code: ErrorCode, param: str) -> None:
@@ -185,3 +217,14 @@ def test_an_odd_chat_answer_is_still_a_response(chat: dict[str, Any]) -> None:
     request = parse(b'{"model": "m", "input": "x"}')
     response = response_from_chat(skeleton(request, "resp_1"), chat)
     assert response["status"] == "completed"
+
+
+def test_a_body_that_is_not_json_is_told_where() -> None:
+    for body, words in (
+        (b'{"model": "m", "input": "caf\xe9"}', "not UTF-8 at byte 28"),
+        (b'{"model": "m",\n "input": }', "malformed JSON at line 2 column"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            parse(body)
+        assert refused.value.code is ErrorCode.REQUEST_INVALID
+        assert words in refused.value.message, refused.value.message

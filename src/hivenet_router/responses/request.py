@@ -10,7 +10,7 @@ generation, shells), `unsupported_parameter` for a feature the router does not o
 
 from __future__ import annotations
 
-import secrets
+import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -26,8 +26,30 @@ _UNSUPPORTED: Final = ("background", "conversation", "prompt")
 METADATA_KEYS: Final = 16
 
 
+# IDs' random parts (48 hex digits, as `secrets.token_hex(24)` writes them), fetched from
+# os.urandom 256 at a time. A request makes three or more IDs, and each os.urandom call
+# releases the GIL: with the store's thread busy, taking it back cost the loop's thread
+# ~10 us an ID in the router (docs/benchmarks.md, "Third pass"). The same source, as
+# unpredictable; list.pop is atomic, so no two callers get the same one.
+_ID_BATCH: Final = 256
+_ids: list[str] = []
+
+
+def _refill() -> None:
+    digits = os.urandom(24 * _ID_BATCH).hex()
+    _ids.extend([digits[at : at + 48] for at in range(0, len(digits), 48)])
+
+
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(24)}"
+    try:
+        return f"{prefix}_{_ids.pop()}"
+    except IndexError:
+        _refill()
+        return f"{prefix}_{_ids.pop()}"
+
+
+if hasattr(os, "register_at_fork"):  # a forked child must not reuse its parent's IDs
+    os.register_at_fork(after_in_child=_ids.clear)
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 import pytest
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.responses.request import parse
+from hivenet_router.responses.request import _ID_BATCH, new_id, parse
 from hivenet_router.responses.translate import chat_body, response_from_chat, skeleton
 
 
@@ -185,3 +186,11 @@ def test_an_odd_chat_answer_is_still_a_response(chat: dict[str, Any]) -> None:
     request = parse(b'{"model": "m", "input": "x"}')
     response = response_from_chat(skeleton(request, "resp_1"), chat)
     assert response["status"] == "completed"
+
+
+def test_ids_are_random_hex_and_never_repeat() -> None:
+    """IDs come from a pool of urandom's bytes (request.new_id): the shape
+    `secrets.token_hex(24)` gave, and none twice across refills."""
+    made = [new_id("msg") for _ in range(3 * _ID_BATCH + 5)]
+    assert all(re.fullmatch(r"msg_[0-9a-f]{48}", made_id) for made_id in made)
+    assert len(set(made)) == len(made)

@@ -63,8 +63,9 @@ _PROBE: Final = "\x00probe"
 _LEARN_TRIES: Final = 8  # chat events a stream looks at for its token events' shape
 Slot = tuple[bytes, bytes, str]  # a token event's bytes before and after its text, its kind
 # A token event of a known shape as an SSE event: its bytes before its text's opening
-# quote (from `data: `), and from its closing quote to the end of its line.
-Frame = tuple[bytes, bytes]
+# quote (from `data: `), from its closing quote to the end of its line, and between the
+# texts of two such events in a row.
+Frame = tuple[bytes, bytes, bytes]
 
 
 def _slot(payload: bytes, event: dict[str, Any]) -> Slot | None:
@@ -121,6 +122,7 @@ class StreamShape:
         self._reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._parts = (b"", b"", b"")  # the open item's delta event bytes (_delta_parts)
+        self._quoted = self._parts  # the same with the quotes around the text (_run)
         self._slots: list[Slot] = []  # the token events' shapes (_slot), one a kind
         self._frames: dict[str, Frame] = {}  # the same as whole SSE events, by kind (_run)
         self._tries = _LEARN_TRIES
@@ -217,7 +219,7 @@ class StreamShape:
         frame = self._frame()
         if frame is None or not data.startswith(frame[0], at):
             return at
-        opener, closer = frame
+        opener, closer, between = frame
         skip, keep = len(opener), len(closer)
         events = data[at:].split(b"\n\n")
         events.pop()  # what follows the last whole event
@@ -225,7 +227,7 @@ class StreamShape:
         while count and not events[count - 1].endswith(closer):
             count -= 1
         texts = [event[skip:-keep] for event in events[:count]]
-        if opener + (closer + b"\n\n" + opener).join(texts) + closer != b"\n\n".join(
+        if opener + between.join(texts) + closer != b"\n\n".join(
             events[:count]
         ):  # not all token events (their texts put back do not give them): one by one
             texts = []
@@ -246,19 +248,11 @@ class StreamShape:
         assert item is not None
         if joined:
             item["_text"].append(joined.decode("ascii"))
-        head, middle, tail = self._parts
-        middle, tail = middle + b'"', b'"' + tail
+        head, middle, tail = self._quoted
         seq = self._seq
-        written = [
-            b"%b%d%b%b%b" % (head, seq + i, middle, t, tail)
-            for i, t in enumerate(
-                t
-                for t in texts
-                if t  # an empty text makes no event (as in _token)
-            )
-        ]
-        self._seq = seq + len(written)
-        out.extend(written)
+        shown = texts if all(texts) else [t for t in texts if t]  # "": no event (_token)
+        out.extend([b"%b%d%b%b%b" % (head, n, middle, t, tail) for n, t in enumerate(shown, seq)])
+        self._seq = seq + len(shown)
         return at + len(texts) * (skip + keep + 2) + len(joined)
 
     def _learn(self, payload: bytes, event: dict[str, Any]) -> None:
@@ -268,7 +262,8 @@ class StreamShape:
             self._slots.append(slot)
             head, tail, kind = slot
             if b"\n" not in head and b"\n" not in tail:  # as one line, as engines send it
-                self._frames[kind] = (b"data: " + head + b'"', b'"' + tail)
+                opener, closer = b"data: " + head + b'"', b'"' + tail
+                self._frames[kind] = (opener, closer, closer + b"\n\n" + opener)
 
     def _token(self, out: list[bytes], payload: bytes, slots: list[Slot]) -> bool:
         """Read a token event of a known shape from its bytes: what `_read` does with it
@@ -408,7 +403,8 @@ class StreamShape:
         item = {**shown, "_index": index, "_text": []}
         self._items.append(item)
         self._current = item
-        self._parts = self._delta_parts(kind, shown["id"], index)
+        self._parts = head, middle, tail = self._delta_parts(kind, shown["id"], index)
+        self._quoted = head, middle + b'"', b'"' + tail
         return item
 
     def _call(self, out: list[bytes], call: dict[str, Any]) -> None:

@@ -23,6 +23,21 @@ FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
 EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
 # Refused as `unsupported_parameter` when set to anything but null/false.
 _UNSUPPORTED: Final = ("background", "conversation", "prompt")
+# The fields whose checks find nothing to check when they are absent, beyond those most
+# requests send (model, input, a few numbers): a request with none of them skips them.
+_RARE: Final = frozenset(
+    {
+        *_UNSUPPORTED,
+        "parallel_tool_calls",
+        "truncation",
+        "include",
+        "reasoning",
+        "text",
+        "tools",
+        "tool_choice",
+        "metadata",
+    }
+)
 METADATA_KEYS: Final = 16
 
 
@@ -103,12 +118,14 @@ def parse(body: bytes) -> ResponsesRequest:
     model = raw.get("model")
     if not isinstance(model, str) or not model or len(model) > 256:
         raise invalid("model: expected a model name (1 to 256 characters)", "model")
-    for name in _UNSUPPORTED:
-        if raw.get(name) not in (None, False):
-            raise unsupported(f"{name} is not supported by this router", name)
+    rare = not _RARE.isdisjoint(raw)
+    if rare:
+        for name in _UNSUPPORTED:
+            if raw.get(name) not in (None, False):
+                raise unsupported(f"{name} is not supported by this router", name)
     for name in ("temperature", "top_p"):
         _typed(raw, name, (int, float), "a number")
-    for name in ("stream", "store", "parallel_tool_calls"):
+    for name in ("stream", "store", "parallel_tool_calls") if rare else ("stream", "store"):
         _typed(raw, name, (bool,), "a boolean")
     limit = _typed(raw, "max_output_tokens", (int, float), "an integer")
     if isinstance(limit, float):
@@ -120,7 +137,8 @@ def parse(body: bytes) -> ResponsesRequest:
         raise refused("max_output_tokens: must be at least 1", "max_output_tokens")
     previous = _typed(raw, "previous_response_id", (str,), "a response ID")
     instructions = _typed(raw, "instructions", (str,), "a string")
-    _check_options(raw)
+    if rare:
+        _check_options(raw)
     request = ResponsesRequest(
         raw=raw,
         model=model,
@@ -130,10 +148,11 @@ def parse(body: bytes) -> ResponsesRequest:
         previous_response_id=previous,
         instructions=instructions,
         max_output_tokens=limit,
-        tools=function_tools(raw.get("tools")),
-        metadata=_metadata(raw.get("metadata")),
     )
-    request.tool_choice = tool_choice(raw.get("tool_choice"), request.tools)
+    if rare:  # absent, they are the defaults: no tools, no metadata, tool_choice "auto"
+        request.tools = function_tools(raw.get("tools"))
+        request.metadata = _metadata(raw.get("metadata"))
+        request.tool_choice = tool_choice(raw.get("tool_choice"), request.tools)
     return request
 
 

@@ -51,10 +51,35 @@ def _payload(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-# Any byte but those a JSON string's text may hold as they are and orjson writes as they
-# are (printable ASCII but the quote and the backslash): a token's text with none of them
-# is its own JSON, as the engine sent it and as the delta event carries it.
-_UNSAFE: Final = re.compile(rb"[^\x20\x21\x23-\x5b\x5d-\x7f]")
+# The bytes a JSON string's text holds only escaped: a text of valid UTF-8 without them is
+# its own JSON, read as it is and written as it is by orjson (checked for every code
+# point), so a token's text like that goes from the engine's event into the client's as
+# it came.
+_UNSAFE: Final = re.compile(rb'[\x00-\x1f"\\]')
+
+
+def _read_texts(texts: list[bytes]) -> tuple[int, list[bytes], str]:
+    """Token texts as `_tokens` reads them (each parsed as a JSON string), from the first
+    while they parse: how many, the non-empty ones as orjson writes them, and all of them
+    as one str. A text that is its own JSON (_UNSAFE) is not parsed."""
+    joined = b"".join(texts)
+    if joined.isascii() and _UNSAFE.search(joined) is None:  # the usual run
+        return len(texts), texts if all(texts) else [t for t in texts if t], joined.decode()
+    written: list[bytes] = []
+    read: list[str] = []
+    for taken, raw in enumerate(texts):
+        try:
+            if _UNSAFE.search(raw) is None:
+                text = raw.decode()  # each: a character cut between two is two bad texts
+            else:
+                text = orjson.loads(b'"' + raw + b'"')
+                raw = orjson.dumps(text)[1:-1]  # noqa: PLW2901 (as written)
+        except (UnicodeDecodeError, orjson.JSONDecodeError):
+            return taken, written, "".join(read)
+        if text:
+            written.append(raw)
+            read.append(text)
+    return len(texts), written, "".join(read)
 
 
 # The delta members with text, and the output item kind each one's text goes to.
@@ -213,47 +238,56 @@ class StreamShape:
 
     def _run(self, out: list[bytes], data: bytes, at: int) -> int:
         """Take the token events of the open item from `at` on in `data` (line ends made LF)
-        while they are whole, in their known shape (_slot), and their text is its own
-        JSON (_UNSAFE): what `_token` would write for each, without parsing it or writing
-        its text again. Returns where the first event not taken begins."""
+        while they are whole, in their known shape (_slot), and their text is a JSON
+        string's: what `_token` would write for each, without parsing the event, nor its
+        text when that is its own JSON (_read_texts). Returns where the first event not
+        taken begins."""
         frame = self._frame()
         if frame is None or not data.startswith(frame[0], at):
             return at
+        opener, closer, _between = frame
+        skip, keep = len(opener), len(closer)
+        end = data.find(b"\n\n", at)  # the first event first: a chunk of one token
+        if end - at < skip + keep or not data.startswith(closer, end - keep):
+            return at
+        if not data.startswith(opener, end + 2):  # no second one: nothing to split
+            texts = [data[at + skip : end - keep]]
+        else:
+            texts = self._texts(data[at:].split(b"\n\n"), frame)
+        taken, written, text = _read_texts(texts)  # up to a text that is no JSON string
+        if not taken:
+            return at
+        item = self._current
+        assert item is not None
+        if text:
+            item["_text"].append(text)
+        head, middle, tail = self._quoted
+        seq = self._seq
+        out.extend([b"%b%d%b%b%b" % (head, n, middle, t, tail) for n, t in enumerate(written, seq)])
+        self._seq = seq + len(written)
+        return at + taken * (skip + keep + 2) + sum(map(len, texts[:taken]))
+
+    @staticmethod
+    def _texts(events: list[bytes], frame: Frame) -> list[bytes]:
+        """The texts of the token events in `frame`'s shape at the start of `events` (a
+        split chunk: its last piece is what follows the last whole event)."""
         opener, closer, between = frame
         skip, keep = len(opener), len(closer)
-        events = data[at:].split(b"\n\n")
-        events.pop()  # what follows the last whole event
+        events.pop()
         count = len(events)  # the last ones may be others: the finish, the usage, [DONE]
         while count and not events[count - 1].endswith(closer):
             count -= 1
         texts = [event[skip:-keep] for event in events[:count]]
-        if opener + between.join(texts) + closer != b"\n\n".join(
-            events[:count]
-        ):  # not all token events (their texts put back do not give them): one by one
-            texts = []
-            for event in events:
-                if not (event.startswith(opener) and event.endswith(closer)) or (
-                    len(event) < skip + keep  # the two overlap: no text between
-                ):
-                    break
-                texts.append(event[skip:-keep])
-        joined = b"".join(texts)
-        if _UNSAFE.search(joined) is not None:
-            # A text with a quote, an escape or any other byte: the events before it only.
-            texts = texts[: next(i for i, t in enumerate(texts) if _UNSAFE.search(t))]
-            joined = b"".join(texts)
-        if not texts:
-            return at
-        item = self._current
-        assert item is not None
-        if joined:
-            item["_text"].append(joined.decode("ascii"))
-        head, middle, tail = self._quoted
-        seq = self._seq
-        shown = texts if all(texts) else [t for t in texts if t]  # "": no event (_token)
-        out.extend([b"%b%d%b%b%b" % (head, n, middle, t, tail) for n, t in enumerate(shown, seq)])
-        self._seq = seq + len(shown)
-        return at + len(texts) * (skip + keep + 2) + len(joined)
+        if opener + between.join(texts) + closer == b"\n\n".join(events[:count]):
+            return texts  # all token events: their texts put back give them again
+        texts = []  # one by one
+        for event in events:
+            if not (event.startswith(opener) and event.endswith(closer)) or (
+                len(event) < skip + keep  # the two overlap: no text between
+            ):
+                break
+            texts.append(event[skip:-keep])
+        return texts
 
     def _learn(self, payload: bytes, event: dict[str, Any]) -> None:
         self._tries -= 1

@@ -218,6 +218,7 @@ _HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "
 _TEXTS = st.one_of(
     st.from_regex(r"[a-z ]{1,6}", fullmatch=True),  # the usual token
     st.from_regex(r"[a-z ]{1,6}", fullmatch=True),
+    st.from_regex("[a-z \u00e9\u4e2d\U0001f600\u2028]{1,4}", fullmatch=True),
     st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7F), max_size=6),
     st.sampled_from(["", '"', "\\", "\n", "\u00e9", "\U0001f600", "\x7f", "a\tb", "\\u0041"]),
     st.text(max_size=3),
@@ -226,7 +227,9 @@ _EVENTS = st.lists(
     st.one_of(
         st.tuples(st.sampled_from(["content", "reasoning_content"]), _TEXTS),
         st.tuples(st.just("content"), _TEXTS),
-        st.sampled_from(["role", "other", "usage", "blank", "comment", "junk", "id", "split"]),
+        st.sampled_from(
+            ["role", "other", "usage", "blank", "comment", "junk", "id", "split", "cut"]
+        ),
     ),
     max_size=40,
 )
@@ -240,6 +243,12 @@ def _chat_sse(events_: list[Any], spaced: bool, crlf: bool) -> bytes:
             continue
         if event == "comment":
             out.append(b": keep-alive\n\n")
+            continue
+        if event == "cut":  # a character cut between two tokens: neither is UTF-8
+            cut = {"index": 0, "delta": {"content": "a"}, "logprobs": None, "finish_reason": None}
+            token = orjson.dumps({**_HEAD, "choices": [cut]})  # the tokens' own shape
+            out.append(b"data: " + token.replace(b'"a"', b'"a\xc3"') + b"\n\n")
+            out.append(b"data: " + token.replace(b'"a"', b'"\xa9b"') + b"\n\n")
             continue
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if event == "role" else {}
         if isinstance(event, tuple):
@@ -297,3 +306,23 @@ def test_token_runs_taken_whole_give_the_same_bytes(
                 shape._tries = 0
             outs.append(b"".join(shape(chunk) for chunk in chunks) + shape.flush())
     assert outs[0] == outs[1]
+
+
+def test_a_character_cut_between_two_tokens_is_read_as_when_parsed() -> None:
+    """Two token texts that are UTF-8 only together are each read as when parsed (both
+    dropped: neither is JSON), in a run of tokens or at its start."""
+    run = [("content", "Hel"), ("content", "lo"), "cut", ("content", "x")]
+    for chat in (_chat_sse(run, False, False), _chat_sse([run[0], "cut", *run[1:]], False, False)):
+        outs = []
+        for learn in (True, False):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(events, "new_id", _counted_ids())
+                shape = StreamShape(
+                    skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), _collect([])
+                )
+                if not learn:
+                    shape._tries = 0
+                head, rest = chat.split(b"\n\n", 1)  # the first token alone: then a run
+                outs.append(shape(head + b"\n\n") + shape(rest) + shape.flush())
+        assert outs[0] == outs[1]
+        assert b'"delta":"x"' in outs[0] and b"\xc3" not in outs[0]

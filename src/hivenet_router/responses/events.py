@@ -13,6 +13,7 @@ sent an error inside the stream. The engine's usage event becomes the Response's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -25,9 +26,8 @@ _CARRY_MAX = 1 << 22  # an event split across chunks kept up to this, then dropp
 
 
 def _events(data: bytes) -> tuple[list[bytes], bytes]:
-    """The `data:` payloads of the whole SSE events in `data`, and what is left over."""
-    if b"\r" in data:
-        data = data.replace(b"\r\n", b"\n")
+    """The `data:` payloads of the whole SSE events in `data` (its line ends made LF
+    already), and what is left over."""
     cut = data.rfind(b"\n\n")
     if cut < 0:
         return [], data
@@ -37,13 +37,49 @@ def _events(data: bytes) -> tuple[list[bytes], bytes]:
         return [e[5:].lstrip() for e in events if e.startswith(b"data:")], data[cut + 2 :]
     payloads = []
     for event in events:
-        if event.startswith(b"data:") and b"\n" not in event:  # one line: the usual event
-            payloads.append(event[5:].lstrip())
-            continue
-        lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines:
-            payloads.append(b"\n".join(lines))
+        payload = _payload(event)
+        if payload is not None:
+            payloads.append(payload)
     return payloads, data[cut + 2 :]
+
+
+def _payload(event: bytes) -> bytes | None:
+    """An event's `data:` lines (None for none)."""
+    if event.startswith(b"data:") and b"\n" not in event:  # one line: the usual event
+        return event[5:].lstrip()
+    lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+# The bytes a JSON string's text holds only escaped: a text of valid UTF-8 without them is
+# its own JSON, read as it is and written as it is by orjson (checked for every code
+# point), so a token's text like that goes from the engine's event into the client's as
+# it came.
+_UNSAFE: Final = re.compile(rb'[\x00-\x1f"\\]')
+
+
+def _read_texts(texts: list[bytes]) -> tuple[int, list[bytes], str]:
+    """Token texts as `_tokens` reads them (each parsed as a JSON string), from the first
+    while they parse: how many, the non-empty ones as orjson writes them, and all of them
+    as one str. A text that is its own JSON (_UNSAFE) is not parsed."""
+    joined = b"".join(texts)
+    if joined.isascii() and _UNSAFE.search(joined) is None:  # the usual run
+        return len(texts), texts if all(texts) else [t for t in texts if t], joined.decode()
+    written: list[bytes] = []
+    read: list[str] = []
+    for taken, raw in enumerate(texts):
+        try:
+            if _UNSAFE.search(raw) is None:
+                text = raw.decode()  # each: a character cut between two is two bad texts
+            else:
+                text = orjson.loads(b'"' + raw + b'"')
+                raw = orjson.dumps(text)[1:-1]  # noqa: PLW2901 (as written)
+        except (UnicodeDecodeError, orjson.JSONDecodeError):
+            return taken, written, "".join(read)
+        if text:
+            written.append(raw)
+            read.append(text)
+    return len(texts), written, "".join(read)
 
 
 # The delta members with text, and the output item kind each one's text goes to.
@@ -51,6 +87,10 @@ _TEXTS: Final = {"content": "message", "reasoning_content": "reasoning", "reason
 _PROBE: Final = "\x00probe"
 _LEARN_TRIES: Final = 8  # chat events a stream looks at for its token events' shape
 Slot = tuple[bytes, bytes, str]  # a token event's bytes before and after its text, its kind
+# A token event of a known shape as an SSE event: its bytes before its text's opening
+# quote (from `data: `), from its closing quote to the end of its line, and between the
+# texts of two such events in a row.
+Frame = tuple[bytes, bytes, bytes]
 
 
 def _slot(payload: bytes, event: dict[str, Any]) -> Slot | None:
@@ -107,7 +147,9 @@ class StreamShape:
         self._reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._parts = (b"", b"", b"")  # the open item's delta event bytes (_delta_parts)
+        self._quoted = self._parts  # the same with the quotes around the text (_run)
         self._slots: list[Slot] = []  # the token events' shapes (_slot), one a kind
+        self._frames: dict[str, Frame] = {}  # the same as whole SSE events, by kind (_run)
         self._tries = _LEARN_TRIES
 
     def _event(self, out: list[bytes], kind: str, **fields: Any) -> None:
@@ -145,37 +187,117 @@ class StreamShape:
             self._response_event(out, "response.in_progress", start)
         if self.finished:
             return b"".join(out)
-        payloads, self._carry = _events(self._carry + chunk)
+        data = self._carry + chunk
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        at = 0
+        # While the token events' shapes are being learned, events one by one, so that the
+        # tokens after the first in this chunk can be taken as a run of whole events (_run).
+        while self._tries and self._frame() is None:
+            end = data.find(b"\n\n", at)
+            if end < 0:
+                break
+            payload = _payload(data[at:end])
+            at = end + 2
+            if payload is not None and self._one(out, payload, [], 0) < 0:
+                return b"".join(out)
+        at = self._run(out, data, at)
+        payloads, self._carry = _events(data[at:] if at else data)
         if len(self._carry) > _CARRY_MAX:
             self._carry = b""
-        slots = self._slots
         at, count = 0, len(payloads)
         while at < count:
-            payload = payloads[at]
-            at += 1
-            if slots and self._token(out, payload, slots):
-                at = self._tokens(out, payloads, at)
-                continue
-            if payload == b"[DONE]":
-                self._end(out)
-                break
-            try:
-                event = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                self._read(out, event)
-                if self._tries and len(self._slots) < 2:
-                    self._learn(payload, event)
-            if self.finished:
+            at = self._one(out, payloads[at], payloads, at + 1)
+            if at < 0:
                 break
         return b"".join(out)
+
+    def _one(self, out: list[bytes], payload: bytes, payloads: list[bytes], at: int) -> int:
+        """Read one chat event (and the token events of the same item after it in
+        `payloads`, from `at` on); returns where the next event is, -1 once finished."""
+        slots = self._slots
+        if slots and self._token(out, payload, slots):
+            return self._tokens(out, payloads, at)
+        if payload == b"[DONE]":
+            self._end(out)
+            return -1
+        try:
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return at
+        if isinstance(event, dict):
+            self._read(out, event)
+            if self._tries and len(self._slots) < 2:
+                self._learn(payload, event)
+        return -1 if self.finished else at
+
+    def _frame(self) -> Frame | None:
+        """The open item's token events as whole SSE events, when their shape is known."""
+        item = self._current
+        return self._frames.get(item["type"]) if item is not None else None
+
+    def _run(self, out: list[bytes], data: bytes, at: int) -> int:
+        """Take the token events of the open item from `at` on in `data` (line ends made LF)
+        while they are whole, in their known shape (_slot), and their text is a JSON
+        string's: what `_token` would write for each, without parsing the event, nor its
+        text when that is its own JSON (_read_texts). Returns where the first event not
+        taken begins."""
+        frame = self._frame()
+        if frame is None or not data.startswith(frame[0], at):
+            return at
+        opener, closer, _between = frame
+        skip, keep = len(opener), len(closer)
+        end = data.find(b"\n\n", at)  # the first event first: a chunk of one token
+        if end - at < skip + keep or not data.startswith(closer, end - keep):
+            return at
+        if not data.startswith(opener, end + 2):  # no second one: nothing to split
+            texts = [data[at + skip : end - keep]]
+        else:
+            texts = self._texts(data[at:].split(b"\n\n"), frame)
+        taken, written, text = _read_texts(texts)  # up to a text that is no JSON string
+        if not taken:
+            return at
+        item = self._current
+        assert item is not None
+        if text:
+            item["_text"].append(text)
+        head, middle, tail = self._quoted
+        seq = self._seq
+        out.extend([b"%b%d%b%b%b" % (head, n, middle, t, tail) for n, t in enumerate(written, seq)])
+        self._seq = seq + len(written)
+        return at + taken * (skip + keep + 2) + sum(map(len, texts[:taken]))
+
+    @staticmethod
+    def _texts(events: list[bytes], frame: Frame) -> list[bytes]:
+        """The texts of the token events in `frame`'s shape at the start of `events` (a
+        split chunk: its last piece is what follows the last whole event)."""
+        opener, closer, between = frame
+        skip, keep = len(opener), len(closer)
+        events.pop()
+        count = len(events)  # the last ones may be others: the finish, the usage, [DONE]
+        while count and not events[count - 1].endswith(closer):
+            count -= 1
+        texts = [event[skip:-keep] for event in events[:count]]
+        if opener + between.join(texts) + closer == b"\n\n".join(events[:count]):
+            return texts  # all token events: their texts put back give them again
+        texts = []  # one by one
+        for event in events:
+            if not (event.startswith(opener) and event.endswith(closer)) or (
+                len(event) < skip + keep  # the two overlap: no text between
+            ):
+                break
+            texts.append(event[skip:-keep])
+        return texts
 
     def _learn(self, payload: bytes, event: dict[str, Any]) -> None:
         self._tries -= 1
         slot = _slot(payload, event)
         if slot is not None and all(known[2] != slot[2] for known in self._slots):
             self._slots.append(slot)
+            head, tail, kind = slot
+            if b"\n" not in head and b"\n" not in tail:  # as one line, as engines send it
+                opener, closer = b"data: " + head + b'"', b'"' + tail
+                self._frames[kind] = (opener, closer, closer + b"\n\n" + opener)
 
     def _token(self, out: list[bytes], payload: bytes, slots: list[Slot]) -> bool:
         """Read a token event of a known shape from its bytes: what `_read` does with it
@@ -315,7 +437,8 @@ class StreamShape:
         item = {**shown, "_index": index, "_text": []}
         self._items.append(item)
         self._current = item
-        self._parts = self._delta_parts(kind, shown["id"], index)
+        self._parts = head, middle, tail = self._delta_parts(kind, shown["id"], index)
+        self._quoted = head, middle + b'"', b'"' + tail
         return item
 
     def _call(self, out: list[bytes], call: dict[str, Any]) -> None:

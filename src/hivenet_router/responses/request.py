@@ -10,7 +10,7 @@ generation, shells), `unsupported_parameter` for a feature the router does not o
 
 from __future__ import annotations
 
-import secrets
+import os
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -23,12 +23,49 @@ FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
 EFFORTS: Final = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
 # Refused as `unsupported_parameter` when set to anything but null/false.
 _UNSUPPORTED: Final = ("background", "conversation", "prompt")
+# The fields whose checks find nothing to check when they are absent, beyond those most
+# requests send (model, input, a few numbers): a request with none of them skips them.
+_RARE: Final = frozenset(
+    {
+        *_UNSUPPORTED,
+        "parallel_tool_calls",
+        "truncation",
+        "include",
+        "reasoning",
+        "text",
+        "tools",
+        "tool_choice",
+        "metadata",
+    }
+)
 METADATA_KEYS: Final = 16
 MAX_OUTPUT: Final = 2**31 - 1  # as chat's max_tokens (router/bodies.py)
 
 
+# IDs' random parts (48 hex digits, as `secrets.token_hex(24)` writes them), fetched from
+# os.urandom 256 at a time. A request makes three or more IDs, and each os.urandom call
+# releases the GIL: with the store's thread busy, taking it back cost the loop's thread
+# ~10 us an ID in the router (docs/benchmarks.md, "Third pass"). The same source, as
+# unpredictable; list.pop is atomic, so no two callers get the same one.
+_ID_BATCH: Final = 256
+_ids: list[str] = []
+
+
+def _refill() -> None:
+    digits = os.urandom(24 * _ID_BATCH).hex()
+    _ids.extend([digits[at : at + 48] for at in range(0, len(digits), 48)])
+
+
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(24)}"
+    try:
+        return f"{prefix}_{_ids.pop()}"
+    except IndexError:
+        _refill()
+        return f"{prefix}_{_ids.pop()}"
+
+
+if hasattr(os, "register_at_fork"):  # a forked child must not reuse its parent's IDs
+    os.register_at_fork(after_in_child=_ids.clear)
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:
@@ -82,12 +119,14 @@ def parse(body: bytes) -> ResponsesRequest:
     model = raw.get("model")
     if not isinstance(model, str) or not model or len(model) > 256:
         raise invalid("model: expected a model name (1 to 256 characters)", "model")
-    for name in _UNSUPPORTED:
-        if raw.get(name) not in (None, False):
-            raise unsupported(f"{name} is not supported by this router", name)
+    rare = not _RARE.isdisjoint(raw)
+    if rare:
+        for name in _UNSUPPORTED:
+            if raw.get(name) not in (None, False):
+                raise unsupported(f"{name} is not supported by this router", name)
     for name in ("temperature", "top_p"):
         _typed(raw, name, (int, float), "a number")
-    for name in ("stream", "store", "parallel_tool_calls"):
+    for name in ("stream", "store", "parallel_tool_calls") if rare else ("stream", "store"):
         _typed(raw, name, (bool,), "a boolean")
     limit = _typed(raw, "max_output_tokens", (int, float), "an integer")
     if isinstance(limit, float):
@@ -103,7 +142,8 @@ def parse(body: bytes) -> ResponsesRequest:
         _typed(raw, name, (str,), "a string")
     previous = _typed(raw, "previous_response_id", (str,), "a response ID")
     instructions = _typed(raw, "instructions", (str,), "a string")
-    _check_options(raw)
+    if rare:
+        _check_options(raw)
     request = ResponsesRequest(
         raw=raw,
         model=model,
@@ -113,10 +153,11 @@ def parse(body: bytes) -> ResponsesRequest:
         previous_response_id=previous,
         instructions=instructions,
         max_output_tokens=limit,
-        tools=function_tools(raw.get("tools")),
-        metadata=_metadata(raw.get("metadata")),
     )
-    request.tool_choice = tool_choice(raw.get("tool_choice"), request.tools)
+    if rare:  # absent, they are the defaults: no tools, no metadata, tool_choice "auto"
+        request.tools = function_tools(raw.get("tools"))
+        request.metadata = _metadata(raw.get("metadata"))
+        request.tool_choice = tool_choice(raw.get("tool_choice"), request.tools)
     return request
 
 

@@ -132,7 +132,7 @@ def chat_body(request: ResponsesRequest, history: list[dict[str, Any]]) -> bytes
     for name in ("temperature", "top_p"):
         if raw.get(name) is not None:
             chat[name] = raw[name]
-    tools, choice = _chat_tools(request)
+    tools, choice = _chat_tools(request) if request.tools else ([], None)
     if tools and choice != "none":
         chat["tools"] = tools
         chat["tool_choice"] = choice

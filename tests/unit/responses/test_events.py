@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -9,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hivenet_router.responses import events, translate
 from hivenet_router.responses.events import StreamShape
@@ -209,3 +212,117 @@ def test_token_events_read_from_their_bytes_as_when_parsed(
             assert fast == _stream_out(chat, size, False, monkeypatch)
     text = [e["delta"] for e in _read(fast) if e["type"] == "response.output_text.delta"]
     assert text == ["Hel", "lo \u00e9\u4e2d\U0001f600", "m", "x", "a", "\\u0041 "]
+
+
+_HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+_TEXTS = st.one_of(
+    st.from_regex(r"[a-z ]{1,6}", fullmatch=True),  # the usual token
+    st.from_regex(r"[a-z ]{1,6}", fullmatch=True),
+    st.from_regex("[a-z \u00e9\u4e2d\U0001f600\u2028]{1,4}", fullmatch=True),
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7F), max_size=6),
+    st.sampled_from(["", '"', "\\", "\n", "\u00e9", "\U0001f600", "\x7f", "a\tb", "\\u0041"]),
+    st.text(max_size=3),
+)
+_EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from(["content", "reasoning_content"]), _TEXTS),
+        st.tuples(st.just("content"), _TEXTS),
+        st.sampled_from(
+            ["role", "other", "usage", "blank", "comment", "junk", "id", "split", "cut"]
+        ),
+    ),
+    max_size=40,
+)
+
+
+def _chat_sse(events_: list[Any], spaced: bool, crlf: bool) -> bytes:
+    out = []
+    for event in events_:
+        if event == "blank":  # an empty line between events: a third \n
+            out.append(b"\n")
+            continue
+        if event == "comment":
+            out.append(b": keep-alive\n\n")
+            continue
+        if event == "cut":  # a character cut between two tokens: neither is UTF-8
+            cut = {"index": 0, "delta": {"content": "a"}, "logprobs": None, "finish_reason": None}
+            token = orjson.dumps({**_HEAD, "choices": [cut]})  # the tokens' own shape
+            out.append(b"data: " + token.replace(b'"a"', b'"a\xc3"') + b"\n\n")
+            out.append(b"data: " + token.replace(b'"a"', b'"\xa9b"') + b"\n\n")
+            continue
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if event == "role" else {}
+        if isinstance(event, tuple):
+            delta = {event[0]: event[1]}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        body: dict[str, Any] = {**_HEAD, "choices": [choice]}
+        if event == "other":
+            body["system_fingerprint"] = "x"
+        if event == "usage":
+            body = {**_HEAD, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
+        text = json.dumps(body).encode() if spaced else orjson.dumps(body)
+        if event == "junk":  # not JSON once its line ends
+            text = orjson.dumps({**_HEAD, "choices": [{**choice, "delta": {"content": "j"}}]})
+            text += b"x"
+        elif event == "split":  # on two data lines (joined by a line end: JSON whitespace)
+            text = text.replace(b",", b"\ndata: ,", 1)
+        elif event == "id":  # a token event with an id field
+            text = orjson.dumps({**_HEAD, "choices": [{**choice, "delta": {"content": "i"}}]})
+            text += b"\nid: 7"
+        out.append(b"data: " + text + b"\n\n")
+    out.append(b"data: [DONE]\n\n")
+    data = b"".join(out)
+    return data.replace(b"\n", b"\r\n") if crlf else data
+
+
+def _counted_ids() -> Callable[[str], str]:
+    ids = iter(range(1000))
+    return lambda prefix: f"{prefix}_{next(ids)}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events_=_EVENTS,
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=20),
+    spaced=st.booleans(),
+    crlf=st.booleans(),
+)
+def test_token_runs_taken_whole_give_the_same_bytes(
+    events_: list[Any], cuts: list[int], spaced: bool, crlf: bool
+) -> None:
+    """The runs of token events taken from the SSE bytes (StreamShape._run) write the same
+    bytes as each event parsed, whatever the texts, the chunking and the events between."""
+    chat = _chat_sse(events_, spaced, crlf)
+    bounds = [0, *sorted(cut % (len(chat) + 1) for cut in cuts), len(chat)]
+    chunks = [chat[a:b] for a, b in itertools.pairwise(bounds)]
+    outs = []
+    for learn in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(events, "new_id", _counted_ids())
+            patch.setattr(translate, "time", SimpleNamespace(time=lambda: 1_700_000_000.0))
+            shape = StreamShape(
+                skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), _collect([])
+            )
+            if not learn:
+                shape._tries = 0
+            outs.append(b"".join(shape(chunk) for chunk in chunks) + shape.flush())
+    assert outs[0] == outs[1]
+
+
+def test_a_character_cut_between_two_tokens_is_read_as_when_parsed() -> None:
+    """Two token texts that are UTF-8 only together are each read as when parsed (both
+    dropped: neither is JSON), in a run of tokens or at its start."""
+    run = [("content", "Hel"), ("content", "lo"), "cut", ("content", "x")]
+    for chat in (_chat_sse(run, False, False), _chat_sse([run[0], "cut", *run[1:]], False, False)):
+        outs = []
+        for learn in (True, False):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(events, "new_id", _counted_ids())
+                shape = StreamShape(
+                    skeleton(parse(b'{"model": "m", "input": "x"}'), "resp_1"), _collect([])
+                )
+                if not learn:
+                    shape._tries = 0
+                head, rest = chat.split(b"\n\n", 1)  # the first token alone: then a run
+                outs.append(shape(head + b"\n\n") + shape(rest) + shape.flush())
+        assert outs[0] == outs[1]
+        assert b'"delta":"x"' in outs[0] and b"\xc3" not in outs[0]

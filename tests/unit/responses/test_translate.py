@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.responses.request import parse
+from hivenet_router.responses import request as request_module
+from hivenet_router.responses.request import _ID_BATCH, new_id, parse
 from hivenet_router.responses.translate import chat_body, response_from_chat, skeleton
 
 
@@ -228,3 +232,60 @@ def test_a_body_that_is_not_json_is_told_where() -> None:
             parse(body)
         assert refused.value.code is ErrorCode.REQUEST_INVALID
         assert words in refused.value.message, refused.value.message
+
+
+def test_ids_are_random_hex_and_never_repeat() -> None:
+    """IDs come from a pool of urandom's bytes (request.new_id): the shape
+    `secrets.token_hex(24)` gave, and none twice across refills."""
+    made = [new_id("msg") for _ in range(3 * _ID_BATCH + 5)]
+    assert all(re.fullmatch(r"msg_[0-9a-f]{48}", made_id) for made_id in made)
+    assert len(set(made)) == len(made)
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 300),
+    st.sampled_from([0.5, 64.0, 1.5, "x", "auto", "disabled", "none", "high", [], {}, ["a"]]),
+    st.sampled_from(
+        [
+            {"effort": "low"},
+            {"format": {"type": "json_object"}},
+            {"format": {"type": "json_schema", "name": "n", "schema": {}}},
+            [{"type": "function", "name": "f"}],
+            [{"type": "web_search"}],
+            {"type": "function", "name": "f"},
+            {"k": "v"},
+        ]
+    ),
+)
+_FIELDS = [
+    "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "store",
+    "previous_response_id", "user", "background", "conversation", "prompt",
+    "parallel_tool_calls", "truncation", "include", "reasoning", "text", "tools",
+    "tool_choice", "metadata",
+]  # fmt: skip
+
+
+def _parsed(body: bytes) -> object:
+    ids = iter(range(100))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(request_module, "new_id", lambda prefix: f"{prefix}_{next(ids)}")
+        try:
+            return parse(body)
+        except ApiError as exc:
+            return (exc.code, exc.message, exc.param)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=3), st.booleans())
+def test_a_request_without_the_rare_fields_reads_as_with_every_check(
+    fields: dict[str, Any], with_input: bool
+) -> None:
+    """parse skips the checks of fields that are absent (request._RARE): the same request,
+    or the same error, as when every check runs."""
+    body = orjson.dumps({"model": "m", **({"input": "x"} if with_input else {}), **fields})
+    skipping = _parsed(body)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(request_module, "_RARE", frozenset(["model", "input", *_FIELDS]))
+        assert _parsed(body) == skipping

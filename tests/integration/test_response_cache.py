@@ -149,6 +149,12 @@ def test_a_finished_answer_is_replayed_and_marked(make_cluster: Cluster, tmp_pat
     hit = audit(router)[1]
     assert hit["cache"] == "hit" and hit["billed"] is False and hit["agent_id"] == "cache"
     assert hit["output_tokens"] > 0  # usage is still reported, per client
+    # The tenant's token series count the hit as its audit record does (they left out
+    # every answer no engine call made for the request, found by a new user).
+    text = router.metrics()
+    for side in ("input", "output"):
+        counted = metric(text, f"hivenet_tenant_{side}_tokens_total", tenant_id="acme")
+        assert counted == sum(record[f"{side}_tokens"] for record in audit(router)), side
 
 
 def test_tenants_sampling_and_cache_control(make_cluster: Cluster, tmp_path: Path) -> None:

@@ -255,13 +255,9 @@ class MetricsObserver:
         counts[-1] += seconds
         row.counted[0] += 1
         self.tenants.seen(row.last, principal, ticket.model, self._replicas)
-        if not row.durations:
-            return  # not dispatched
-        at = bisect_left(WAIT_BUCKETS, seconds)
-        for counts in row.durations:
-            counts[at] += 1
-            counts[-1] += seconds
         usage = event.usage
+        # Every admitted answer's usage, those no engine call made for this request (a
+        # cache hit, a dedup follower) included, as the audit record counts them.
         if usage is not None and ticket.admitted:
             tokens = row.tokens
             if tokens is None:
@@ -271,6 +267,12 @@ class MetricsObserver:
                 )
             tokens[0][0] += usage.input_tokens
             tokens[1][0] += usage.output_tokens
+        if not row.durations:
+            return  # not dispatched
+        at = bisect_left(WAIT_BUCKETS, seconds)
+        for counts in row.durations:
+            counts[at] += 1
+            counts[-1] += seconds
         for cell in row.after:
             cell[0] += 1
 

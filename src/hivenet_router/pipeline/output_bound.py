@@ -25,7 +25,10 @@ HEADER: Final = "X-Hivenet-Output-Bound"  # output tokens held for the whole req
 # the wallet may lower it to what the balance pays for.
 OUTPUT_BOUND: Final = Key[int]("output_bound", lambda: 0)
 _FIELDS = ("max_tokens", "max_completion_tokens")
-_NAMES = tuple(b'"%s"' % field.encode() for field in _FIELDS)
+# llama.cpp's own name for the limit, which it reads before `max_tokens`: lowered too, so
+# that it cannot carry an answer past the bound.
+_ALIASES = ("n_predict",)
+_NAMES = tuple(b'"%s"' % field.encode() for field in (*_FIELDS, *_ALIASES))
 _DECODE = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -61,10 +64,15 @@ def with_bound(job: Job, per_choice: int) -> Job:
         value = body.get(field)
         if value is None or (field == "max_completion_tokens" and value == 0):
             continue  # absent, as the engines read it
-        # Present: a value the router counts as undeclared (-1, a fraction, a string the
-        # schema allows elsewhere) is the engine's to judge, and goes as it came.
         declared = True
-        if _whole(value) and value > per_choice:
+        # A value the router counts as undeclared (-1, which llama.cpp reads as no limit, a
+        # fraction, a string) was held as the policy's default: the bound replaces it.
+        if not _whole(value) or value < 0 or value > per_choice:
+            body[field] = per_choice
+            changed = True
+    for field in _ALIASES:
+        value = body.get(field)
+        if value is not None and (not _whole(value) or value < 0 or value > per_choice):
             body[field] = per_choice
             changed = True
     headers = job.headers

@@ -35,6 +35,10 @@ class _Common(msgspec.Struct, kw_only=True):
     # undeclared, and the engine answers it).
     max_tokens: int | float | None = None
     max_completion_tokens: int | float | None = None
+    # llama.cpp's name for the limit, which it reads before max_tokens: a request's output
+    # is held at the larger of the two (pipeline/output_bound.py lowers both). Any type,
+    # as before it was read: the engine judges a value the router does not count.
+    n_predict: Any = None
     # Tool schemas become part of the prompt: their size feeds the estimate. An empty Raw
     # stands for "absent" (msgspec cannot put Raw in a union with None). `functions` is
     # OpenAI's older name for tools, `documents` vLLM's retrieval documents for the chat
@@ -221,6 +225,27 @@ def _prompts(prompt: list[Any], tally: _Tally, nested: bool = False) -> None:
             tally.text_bytes += len(msgspec.json.encode(item))
 
 
+def _batch(prompt: object) -> int:
+    """How many prompts a completions `prompt` holds: a list of texts, or of token-ID lists,
+    is a batch, each answered on its own; a text, a list of token IDs, or a list that mixes
+    IDs with texts (llama.cpp reads that as one prompt) is one."""
+    if not isinstance(prompt, list) or not prompt:
+        return 1
+    if any(isinstance(item, int) for item in prompt):
+        return 1
+    return len(prompt)
+
+
+def _counted(value: object) -> int | None:
+    """An engine's own limit field as the router counts it: a whole number from 0 on
+    (capped where every limit is), else undeclared."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if value < 0 or (isinstance(value, float) and not value.is_integer()):
+        return None
+    return int(min(value, MAX_OUTPUT))
+
+
 def _declared(value: float | None, field: str) -> int | None:
     if value is None or value < 0 or (isinstance(value, float) and not value.is_integer()):
         return None
@@ -251,7 +276,13 @@ def parse(route: str, body: bytes) -> RequestFacts:
     # case max_tokens (absent: undeclared).
     newer = _declared(getattr(decoded, "max_completion_tokens", None), "max_completion_tokens")
     max_out = newer if newer else _declared(getattr(decoded, "max_tokens", None), "max_tokens")
-    choices = _declared(getattr(decoded, "n", None), "n") or 1
+    alias = _counted(getattr(decoded, "n_predict", None))
+    if alias is not None:
+        max_out = alias if max_out is None else max(max_out, alias)
+    # Every prompt of a batch gets its `n` answers, each up to the limit.
+    choices = (_declared(getattr(decoded, "n", None), "n") or 1) * _batch(
+        getattr(decoded, "prompt", None)
+    )
     if max_out is not None:
         max_out *= choices  # the whole request's output, as every limit counts it
     tally, messages = _measure(decoded)

@@ -178,3 +178,34 @@ def test_a_long_token_id_prompt_is_counted_whole() -> None:
     text = "\u00e9".encode() * 3  # three two-byte characters
     unicode = b'{"model": "m", "prompt": ["' + text + b'"]}'
     assert parse("/v1/completions", unicode).text_bytes == 6
+
+
+def test_a_completions_batch_holds_every_prompts_answers() -> None:
+    """Each prompt of a batch gets its `n` answers, each up to the limit (found by a new
+    user: four prompts were held and charged as one)."""
+    cases = {
+        b'"prompt": "one"': 1,
+        b'"prompt": ["a", "b", "c", "d"]': 4,
+        b'"prompt": [[1, 2], [3]]': 2,
+        b'"prompt": [1, 2, 3]': 1,  # token IDs: one prompt
+        b'"prompt": ["a", 1, "b"]': 1,  # mixed: llama.cpp reads one prompt
+        b'"prompt": []': 1,
+    }
+    for prompt, prompts in cases.items():
+        body = b'{"model": "m", %b, "max_tokens": 40, "n": 2}' % prompt
+        facts = parse("/v1/completions", body)
+        assert facts.choices == 2 * prompts, prompt
+        assert facts.max_output_tokens == 40 * 2 * prompts, prompt
+
+
+def test_llama_cpps_own_limit_counts_as_declared() -> None:
+    """llama.cpp reads `n_predict` before `max_tokens`: the request is held at the larger."""
+    chat = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], %b}'
+    for fields, declared in (
+        (b'"max_tokens": 10, "n_predict": 400', 400),
+        (b'"n_predict": 300', 300),
+        (b'"max_tokens": 10, "n_predict": 3', 10),
+        (b'"n_predict": -1', None),
+        (b'"n_predict": "many"', None),  # not counted, and not refused either
+    ):
+        assert parse("/v1/chat/completions", chat % fields).max_output_tokens == declared

@@ -205,4 +205,7 @@ def _refusal(tenant: str, currency: str, held: HoldResult) -> str:
             f"tenant {tenant}'s wallet is in {held.detail} but this model is priced in "
             f"{currency}; no charge can be taken"
         )
-    return f"tenant {tenant} has no balance left ({held.detail} {currency} available)"
+    return (
+        f"tenant {tenant} has no balance left ({held.detail} {currency} available: the "
+        "balance less what requests still running hold)"
+    )

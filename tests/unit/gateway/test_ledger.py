@@ -103,12 +103,15 @@ async def test_hold_refuses_an_empty_missing_or_foreign_wallet(dsn: str, tmp_pat
         foreign = await ledger.hold("k2", "r", "euro", USD, Decimal(1))
         assert (foreign.status, foreign.detail) == ("currency", "EUR")
         await ledger.credit("acme", Decimal("0.5"), None, "first")
-        assert (await ledger.hold("k3", "r", "acme", USD, Decimal(2))).status == "held"
-        # 0.5 - 2 held: nothing left for a second request
+        big = await ledger.hold("k3", "r", "acme", USD, Decimal(2))
+        assert (big.status, big.detail) == ("held", "0.5")
+        # At most what was available is held (migration 004): the router lowers the
+        # request's bound to what 0.5 pays for, and the wallet never shows less than
+        # nothing available while the request runs. Nothing is left for a second one.
         short = await ledger.hold("k4", "r", "acme", USD, Decimal(1))
-        assert (short.status, short.detail) == ("insufficient", "-1.5")
+        assert (short.status, short.detail) == ("insufficient", "0.0")
         wallet = await ledger.wallet("acme")
-        assert wallet is not None and (wallet.balance, wallet.held) == (Decimal("0.5"), 2)
+        assert wallet is not None and (wallet.balance, wallet.held) == (Decimal("0.5"), 0.5)
 
 
 async def test_a_settle_charges_once_however_often_it_is_retried(dsn: str, tmp_path: Path) -> None:

@@ -24,7 +24,8 @@ class RequestFacts:
     # message's role and text), for prefix-aware routing. References to the decoded
     # strings, not copies.
     prompt: tuple[str, ...] = ()
-    choices: int = 1  # `n` (times the prompts of a completions batch): answers, each up to max_tokens
+    # `n` (times the prompts of a completions batch): answers, each up to max_tokens
+    choices: int = 1
 
 
 @dataclass(frozen=True, slots=True)

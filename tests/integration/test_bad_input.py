@@ -80,15 +80,20 @@ def test_invalid_bodies(
     assert error["param"] == param  # the field at fault, where OpenAI's SDKs look for it
 
 
-def test_values_only_the_engine_can_judge_reach_it(client: httpx.Client) -> None:
+def test_a_limit_the_router_does_not_count_is_replaced_by_its_bound(
+    client: httpx.Client,
+) -> None:
     """OpenAI's schema sets no minimum on max_tokens: the router does not refuse -1 itself
-    (it counts it as undeclared output); the engine answers, and its answer comes back."""
+    but counts it as undeclared output, holds its bound for it, and sends the engine that
+    bound in its place (llama.cpp reads -1 as no limit at all: a new user's 300-token key
+    got 1,024 tokens); the answer stays within it."""
     reply = client.post(
         CHAT,
         json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
     )
-    assert reply.status_code == 400, reply.text
-    assert reply.json()["error"]["source"] == "backend"
+    assert reply.status_code == 200, reply.text
+    bound = int(reply.headers["X-Hivenet-Output-Bound"])
+    assert 0 < reply.json()["usage"]["completion_tokens"] <= bound
 
 
 def test_invalid_bodies_never_reach_the_engine(

@@ -495,6 +495,13 @@ class Site:
     def _succeeded(self) -> None:
         if not self.synced and self._outage_logged:
             log.info("site store answers again: %d routers live", len(self.live))
+        if not self.synced and self.ever_synced:
+            # After an outage (a Sentinel failover among them) the store may have lost
+            # writes it had acknowledged: a replica promoted before it had them. Totals
+            # are written whole, so writing every one of today's again heals the store;
+            # a total nobody changes afterwards would otherwise stay lost for good, and
+            # the routers' /admin/usage (read from the store) disagree.
+            self.daily.store_lost()
         self._outage_logged = False
         if self._missed:
             # Usage entries may have been trimmed unread meanwhile: read every followed

@@ -476,3 +476,25 @@ async def test_a_bucket_idle_for_rounds_gets_its_share_of_what_the_site_has_left
         taken += 10
     # Its share: (6,000 - 1 - 2,000) / 2 plus what refilled meanwhile (100 a second).
     assert 1990 <= taken <= 2100
+
+
+async def test_after_an_outage_a_router_writes_its_totals_again(make: Maker, flushed: str) -> None:
+    """A failover can promote a replica that missed writes it had acknowledged. Totals are
+    written whole, only when they change: one nobody changes afterwards stayed lost, and
+    the routers' /admin/usage (read from the store) disagreed for good (a flaky accounting
+    check under a Sentinel failover)."""
+    a = make("a")
+    await rounds(a)
+    assert (await a.daily.charge("team", 50, 100)).ok
+    await a.daily.settle("team", 50, 40)
+    await rounds(a)
+    valkey_client = store(flushed)
+    name = a.keys.day(a.daily.day(), "team")
+    written = valkey_client.hget(name, "a")
+    assert written is not None and int(written) == 40
+    valkey_client.hdel(name, "a")  # what the promoted replica never had
+    a._failed("unreachable", OSError("failover"))
+    await rounds(a)  # the store answers again
+    await rounds(a)  # and today's totals go out again
+    again = valkey_client.hget(name, "a")
+    assert again is not None and int(again) == 40

@@ -389,15 +389,11 @@ def _event_end(data: bytes, start: int) -> int:
     return crlf + 3
 
 
-def _usage_only(event: bytes) -> bool:
-    """An OpenAI event with no choices and a usage object: the one include_usage adds."""
-    return _usage_event(event) is not None
-
-
 def _usage_event(event: bytes) -> tuple[bool, dict[str, Any]] | None:
-    """For a usage-only event (`_usage_only`): whether `StreamMeter.reported` would read it
-    the same way as its last line with usage (one `data:` line, with no `type` member and
-    no `"message_` in it), and the event; None for any other event."""
+    """For an OpenAI event with no choices and a usage object (the one include_usage adds):
+    whether `StreamMeter.reported` would read it the same way as its last line with usage
+    (one `data:` line, with no `type` member and no `"message_` in it), and the event; None
+    for any other event."""
     if b'"usage"' not in event:
         return None
     line = event.rstrip(b"\r\n")

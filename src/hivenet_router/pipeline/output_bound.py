@@ -65,14 +65,12 @@ def with_bound(job: Job, per_choice: int) -> Job:
         if value is None or (field == "max_completion_tokens" and value == 0):
             continue  # absent, as the engines read it
         declared = True
-        # A value the router counts as undeclared (-1, which llama.cpp reads as no limit, a
-        # fraction, a string) was held as the policy's default: the bound replaces it.
-        if not _whole(value) or value < 0 or value > per_choice:
+        if _past(value, per_choice):
             body[field] = per_choice
             changed = True
     for field in _ALIASES:
         value = body.get(field)
-        if value is not None and (not _whole(value) or value < 0 or value > per_choice):
+        if value is not None and _past(value, per_choice):
             body[field] = per_choice
             changed = True
     headers = job.headers
@@ -85,6 +83,13 @@ def with_bound(job: Job, per_choice: int) -> Job:
     if not changed:
         return job
     return dataclasses.replace(job, body=msgspec.json.encode(body), headers=headers)
+
+
+def _past(value: Any, per_choice: int) -> bool:
+    """Does a limit in the body let more than `per_choice` through? So does a value the
+    router counts as undeclared (-1, which llama.cpp reads as no limit, a fraction, a
+    string): it was held as the policy's default, and the bound replaces it."""
+    return not _whole(value) or value < 0 or value > per_choice
 
 
 def _whole(value: object) -> bool:

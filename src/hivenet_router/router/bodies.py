@@ -237,13 +237,11 @@ def _batch(prompt: object) -> int:
 
 
 def _counted(value: object) -> int | None:
-    """An engine's own limit field as the router counts it: a whole number from 0 on
-    (capped where every limit is), else undeclared."""
+    """An engine's own limit field as the router counts it (`_declared`, capped where every
+    limit is rather than refused: the router did not read it before); else undeclared."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if value < 0 or (isinstance(value, float) and not value.is_integer()):
-        return None
-    return int(min(value, MAX_OUTPUT))
+    return _declared(min(value, MAX_OUTPUT), "n_predict")
 
 
 def _declared(value: float | None, field: str) -> int | None:

@@ -242,6 +242,25 @@ def test_ids_are_random_hex_and_never_repeat() -> None:
     assert len(set(made)) == len(made)
 
 
+def test_ids_begin_with_their_time_so_the_store_writes_them_side_by_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first 12 hex digits are the time in milliseconds, the other 36 random: an ID
+    made later sorts after one made earlier (what keeps the store's index writes
+    together), and two made in the same millisecond still differ."""
+    import hivenet_router.responses.request as request_module
+
+    now = [1_765_000_000_000_000_000]
+    monkeypatch.setattr(request_module.time, "time_ns", lambda: now[0])
+    first, same = new_id("resp"), new_id("resp")
+    now[0] += 1_000_000  # a millisecond later
+    later = new_id("resp")
+    assert first[5:17] == same[5:17] == f"{1_765_000_000_000:012x}"
+    assert first != same and first[17:] != same[17:]
+    assert later[5:17] == f"{1_765_000_000_001:012x}"
+    assert later > max(first, same)
+
+
 _VALUES = st.one_of(
     st.none(),
     st.booleans(),

@@ -79,6 +79,7 @@ class PolicyStore:
         self._file = Path(policy_file) if policy_file else None
         self._dir = Path(model_dir) if model_dir else None
         self.current = PolicySet()
+        self._rejected = 0  # files the reload under way refused (their policy kept or skipped)
         # Judges a candidate set against the rest of the configuration (the keys' limits);
         # set by whoever wires the router. A complaint keeps the current set.
         self.check: Callable[[PolicySet], str | None] = lambda candidate: None
@@ -94,7 +95,10 @@ class PolicyStore:
         self.current = fresh
 
     def reload(self) -> bool:
-        """SIGHUP: rebuild and swap; on a fatal problem keep the current set. True if swapped."""
+        """SIGHUP: rebuild and swap; on a fatal problem keep the current set. True when every
+        file took effect; False when the set was kept, or when a file was rejected and its
+        policy kept as it was (or skipped) while the other files' changes took effect."""
+        self._rejected = 0
         try:
             fresh = self._build(initial=False)
             problem = self.check(fresh)
@@ -105,7 +109,7 @@ class PolicyStore:
             return False
         self.current = fresh
         log.info("policies reloaded: global %s, %d named", fresh.default.name, len(fresh.named))
-        return True
+        return not self._rejected
 
     # -- in-memory changes (the admin API) -----------------------------------------------------
 
@@ -163,6 +167,7 @@ class PolicyStore:
         except PolicyError as exc:
             if initial:
                 raise
+            self._rejected += 1
             log.error("%s; keeping the previous global policy", exc)
             return previous
         return policy
@@ -195,6 +200,7 @@ class PolicyStore:
             except PolicyError as exc:
                 if initial:
                     raise
+                self._rejected += 1
                 kept = previous.named.get(name)
                 if kept is not None:
                     log.error("%s; keeping its previous version", exc)
@@ -216,6 +222,8 @@ class PolicyStore:
             policy = named[name]
             clash = [m for m in policy.models if m in by_model]
             if clash:
+                if not initial:
+                    self._rejected += 1
                 owner = by_model[clash[0]].name
                 kept = previous.named.get(name)
                 if kept is not None and not any(m in by_model for m in kept.models):

@@ -31,20 +31,27 @@ def test_directory_loading_and_conservative_reload(tmp_path: Path) -> None:
     # previous version, and a deleted one goes away.
     _write(tmp_path / "nomodels.yaml", base, 400)
     _write(tmp_path / "broken.yml", "models: [c]\nrouting_policy: {}\n", 500)
-    assert store.reload()
+    # A reload that rejected a file says so (POST /admin/reload answers 409), though the
+    # other files' changes took effect.
+    assert not store.reload()
     assert set(store.current.named) == {"older"}
     snapshot = store.current
     _write(tmp_path / "older.yaml", "models: [a]\nrouting_policy: {strategy: nope}\n", 600)
     _write(tmp_path / "broken.yml", "models: [c]\n" + base, 700)
-    assert store.reload()
+    assert not store.reload()
     assert store.current.named["older"] is snapshot.named["older"]
     assert store.current.for_model("c").name == "broken"
     assert snapshot.for_model("c").name == "_default"  # in-flight snapshots are untouched
     (tmp_path / "broken.yml").unlink()
     _write(tmp_path / "_default.yaml", "routing_policy: {}\n", 800)
-    assert store.reload()
+    assert not store.reload()
     assert "broken" not in store.current.named
     assert store.current.default.name == "_default"  # invalid default: previous one kept
+    (tmp_path / "nomodels.yaml").unlink()
+    _write(tmp_path / "_default.yaml", base, 900)
+    _write(tmp_path / "older.yaml", "models: [a]\n" + base, 1000)
+    assert store.reload()  # every file valid again: all took effect
+    assert store.current.for_model("a").name == "older"
 
 
 def test_an_edit_that_claims_another_files_model_keeps_the_previous_version(
@@ -57,13 +64,13 @@ def test_an_edit_that_claims_another_files_model_keeps_the_previous_version(
     store.load()
     before = store.current.named["a"]
     _write(tmp_path / "a.yaml", "models: [m, n]\n" + base, 300)  # a now claims b's model
-    assert store.reload()
+    assert not store.reload()
     assert store.current.named["a"] is before  # m stays under a, not the global policy
     assert store.current.for_model("m").name == "a"
     assert store.current.for_model("n").name == "b"
     # A tag the YAML loader cannot apply is an invalid file like any other, not a crash.
     _write(tmp_path / "b.yaml", "models: [n]\nrouting_policy: {strategy: !!int x}\n", 400)
-    assert store.reload()
+    assert not store.reload()
     assert store.current.for_model("n").name == "b"
 
 

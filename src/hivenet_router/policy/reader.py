@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import yaml
 
 MAX_COUNT = 10**15
+# A number written with an exponent and no dot (`1e3`, `2.5E-4` has one), as JSON and
+# Python's json.dumps write them: YAML 1.1, which PyYAML reads, takes `1e3` for a string,
+# while the policy API takes JSON as YAML. Read as a number where a number is expected.
+_EXPONENT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
 
 S = TypeVar("S")
 
@@ -83,6 +88,8 @@ class Reader:
 
     def number(self, node: yaml.Node, path: str) -> float:
         value = self.scalar(node, path)
+        if isinstance(value, str) and node.style is None and _EXPONENT.fullmatch(value):
+            value = float(value)  # a plain `1e3`; a quoted "1e3" stays a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(node, path, "must be a number")
         try:

@@ -180,3 +180,18 @@ def test_serverless_mode_is_accepted() -> None:
         require_models=False,
     )
     assert policy.mode == "serverless"
+
+
+@pytest.mark.parametrize("written", ["2.5e2", "250e0", "2.5E+2", "25000e-2"])
+def test_a_number_with_an_exponent_is_a_number(written: str) -> None:
+    """JSON writes numbers with an exponent (Python's json.dumps(0.00001) is `1e-05`), and
+    the policy API takes JSON as YAML, whose 1.1 rules read `1e3` as a string."""
+    text = (
+        "routing_policy:\n  strategy: predicted-latency\n"
+        f"  prediction: {{ttft_objective_ms: {written}}}\n"
+    )
+    step = parse_policy(text, "p.yaml", "p", require_models=False).steps[0]
+    assert step.options.ttft_objective_ms == 250.0
+    quoted = text.replace(written, f'"{written}"')  # a string stays a string
+    with pytest.raises(PolicyError, match="p.yaml:3: .*ttft_objective_ms: must be a number"):
+        parse_policy(quoted, "p.yaml", "p", require_models=False)

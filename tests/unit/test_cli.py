@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -155,3 +156,22 @@ def test_an_unknown_log_level_fails_setup_instead_of_meaning_info(
         setup_logging(f"test={level}", "text")
     with pytest.raises(ValueError, match="verbose"):
         setup_logging("verbose", "text")
+
+
+def test_the_simulators_ports_are_checked_and_a_taken_one_ends_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert sim_main(["--kv-events-port", "70000"]) == 2
+    assert "--kv-events-port: 70000 is not a TCP port" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert sim_main(["--port", port]) == 1
+        assert sim_main(["--port", "0", "--kv-events-port", port]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    failures = [line for line in err.splitlines() if "ERROR" in line]
+    assert len(failures) == 2, err
+    assert f"(--port {port})" in failures[0] and "address already in use" in failures[0]
+    assert f"(--kv-events-port {port})" in failures[1]

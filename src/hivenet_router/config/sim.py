@@ -64,7 +64,7 @@ class SimConfig:
     )
     kv_events_port: int = option(
         0,
-        parse=v.non_negative_int,
+        parse=v.port,
         flag="--kv-events-port",
         help="Publish KV-cache events as vLLM does (ZeroMQ PUB, msgpack batches) on this "
         "TCP port of --host; 0 publishes none. With one worker only",

@@ -19,9 +19,18 @@ log = logging.getLogger("hivenet.sim")
 def _serve_one(config: SimConfig, reuse_port: bool) -> int:
     async def main(stop: asyncio.Event) -> int:
         sim = Simulator(config)
-        if sim.kv_events is not None:
-            await sim.kv_events.start(config.host, config.kv_events_port)
-        runner = await start_site(sim.app(), config.host, config.port, reuse_port=reuse_port)
+        try:
+            if sim.kv_events is not None:
+                where = f"--kv-events-port {config.kv_events_port}"
+                await sim.kv_events.start(config.host, config.kv_events_port)
+            where = f"--port {config.port}"
+            runner = await start_site(sim.app(), config.host, config.port, reuse_port=reuse_port)
+        except OSError as exc:  # the port is taken, or the address is not this host's
+            log.error("cannot listen on %s (%s): %s", config.host, where, exc.strerror or exc)
+            if sim.kv_events is not None:
+                await sim.kv_events.close()
+            sim.close()
+            return 1
         log.info(
             "hivenet-sim serving %s on http://%s:%d (zero latency: %s)",
             config.model,

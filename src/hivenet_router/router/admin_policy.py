@@ -45,7 +45,39 @@ def _step(step: Step) -> dict[str, Any]:
         "exclude_if": {g.signal: {g.op: g.threshold} for g in step.gates},
         "strategy": step.strategy,
         "max_tries": step.max_tries,
+        **_options(step),
     }
+
+
+def _options(step: Step) -> dict[str, Any]:
+    """The options block the step's strategy reads, with the values in force (defaults
+    included), under the name a policy document gives it; none for other strategies."""
+    o = step.options
+    if step.strategy == "prefix-affinity":
+        return {"affinity": {"min_match": o.min_match, "max_imbalance": o.max_imbalance}}
+    if step.strategy == "consistent-hash":
+        return {"hash": {"key": o.hash_key, "header": o.hash_header, "load_factor": o.load_factor}}
+    if step.strategy == "scored":
+        scoring: dict[str, Any] = {"preset": o.preset}
+        if o.weights:  # the overrides of the preset's weights, as written
+            scoring["weights"] = dict(o.weights)
+        if o.temperature is not None:
+            scoring["temperature"] = o.temperature
+        if o.costs:
+            scoring["costs"] = [
+                {
+                    "match": dict(rule.fields) | ({"tags": list(rule.tags)} if rule.tags else {}),
+                    "usd_per_million_tokens": rule.usd_per_million_tokens,
+                }
+                for rule in o.costs
+            ]
+        return {"scoring": scoring}
+    if step.strategy == "predicted-latency":
+        prediction: dict[str, Any] = {"max_imbalance": o.max_imbalance}
+        if o.ttft_objective_ms is not None:
+            prediction["ttft_objective_ms"] = o.ttft_objective_ms
+        return {"prediction": prediction}
+    return {}
 
 
 def policy_json(policy: Policy) -> dict[str, Any]:

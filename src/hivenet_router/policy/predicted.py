@@ -31,7 +31,7 @@ from operator import ge
 
 from hivenet_router.policy.plugins import A, RouteInput
 from hivenet_router.policy.signals import AgentFacts
-from hivenet_router.routing.prefix import BLOCK_CHARS
+from hivenet_router.routing.prefix import BLOCK_CHARS, PREFIX_CHARS
 from hivenet_router.routing.ttft import MIN_SAMPLES, Rates
 
 CHARS_PER_TOKEN = 4
@@ -43,8 +43,13 @@ TIE_SECONDS = 0.001
 # The prompt by which cold agents' stand-in figures are chosen (the fastest on it).
 TYPICAL_TOKENS = 256
 # Uncached tokens up to which an agent not measured yet wins a tie (it is measured on
-# cheap prompts; on a longer one a measured agent wins).
+# cheap prompts; on a longer one a measured agent wins) ...
 EXPLORE_TOKENS = 256
+# ... unless it was passed over for this many assignments: where every prompt is longer,
+# it would never be measured (a new fast engine starved beside a slow measured one).
+EXPLORE_EVERY = 8
+# The most of a prompt the prefix index covers: past it, what an agent holds is unknown.
+INDEXED_TOKENS = PREFIX_CHARS / CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,16 @@ class Prediction:
     prompt_tokens: float  # the prompt's estimate
     cached_tokens: float  # of which the agent is expected to hold
     cold: bool = False  # predicted with another agent's figures: not measured yet
+
+
+def uncached_known(prediction: Prediction) -> bool:
+    """Is the prediction's uncached share what the engine had to prefill? Not when the
+    agent held every block the index covers of a longer prompt: how much of the rest it
+    held is unknown (of a long conversation, as a rule all but the last turn), and
+    learning from it would make the engine look many times faster than it is."""
+    return prediction.cached_tokens < INDEXED_TOKENS or (
+        prediction.prompt_tokens <= prediction.cached_tokens
+    )
 
 
 def prompt_tokens(inp: RouteInput) -> float:
@@ -280,7 +295,8 @@ class PredictedLatencyPicker:
     `max_imbalance` requests busier than the least busy one (the load guard); predictions
     within TIE_SHARE (or TIE_SECONDS) of the least are ties, won by the most cached tokens,
     then (for more than EXPLORE_TOKENS uncached) a measured agent over one not measured
-    yet, then the least busy, then the one chosen least recently. With `objective_s`, any
+    yet that was assigned a request within the last EXPLORE_EVERY, then the least busy,
+    then the one chosen least recently. With `objective_s`, any
     candidate predicted under it will do, and the one holding the most cache wins (so a
     conversation stays where it is cached while that is fast enough).
 
@@ -318,13 +334,18 @@ class PredictedLatencyPicker:
         tokens = made.tokens
         chosen: A | None = None
         chosen_key = (0.0, False, 0, 0)
+        latest: int | None = None
         # The ties: predictions at most `limit` (few, as a rule).
         for i in compress(everyone, map(ge, repeat(limit), seconds)):
             _, _, cached, cold = made.row(i)
-            # A cold agent is tried on cheap prompts only: a long miss would pay its
-            # unknown speed.
-            costly = cold and tokens - cached > EXPLORE_TOKENS
             agent = guarded[i]
+            # A cold agent is tried on cheap prompts: a long miss would pay its unknown
+            # speed. On a long one too once it was passed over EXPLORE_EVERY times.
+            costly = cold and tokens - cached > EXPLORE_TOKENS
+            if costly:
+                if latest is None:
+                    latest = max([a.last_assigned for a in guarded])
+                costly = latest - agent.last_assigned < EXPLORE_EVERY
             key = (-cached, costly, actives[i], agent.last_assigned)
             if chosen is None or key < chosen_key:
                 chosen, chosen_key = agent, key

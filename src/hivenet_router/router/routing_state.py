@@ -24,7 +24,7 @@ from hivenet_router.domain.request import Usage
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, Step
 from hivenet_router.policy.plugins import RouteInput
-from hivenet_router.policy.predicted import Prediction, prediction_of
+from hivenet_router.policy.predicted import Prediction, prediction_of, uncached_known
 from hivenet_router.policy.signals import AgentFacts
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.routing.breaker import Breaker, BreakerSettings, BreakerState
@@ -38,6 +38,8 @@ CHARS_PER_TOKEN = 4
 DEFAULT_OUTPUT_TOKENS = 256
 # Predictions whose error the metric summarises: the most recent ones.
 ERROR_WINDOW = 512
+# Seconds between looks for stale learnt figures (one look a measured answer at most).
+SWEEP_S = 1.0
 _COLD = Rates()
 
 
@@ -102,6 +104,7 @@ class RoutingState:
         # Recent predictions' relative errors, (predicted - measured) / measured.
         self._errors: deque[float] = deque(maxlen=ERROR_WINDOW)
         self._predictions = 0
+        self._swept = 0.0  # when stale figures were last looked for
         self.reports = 0  # cache reports applied
         registry.listen(self._registration)
 
@@ -169,6 +172,8 @@ class RoutingState:
         if step.plan.predicts:
             sent.prediction = prediction_of(inp, agent.peer_id)
             learner = self._learner(agent.peer_id)
+            if learner.stale(sent.at):
+                learner.probed = sent.at  # tried again: shown as measured until the next due
             engine = agent.engine
             if engine is not None:
                 learner.engine_load(engine.running_requests, engine.waiting_requests)
@@ -250,9 +255,23 @@ class RoutingState:
         measured = ttft_ms / 1000
         self._predictions += 1
         self._errors.append((prediction.seconds - measured) / measured)
-        uncached = prediction.prompt_tokens - prediction.cached_tokens
-        learner.observe(uncached, max(0.0, measured - prediction.wait_s))
-        self._figures[peer] = learner.rates
+        now = self.clock.monotonic()
+        if uncached_known(prediction):
+            uncached = prediction.prompt_tokens - prediction.cached_tokens
+            learner.observe(uncached, max(0.0, measured - prediction.wait_s), now)
+            self._figures[peer] = learner.rates
+        if now - self._swept >= SWEEP_S:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Show each stale agent's figures as not measured, so that a pick tries it again
+        (routing/ttft.py, STALE_S); its own figures come back when it is chosen."""
+        self._swept = now
+        figures = self._figures
+        for peer, learner in self._learners.items():
+            if learner.due(now):
+                rates = learner.rates
+                figures[peer] = Rates(rates.base_s, rates.prefill_s, rates.service_s, rates.slots)
 
     def _learn(
         self,
@@ -361,6 +380,7 @@ class RoutingState:
                 "service_ms": None if rates.service_s is None else round(rates.service_s * 1000),
                 "engine_slots": rates.slots,
                 "samples": rates.samples,
+                "stale": learner.stale(now),
             }
         return view
 

@@ -15,7 +15,10 @@ miss the index did not foresee) barely moves either figure, and once more than h
 window comes from an engine that changed speed, the figures are the new engine's: the fit
 follows a slowed engine within WINDOW observations, whatever came before. Sooner, in
 fact: CHANGE_RUN observations in a row off the fit on one side (by more than CHANGE_SHARE)
-mean the engine changed, and the window keeps only them.
+mean the engine changed, and the window keeps only them. An engine that changed while it
+got no traffic (slow, so not chosen; then recovered) is caught by staleness: figures no
+observation confirmed for STALE_S are shown as not measured, the agent is tried again, and
+an observation then off the fit starts the window afresh.
 
 While the window holds too few observations to tell the slope from the intercept (all
 prompts of one length, say), the slope stays at its last value or the cold-start prior:
@@ -38,6 +41,7 @@ __all__ = [
     "MIN_SAMPLES",
     "PRIOR_BASE_S",
     "PRIOR_PREFILL_S",
+    "STALE_S",
     "WINDOW",
     "Learner",
     "Rates",
@@ -64,6 +68,13 @@ CHANGE_SHARE = 0.25
 CHANGE_SHARE of its prediction, all on the same side. The window then keeps only those,
 so the fit follows within CHANGE_RUN observations rather than half a window; one outlier,
 or noise on both sides, never starts it."""
+
+STALE_S = 10.0
+"""Figures no observation has confirmed for this long are stale: an engine that was slow
+gets no traffic, so nothing would ever show that it recovered. Routing state shows a stale
+agent's figures as not measured (it is tried again, as a new agent is), and the first
+observation after that which is off the fit (by more than CHANGE_SHARE) starts the window
+afresh."""
 
 SERVICE_SMOOTHING = 0.2
 SERVICE_CLIP = 4.0
@@ -98,10 +109,12 @@ class Rates:
 class Learner:
     """One agent's observations and the figures fitted to them."""
 
-    __slots__ = ("_points", "_prior", "_rates", "_service", "_slots", "_streak")
+    __slots__ = ("_at", "_points", "_prior", "_rates", "_service", "_slots", "_streak", "probed")
 
     def __init__(self, prior_prefill_s: float | None = None) -> None:
         self._points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
+        self._at = 0.0  # the clock's reading at the last observation
+        self.probed = -STALE_S  # when routing last sent it a request while it was stale
         self._prior = prior_prefill_s if prior_prefill_s and prior_prefill_s > 0 else None
         self._service: float | None = None
         self._slots: int | None = None
@@ -121,17 +134,35 @@ class Learner:
         if not self._spread():
             self._refit()
 
-    def observe(self, uncached_tokens: float, ttft_s: float) -> None:
+    def stale(self, now: float) -> bool:
+        """Measured, but not confirmed by an observation for STALE_S seconds."""
+        return not self._rates.cold and now - self._at > STALE_S
+
+    def due(self, now: float) -> bool:
+        """Stale, and not tried again within STALE_S (a try whose answer was no stream
+        confirms nothing: the next waits its turn)."""
+        return self.stale(now) and now - self.probed > STALE_S
+
+    def observe(self, uncached_tokens: float, ttft_s: float, now: float = 0.0) -> None:
         """A stream's first chunk after `ttft_s` seconds (less the wait it was predicted to
-        queue), for a prompt of `uncached_tokens` the engine was not expected to hold.
-        Nonsense (negative, not finite) is ignored."""
+        queue), for a prompt of `uncached_tokens` the engine was not expected to hold, at
+        `now` on the caller's clock. Nonsense (negative, not finite) is ignored."""
         if not (ttft_s >= 0 and uncached_tokens >= 0) or ttft_s == float("inf"):
             return
         if uncached_tokens == float("inf"):
             return
+        if self.stale(now) and self._off(uncached_tokens, ttft_s):
+            self._points.clear()  # not what the old figures say: they are no longer true
+            self._streak = 0
+        self._at = now
         self._follow(uncached_tokens, ttft_s)
         self._points.append((uncached_tokens, ttft_s))
         self._refit()
+
+    def _off(self, tokens: float, ttft_s: float) -> bool:
+        rates = self._rates
+        predicted = rates.base_s + rates.prefill_s * tokens
+        return abs(ttft_s - predicted) > CHANGE_SHARE * predicted
 
     def _follow(self, tokens: float, ttft_s: float) -> None:
         """Count observations far off the fit on one side; at CHANGE_RUN, forget the

@@ -10,6 +10,7 @@ from hivenet_router.policy.document import Step, parse_policy
 from hivenet_router.policy.executor import run_step
 from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.predicted import (
+    EXPLORE_EVERY,
     Prediction,
     predict,
     prediction_of,
@@ -134,3 +135,17 @@ def test_an_unmeasured_agent_is_tried_on_cheap_prompts_only() -> None:
 def must(prediction: Prediction | None) -> Prediction:
     assert prediction is not None
     return prediction
+
+
+def test_a_new_agent_is_tried_on_a_long_prompt_once_passed_over_long_enough() -> None:
+    """Where every prompt is long, an agent not measured yet would never win a tie (a long
+    miss pays its unknown speed): after EXPLORE_EVERY assignments to others it takes one,
+    so a new fast engine is not starved beside a slow measured one (found by a new user)."""
+    inp = inp_for(LONG, {"known": SLOW})
+    agents = [
+        Agent(agent(peer="known", capacity=16).reg, last_assigned=100),
+        Agent(agent(peer="new", capacity=16).reg, last_assigned=100 - EXPLORE_EVERY + 1),
+    ]
+    assert pick(PREDICTED, inp, agents) == "known"
+    agents[1] = Agent(agent(peer="new", capacity=16).reg, last_assigned=100 - EXPLORE_EVERY)
+    assert pick(PREDICTED, inp_for(LONG, {"known": SLOW}), agents) == "new"

@@ -16,6 +16,7 @@ from hivenet_router.domain.agent import EngineSnapshot
 from hivenet_router.domain.request import RequestFacts
 from hivenet_router.policy.plugins import RouteInput
 from hivenet_router.policy.predicted import (
+    EXPLORE_EVERY,
     EXPLORE_TOKENS,
     TIE_SECONDS,
     TIE_SHARE,
@@ -88,10 +89,13 @@ def ref_pick(
     tokens = max(1.0, inp.facts.text_bytes / 4)
     chosen: Agent | None = None
     chosen_key = (0.0, False, 0, 0)
+    latest = max(a.last_assigned for a in guarded)
     for a, (seconds, _, cached, cold) in zip(guarded, rows, strict=True):
         if seconds > limit:
             continue
-        key = (-cached, cold and tokens - cached > EXPLORE_TOKENS, a.active, a.last_assigned)
+        passed_over = latest - a.last_assigned >= EXPLORE_EVERY
+        costly = cold and tokens - cached > EXPLORE_TOKENS and not passed_over
+        key = (-cached, costly, a.active, a.last_assigned)
         if chosen is None or key < chosen_key:
             chosen, chosen_key = a, key
     return chosen, predicted
@@ -136,7 +140,7 @@ def fleets(draw: st.DrawFn) -> tuple[list[Agent], dict[str, Rates], list[int]]:
             agent(peer=f"p{i}", capacity=64).reg,
             active=draw(st.integers(0, 6) | st.integers(0, 12)),
             engine=engine,
-            last_assigned=draw(st.integers(0, 5)),
+            last_assigned=draw(st.integers(0, 5) | st.integers(0, 30)),
         )
         agents.append(a)
         if draw(st.integers(0, 4)):  # else never measured: the cold-start figures

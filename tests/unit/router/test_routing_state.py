@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hivenet_router.clock import ManualClock
@@ -17,9 +19,15 @@ from hivenet_router.domain.request import Job, RequestFacts, Usage
 from hivenet_router.observability.events import Observers
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy, parse_policy
-from hivenet_router.policy.predicted import Prediction, prediction_of
+from hivenet_router.policy.predicted import (
+    INDEXED_TOKENS,
+    Prediction,
+    prediction_of,
+    uncached_known,
+)
 from hivenet_router.router.registry import AgentRecord, Registry
 from hivenet_router.router.routing_state import RoutingState, Sent, queue_cost
+from hivenet_router.routing.ttft import STALE_S
 
 SYSTEM = "You are a careful assistant. " * 40
 
@@ -261,6 +269,7 @@ def test_predicted_latency_learns_each_agents_figures_and_its_error() -> None:
         "service_ms": 500,
         "engine_slots": None,
         "samples": 8,
+        "stale": False,
     }
     count, p50, p90 = state.prediction_errors()
     assert count == 8 and p50 is not None and p90 is not None
@@ -297,3 +306,98 @@ def test_agents_cache_reports_fill_the_index_and_the_prefix_goes_to_the_agent() 
 def must(prediction: Prediction | None) -> Prediction:
     assert prediction is not None
     return prediction
+
+
+def _figures(state: RoutingState, peer: str, rules: Policy) -> dict[str, Any]:
+    view = state.agent_view(peer, rules.breaker)["predicted_latency"]
+    assert isinstance(view, dict)
+    return view
+
+
+def _stream(
+    state: RoutingState,
+    clock: ManualClock,
+    rules: Policy,
+    agents: list[AgentRecord],
+    n: int,
+    speed: dict[str, tuple[float, float]],
+    chars: int,
+) -> str:
+    """One stream of `chars` characters nobody holds, chosen among `agents` and answered
+    after the chosen engine's (base s, s a token) time: the peer that served it."""
+    t = ticket()
+    text = f"{n:08d}" + "y" * chars  # its own first block: never cached
+    t.facts = RequestFacts("/v1/chat/completions", "m", "llm", True, 64, len(text), 1, 0, (text,))
+    step = rules.steps[0]
+    inp = state.input(t, rules, None)
+    agent = step.plan.choose(inp, agents)
+    assert agent is not None and agent.try_acquire()
+    sent = state.chosen(inp, step, agent, rules)
+    base, per_token = speed[agent.peer_id]
+    clock.advance(0.2)
+    ttft_ms = 1000 * (base + per_token * len(text) / 4)
+    agent.release()
+    state.settled(agent, rules, True, ttft_ms, Usage(len(text) // 4, 4), True, sent)
+    return agent.peer_id
+
+
+def test_an_engine_that_recovers_unseen_is_tried_again_once_its_figures_are_stale() -> None:
+    """A slow engine gets no traffic, so nothing shows it recovered: figures unconfirmed for
+    STALE_S are shown as not measured, it is tried again, and an answer then far off its
+    old figures starts them afresh."""
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(strategy="predicted-latency")
+    agents = [record(registry, "a"), record(registry, "b")]
+    speed = {"a": (0.02, 0.00002), "b": (0.3, 0.0006)}  # b is slow
+    n = 0
+    for n in range(40):
+        _stream(state, clock, rules, agents, n, speed, 200 + 150 * (n % 6))
+    assert _figures(state, "b", rules)["samples"] >= 4
+    speed["b"] = speed["a"]  # b recovers; with its old figures nobody would send it a thing
+    served = [
+        _stream(state, clock, rules, agents, n, speed, 200 + 150 * (n % 6)) for n in range(40, 60)
+    ]
+    assert "b" not in served  # 4 s: its figures are still fresh
+    assert not _figures(state, "b", rules)["stale"]
+    clock.advance(STALE_S)
+    served = [
+        _stream(state, clock, rules, agents, n, speed, 200 + 150 * (n % 6)) for n in range(60, 100)
+    ]
+    view = _figures(state, "b", rules)
+    assert served.count("b") >= 10, served  # tried again, measured fast, and used
+    assert view["base_ms"] < 30 and not view["stale"], view
+
+
+def test_a_try_of_a_stale_agent_that_gives_no_stream_waits_its_turn() -> None:
+    """A stale agent is tried at most once each STALE_S while nothing confirms it."""
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    learner = state._learner("a")
+    for n in range(6):
+        learner.observe(100.0 * n, 0.02 + 0.0001 * 100 * n, clock.monotonic())
+    assert not learner.stale(clock.monotonic())
+    clock.advance(STALE_S + 1)
+    now = clock.monotonic()
+    assert learner.stale(now) and learner.due(now)
+    learner.probed = now
+    assert learner.stale(now) and not learner.due(now + 1)
+    assert learner.due(now + STALE_S + 1)
+
+
+def test_a_prompt_longer_than_the_index_with_all_of_it_held_teaches_nothing() -> None:
+    """Of a conversation longer than the prefix index covers, the engine held an unknown
+    share: learning from it drove the prefill rate to zero (found by a new user)."""
+    known = Prediction(0.1, 0.0, 20_000.0, 1_000.0)
+    unknown = Prediction(0.1, 0.0, 20_000.0, INDEXED_TOKENS)
+    assert uncached_known(known) and not uncached_known(unknown)
+    assert uncached_known(Prediction(0.1, 0.0, INDEXED_TOKENS, INDEXED_TOKENS))
+    clock, registry = ManualClock(), Registry()
+    state = RoutingState(clock, registry)
+    rules = policy(strategy="predicted-latency")
+    agent = record(registry, "a")
+    sent = Sent(prediction=unknown)
+    state.settled(agent, rules, True, 20.0, Usage(20_000, 4), True, sent)
+    view = _figures(state, "a", rules)
+    assert view["samples"] == 0 and view["service_ms"] is not None
+    assert state.prediction_errors()[0] == 1  # its error still counts

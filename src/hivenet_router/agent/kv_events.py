@@ -51,6 +51,7 @@ async def follow_forever(picture: CachePicture, host: str, port: int, topic: str
     picture.events_driven = True
     block_size = 16
     announced = False
+    lost = False  # events were missed: what the picture holds is no longer known
     while True:
         try:
             reader, writer = await subscribe(host, port, topic.encode())
@@ -60,7 +61,19 @@ async def follow_forever(picture: CachePicture, host: str, port: int, topic: str
                 announced = True
             await asyncio.sleep(RETRY)
             continue
-        log.info("following the engine's KV-cache events at tcp://%s:%d", host, port)
+        if lost:
+            # Whatever happened meanwhile went unheard, and a publisher that went away is
+            # most often an engine that restarted, empty (vLLM announces no clearing
+            # then): the picture starts again from nothing, and the routers hear it.
+            picture.clear()
+            log.info(
+                "KV events at tcp://%s:%d back; the picture of the engine's cache starts "
+                "empty (events were missed)",
+                host,
+                port,
+            )
+        else:
+            log.info("following the engine's KV-cache events at tcp://%s:%d", host, port)
         announced = False
         try:
             while True:
@@ -75,6 +88,7 @@ async def follow_forever(picture: CachePicture, host: str, port: int, topic: str
                 block_size = apply(picture, batch, block_size)
         except (OSError, ZmtpError, asyncio.IncompleteReadError) as exc:
             log.warning("KV events at tcp://%s:%d lost (%s); reconnecting", host, port, exc)
+            lost = True
         finally:
             writer.close()
         await asyncio.sleep(RETRY)

@@ -88,6 +88,9 @@ class BackendMonitor:
         self._metrics_path = adapter.metrics_path()
         self._busy = busy
         self.healthy = True
+        # Called when the backend turns unhealthy: an engine that went down has most often
+        # lost its cache (the agent's picture of it is emptied, agent/process.py).
+        self.on_down: Callable[[], None] = lambda: None
         self._failures = 0
         self._scrape_failing = False
         self.engine: EngineSnapshot | None = None
@@ -177,6 +180,7 @@ class BackendMonitor:
                     )
                     self.healthy = False
                     self.changed.set()
+                    self.on_down()
             await asyncio.sleep(interval)
 
     def _idle(self) -> bool:

@@ -116,6 +116,7 @@ class AgentProcess:
         picture = CachePicture(
             lambda: monitor.engine.kv_cache_tokens if monitor.engine is not None else None
         )
+        monitor.on_down = picture.clear
         proxy = BackendProxy(
             backend,
             cfg.http_timeout,

@@ -88,7 +88,8 @@ class Reader:
 
     def number(self, node: yaml.Node, path: str) -> float:
         value = self.scalar(node, path)
-        if isinstance(value, str) and node.style is None and _EXPONENT.fullmatch(value):
+        plain = isinstance(node, yaml.ScalarNode) and node.style is None
+        if isinstance(value, str) and plain and _EXPONENT.fullmatch(value):
             value = float(value)  # a plain `1e3`; a quoted "1e3" stays a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(node, path, "must be a number")

@@ -140,3 +140,32 @@ async def test_a_health_url_at_the_root_probes_the_root(suffix: str) -> None:
         finally:
             await monitor.close()
             await client.close()
+
+
+async def test_a_backend_that_goes_down_empties_what_the_agent_says_it_caches() -> None:
+    """An engine that went down has most often lost its cache; once it is unhealthy the
+    agent's picture of that cache is emptied (on_down), once, not at every failed probe."""
+    answers = [True, False, False, False, False, True]
+    downs: list[int] = []
+
+    async def probe() -> bool:
+        return answers.pop(0) if answers else True
+
+    client = EngineClient("http://127.0.0.1:9")
+    monitor = BackendMonitor(client, adapter_for("custom"))
+    monitor.probe = probe  # type: ignore[method-assign]
+    monitor.on_down = lambda: downs.append(len(answers))
+    task = asyncio.create_task(monitor.check_health_forever(0.0))
+    try:
+        async with asyncio.timeout(5):
+            while answers:
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        assert monitor.healthy
+        assert downs == [2]  # after the third failure in a row, once
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await monitor.close()
+        await client.close()

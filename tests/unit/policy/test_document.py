@@ -193,5 +193,5 @@ def test_a_number_with_an_exponent_is_a_number(written: str) -> None:
     step = parse_policy(text, "p.yaml", "p", require_models=False).steps[0]
     assert step.options.ttft_objective_ms == 250.0
     quoted = text.replace(written, f'"{written}"')  # a string stays a string
-    with pytest.raises(PolicyError, match="p.yaml:3: .*ttft_objective_ms: must be a number"):
+    with pytest.raises(PolicyError, match=r"p\.yaml:3: .*ttft_objective_ms: must be a number"):
         parse_policy(quoted, "p.yaml", "p", require_models=False)

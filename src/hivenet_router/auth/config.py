@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from hivenet_router.policy.reader import MAX_COUNT
+
 API_MODES = ("none", "api-key", "dynamic")
 ADMIN_MODES = ("none", "api-key")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -46,8 +48,11 @@ class Quota:
 
 
 def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise AuthConfigError(f"{where}: must be a non-negative integer")
+    # Bounded as the policy reader bounds its counts (policy/reader.py, MAX_COUNT): a
+    # limit past 64 bits started the router, then failed every request of its key, the
+    # key's gauges and with them all of /metrics, and /admin/quotas.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise AuthConfigError(f"{where}: must be an integer from 0 to {MAX_COUNT:.0e}")
     return value
 
 

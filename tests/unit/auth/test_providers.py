@@ -79,7 +79,11 @@ def test_generated_keys() -> None:
 @pytest.mark.parametrize(
     ("quota", "needle"),
     [
-        ("{requests_per_minute: -1}", "non-negative integer"),
+        ("{requests_per_minute: -1}", r"requests_per_minute: must be an integer from 0 to 1e\+15"),
+        # Past 64 bits a limit failed its key's requests, /metrics and /admin/quotas.
+        ("{tokens_per_day: 100000000000000000000}", r"tokens_per_day: must be an integer from 0"),
+        ("{output_tokens_per_minute: " + "9" * 400 + "}", "output_tokens_per_minute: must be"),
+        ("{tokens_per_day: 1000000000000001}", "tokens_per_day: must be an integer from 0"),
         (
             "{requests_per_minute: 5, per_model: {m: {requests_per_minute_per_replica: 1,"
             " tokens_per_day: 1}}}",

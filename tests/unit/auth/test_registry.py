@@ -49,7 +49,8 @@ def test_expiry_and_validation() -> None:
         ({"enabled": "yes"}, "enabled"),
         ({"expires_at": "tomorrow"}, "RFC 3339"),
         ({"expires_at": "2027-01-01T00:00:00"}, "time zone"),
-        ({"quota": {"requests_per_minute": -1}}, "non-negative"),
+        ({"quota": {"requests_per_minute": -1}}, "an integer from 0 to"),
+        ({"quota": {"tokens_per_day": 10**30}}, "tokens_per_day: must be an integer from 0 to"),
         ({"max_occupancy_share": 2}, "max_occupancy_share"),
         ({"colour": "red"}, "colour: unknown field"),
     ):

@@ -145,7 +145,7 @@ class WalletStage:
         affordable = affordable_output(price, facts, available)
         if affordable is None or affordable >= bound:
             return
-        least = max(1, ticket.policy.min_output_tokens)
+        least = max(1, min(ticket.policy.min_output_tokens, bound))  # as admission's rule
         if affordable < least:
             self.ledger.stats.refused["insufficient"] += 1
             raise ApiError(

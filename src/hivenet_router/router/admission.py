@@ -240,7 +240,9 @@ class Admission:
         bound = declared if declared is not None else policy.default_max_tokens
         if not bound:
             return 0
-        least = max(1, policy.min_output_tokens)
+        # A request needs no more than it asks for: one declaring 5 fits in 11 left even
+        # where the policy's minimum is 16 (the minimum guards bounds that were lowered).
+        least = max(1, min(policy.min_output_tokens, bound))
         quota = principal.quota
         rate = quota.output_tokens_per_minute if policy.mode == "serverless" else 0
         if rate:

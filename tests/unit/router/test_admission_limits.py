@@ -86,6 +86,12 @@ async def test_min_output_tokens_refuses_with_the_limit_that_lowered_the_bound()
         await fleet.send(refused)
     assert info.value.code is ErrorCode.RATE_LIMIT_EXCEEDED
     assert refused.headers_out["Retry-After"] == "6"
+    # A request that asks for less than the minimum needs no more than it asks for: 30
+    # fits in the 40 left (found by a new user: it was refused with 429).
+    small = fleet.ticket(key, CHAT + b', "max_tokens": 30}')
+    fleet.answer_body = _usage(104, 30)
+    await (await fleet.send(small)).close(Outcome.OK)
+    assert small.headers_out["X-Hivenet-Output-Bound"] == "30"
     # The daily budget lowers only an undeclared bound, and refuses with its own 429.
     daily = Fleet("min_output_tokens: 50\nrouting_policy: {strategy: least-loaded}\n")
     budget = who(Quota(tokens_per_day=300))

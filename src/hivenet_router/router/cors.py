@@ -13,7 +13,13 @@ from hivenet_router.domain.errors import ErrorCode, error_body
 from hivenet_router.http1.messages import Request, Response
 
 METHODS = "GET, POST, PUT, DELETE, OPTIONS"
-EXPOSED = "X-Request-ID, Retry-After, traceparent"
+# What a browser's script may read of an answer: the request's ID and trace, when to
+# retry, and what admission and the cache did (the output bound held, a cache hit, the
+# rate left), which a browser hides unless named here.
+EXPOSED = (
+    "X-Request-ID, Retry-After, traceparent, X-Hivenet-Output-Bound, X-Hivenet-Cache, "
+    "X-RateLimit-Remaining-Requests, X-RateLimit-Remaining-Tokens"
+)
 MAX_REQUESTED_HEADERS = 1024  # a longer Access-Control-Request-Headers is not echoed
 DEFAULT_HEADERS = "authorization, content-type, x-api-key, anthropic-version, x-request-id"
 

@@ -57,6 +57,9 @@ def test_answer_headers_for_allowed_origins_only() -> None:
     cors = Cors(("https://app.example",))
     allowed = cors.headers(request("POST", [("origin", "https://app.example")]))
     assert allowed["Access-Control-Allow-Origin"] == "https://app.example"
-    assert "X-Request-ID" in allowed["Access-Control-Expose-Headers"]
+    exposed = allowed["Access-Control-Expose-Headers"].split(", ")
+    # The headers a browser client needs to read: admission's bound, the cache, the rate.
+    for header in ("X-Request-ID", "Retry-After", "X-Hivenet-Output-Bound", "X-Hivenet-Cache"):
+        assert header in exposed
     assert cors.headers(request("POST", [("origin", "https://evil.example")])) == {}
     assert cors.headers(request("POST", [])) == {}

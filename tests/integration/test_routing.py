@@ -166,6 +166,6 @@ def test_max_stream_duration_ends_a_stream_with_an_error_event(
     with httpx.stream("POST", router.url + route, json=body, timeout=10) as reply:
         assert reply.status_code == 200
         text = reply.read().decode()
-    assert "--max-stream-duration" in text and '"request_timeout"' in text
+    assert "--max-stream-duration (0.8s)" in text and '"request_timeout"' in text
     assert "[DONE]" not in text and "message_stop" not in text
     assert metric(router.metrics(), "hivenet_router_active_forwards") == 0.0

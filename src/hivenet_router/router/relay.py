@@ -139,7 +139,10 @@ class Relay:
         except TimeoutError:
             outcome = Outcome.TIMEOUT
             await self._end_with_error(
-                response, ticket, ErrorCode.REQUEST_TIMEOUT, self._timed_out(watch, time())
+                response,
+                ticket,
+                ErrorCode.REQUEST_TIMEOUT,
+                self._timed_out(watch, time(), watch.end - ticket.started),
             )
         except asyncio.CancelledError:
             if complete(written) or (reshape is not None and reshape.finished):
@@ -170,9 +173,9 @@ class Relay:
             await response.end()
         return response
 
-    def _timed_out(self, watch: Watch, now: float) -> str:
+    def _timed_out(self, watch: Watch, now: float, longest: float) -> str:
         if watch.ended(now):
-            return "the stream ran past --max-stream-duration"
+            return f"the stream ran past --max-stream-duration ({longest:g}s)"
         return f"no chunk came for --stream-idle-timeout ({self.idle_timeout:g}s)"
 
     @staticmethod

@@ -145,7 +145,8 @@ class WalletStage:
         affordable = affordable_output(price, facts, available)
         if affordable is None or affordable >= bound:
             return
-        least = max(1, min(ticket.policy.min_output_tokens, bound))  # as admission's rule
+        # As admission's rule: one token a choice at least, and no more than was asked for.
+        least = max(1, facts.choices, min(ticket.policy.min_output_tokens, bound))
         if affordable < least:
             self.ledger.stats.refused["insufficient"] += 1
             raise ApiError(

@@ -240,9 +240,14 @@ class Admission:
         bound = declared if declared is not None else policy.default_max_tokens
         if not bound:
             return 0
+        # Every choice gets one token at least: a default under that is raised to it, and
+        # a bound lowered under it is refused (a request of n = 3,000 on a key with 995
+        # tokens left was held at 995 and given 1 a choice, 3,000 in all).
+        choices = facts.choices
+        bound = max(bound, choices)
         # A request needs no more than it asks for: one declaring 5 fits in 11 left even
         # where the policy's minimum is 16 (the minimum guards bounds that were lowered).
-        least = max(1, min(policy.min_output_tokens, bound))
+        least = max(1, choices, min(policy.min_output_tokens, bound))
         quota = principal.quota
         rate = quota.output_tokens_per_minute if policy.mode == "serverless" else 0
         if rate:

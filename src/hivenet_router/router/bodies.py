@@ -92,6 +92,7 @@ _IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 _TEXT_FIELDS = ("text", "thinking", "arguments")
 _BYTES_PER_TOKEN_ID = 4  # a prompt given as token IDs: about what a token's text takes
 MAX_OUTPUT = 2**31 - 1  # larger output limits are refused, not reserved
+MAX_CHOICES = 128  # `n`, as OpenAI's API bounds it
 
 
 class _Tally:
@@ -278,9 +279,12 @@ def parse(route: str, body: bytes) -> RequestFacts:
     if alias is not None:
         max_out = alias if max_out is None else max(max_out, alias)
     # Every prompt of a batch gets its `n` answers, each up to the limit.
-    choices = (_declared(getattr(decoded, "n", None), "n") or 1) * _batch(
-        getattr(decoded, "prompt", None)
-    )
+    n = _declared(getattr(decoded, "n", None), "n") or 1
+    if n > MAX_CHOICES:
+        # OpenAI's own bound: one request of 100,000,000 choices grew an engine past its
+        # memory and took its model offline for every client.
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"n must be at most {MAX_CHOICES}", param="n")
+    choices = n * _batch(getattr(decoded, "prompt", None))
     if max_out is not None:
         max_out *= choices  # the whole request's output, as every limit counts it
     tally, messages = _measure(decoded)

@@ -149,3 +149,21 @@ async def test_a_default_bound_read_against_a_stale_budget_is_lowered_not_refuse
     assert fleet.ports.shares.held("k1\x00m") == 300  # type: ignore[attr-defined]
     assert await fleet.ports.output_rates.left("k1\x00m", 1000) == 1000 - 196
     await answer.close(Outcome.OK)
+
+
+async def test_every_choice_gets_a_token_of_the_bound_or_the_request_is_refused() -> None:
+    """n = 3,000 without max_tokens on a key with 995 tokens left was held at 995 and sent
+    out at one token a choice, 3,000 in all (found by a new user). A bound lowered under
+    one token a choice is refused by the limit that lowered it; a default under it is
+    raised to it."""
+    daily = Fleet("routing_policy: {strategy: least-loaded}\n")
+    budget = who(Quota(tokens_per_day=300))
+    many = b'{"model": "m", "prompt": ["a", "b", "c", "d"], "n": 100}'  # 400 choices
+    with pytest.raises(ApiError) as info:
+        await daily.request(budget, many, route="/v1/completions")
+    assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
+    small = Fleet("default_max_tokens: 2\nrouting_policy: {strategy: least-loaded}\n")
+    ticket = small.ticket(who(Quota()), CHAT + b', "n": 5}')
+    await (await small.send(ticket)).close(Outcome.OK)
+    assert ticket.headers_out["X-Hivenet-Output-Bound"] == "5"
+    assert ticket.job is not None and b'"max_tokens":1' in ticket.job.body

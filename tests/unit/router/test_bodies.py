@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
-from hivenet_router.router.bodies import MAX_OUTPUT, parse
+from hivenet_router.router.bodies import MAX_CHOICES, MAX_OUTPUT, parse
 from hivenet_router.routing.prefix import PREFIX_CHARS, prompt_blocks
 
 
@@ -142,6 +142,18 @@ def test_an_absurd_output_limit_is_refused(value: bytes) -> None:
         parse(CHAT, body + value + b"}")
     assert info.value.code is ErrorCode.REQUEST_INVALID and "max_tokens" in info.value.message
     assert info.value.param == "max_tokens"
+
+
+@pytest.mark.parametrize("route", [CHAT, "/v1/completions"])
+def test_n_is_bounded_as_openai_bounds_it(route: str) -> None:
+    """One request of n = 100,000,000 grew an engine past its memory and took its model
+    offline for every client (found by a new user)."""
+    head = b'{"model": "m", "messages": [{"role": "user", "content": "q"}], "prompt": "q", '
+    assert parse(route, head + b'"n": %d}' % MAX_CHOICES).choices == MAX_CHOICES
+    with pytest.raises(ApiError) as info:
+        parse(route, head + b'"n": %d}' % (MAX_CHOICES + 1))
+    assert info.value.code is ErrorCode.REQUEST_INVALID and info.value.param == "n"
+    assert info.value.message == f"n must be at most {MAX_CHOICES}"
 
 
 def _repeat(head: bytes, item: bytes, count: int, tail: bytes) -> bytes:

@@ -38,6 +38,7 @@ log = logging.getLogger("hivenet.auth")
 
 LINK_PATH = "/hivenet/link"
 MAX_CONTROL_BODY = 64 * 1024
+REFUSALS_SAID_EVERY = 60.0  # seconds between log lines on refused link upgrades
 LINK_HEARTBEAT = 5.0  # seconds without a byte from the agent before the router pings it
 
 _registration = msgspec.json.Decoder(Registration)
@@ -85,6 +86,11 @@ class ControlPlane:
         self.sessions = sessions
         self.router_peer_id = router_peer_id
         self.links: set[Link] = set()
+        # Upgrades refused for want of a session since the last line that said so: anyone
+        # can send them (thousands a second on a few pipelined connections), so they are
+        # summarised at most once a minute rather than logged one by one.
+        self._refused = 0
+        self._refused_said = -REFUSALS_SAID_EVERY
         # Moves a connection that showed a valid session out of the agent port's room for
         # those that have not (set by the process, which owns the listener). 0: done; else
         # the status to refuse it with (429: its address has its share, 503: all are taken).
@@ -111,7 +117,16 @@ class ControlPlane:
         token = auth[7:] if auth.startswith("Bearer ") else ""
         grant = self.sessions.check(token) if token else None
         if grant is None:
-            log.warning("agent connection from %s refused: no valid session", request.remote)
+            self._refused += 1
+            now = self.clock.monotonic()
+            if now - self._refused_said >= REFUSALS_SAID_EVERY:
+                log.warning(
+                    "agent connection(s) refused for want of a valid session: %d since the "
+                    "last such line (latest from %s)",
+                    self._refused,
+                    request.remote,
+                )
+                self._refused, self._refused_said = 0, now
             return _refuse(401, "no valid session")
         transport = request.transport
         status = self.admit_link(transport.get_extra_info("peername") if transport else None)

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import base64
+import logging
 
 import msgspec
+import pytest
 
 from hivenet_router.clock import ManualClock
 from hivenet_router.domain.agent import (
@@ -157,3 +159,24 @@ async def test_only_a_registration_new_to_the_router_restores_history() -> None:
     assert not second.fresh
     current = registry.get(identity.peer_id)
     assert current is not None and current.successes == 5
+
+
+async def test_link_upgrades_without_a_session_are_summarised_not_logged_one_by_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Anyone can send them, thousands a second on a few pipelined connections: 16,000
+    made 16,000 warnings (found by a new user). One line a minute says how many."""
+    from aiohttp.test_utils import make_mocked_request
+
+    control, _, clock, _ = plane()
+    caplog.set_level(logging.WARNING, "hivenet.auth")
+    for token in ["", "Bearer nope", "Bearer x"] * 100:
+        request = make_mocked_request("GET", "/hivenet/link", headers={"Authorization": token})
+        assert (await control.accept_link(request)).status == 401
+    said = [r.getMessage() for r in caplog.records if "want of a valid session" in r.getMessage()]
+    assert len(said) == 1 and ": 1 since" in said[0]
+    clock.advance(60)
+    request = make_mocked_request("GET", "/hivenet/link", headers={"Authorization": "Bearer x"})
+    assert (await control.accept_link(request)).status == 401
+    said = [r.getMessage() for r in caplog.records if "want of a valid session" in r.getMessage()]
+    assert len(said) == 2 and ": 300 since" in said[1]

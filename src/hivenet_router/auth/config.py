@@ -176,6 +176,8 @@ def parse_auth(text: str, source: str) -> AuthConfig:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise AuthConfigError(f"{source}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise AuthConfigError(f"{source}: nested too deeply") from None
     root = mapping(document, source, ("api", "admin"))
     api = mapping(root.get("api"), f"{source}: api", ("mode", "keys"))
     admin = mapping(root.get("admin"), f"{source}: admin", ("mode",))

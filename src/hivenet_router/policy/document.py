@@ -231,6 +231,9 @@ def parse_policy(
         raise PolicyError(
             f"{source}{line}: not valid YAML: {getattr(exc, 'problem', exc)}"
         ) from None
+    except RecursionError:
+        # A 2 KB document of 1,000 nested brackets: PyYAML follows nesting on the stack.
+        raise PolicyError(f"{source}: nested too deeply") from None
     if root is None:
         raise PolicyError(f"{source}: empty policy document")
     items = reader.mapping(root, "policy", (*TOP_FIELDS, *check_names(blocks, TOP_FIELDS)))

@@ -137,3 +137,8 @@ def test_dynamic_mode_from_the_environment_needs_admin_keys() -> None:
     with pytest.raises(AuthConfigError, match="HIVENET_ROUTER_ADMIN_API_KEYS"):
         AuthState(AuthSettings("", "dynamic", (), True))
     assert AuthState(AuthSettings("", "dynamic", ("admin-key",), False)).client.mode == "dynamic"
+
+
+def test_an_auth_file_nested_too_deeply_is_a_config_error() -> None:
+    with pytest.raises(AuthConfigError, match=r"auth\.yaml: nested too deeply"):
+        parse_auth("[" * 3000, "auth.yaml")

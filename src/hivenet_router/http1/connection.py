@@ -68,6 +68,10 @@ class ClientConnection(asyncio.Protocol):
         self._begun = 0  # messages begun on this connection
         self._framing = 0  # bytes of a body's pieces that were not body (chunk framing, trailers)
         self._body_fed = 0  # body bytes the parser handed over from the piece being fed
+        # The body of a request that offered an upgrade (`curl --http2` offers h2c with its
+        # POST): the parser takes what follows that head for the other protocol, so these
+        # bytes are read here instead (_Body), and the request is answered as HTTP/1.1.
+        self._offered_body = 0
         self._in_head = False
         self._reading: Request | None = None  # the request whose body is being parsed
         # answering
@@ -217,8 +221,11 @@ class ClientConnection(asyncio.Protocol):
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > request._limit:
             request._fail(BodyTooLarge(f"request body exceeds the limit of {request._limit} bytes"))
-        elif request.headers.get("expect", "").lower() == "100-continue":
-            request._continue = True
+        else:
+            if request.headers.get("expect", "").lower() == "100-continue":
+                request._continue = True
+            if length is not None and length.isdigit() and parser.should_upgrade():
+                self._offered_body = int(length)
         if self._current is None:
             self._start(request)
         else:
@@ -232,6 +239,8 @@ class ClientConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         request = self._reading
+        if self._offered_body:
+            return  # its body follows, for _Body to read (see HttpParserUpgrade in _feed)
         if request is not None:
             self._reading = None
             request._done()
@@ -250,10 +259,14 @@ class ClientConnection(asyncio.Protocol):
         except _HeadTooLarge:
             self._refuse(431, "request headers are too large")
             return
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             # Not offered here: the request is answered as a plain one, then the
-            # connection closes (what follows the head is not HTTP/1.1).
+            # connection closes (what follows its head and body is not HTTP/1.1).
             self._no_more()
+            if self._offered_body:
+                at = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
+                self._parser = _Body(self, self._offered_body)  # type: ignore[assignment]
+                self._parser.feed_data(data[at:])
             return
         except httptools.HttpParserCallbackError as exc:
             if isinstance(exc.__context__, _HeadTooLarge):
@@ -500,6 +513,28 @@ class _Discard:
 
     def feed_data(self, data: bytes) -> None:
         pass
+
+
+class _Body:
+    """Stands in for the parser to read the body of a request that offered an upgrade
+    (Content-Length bytes), then nothing more."""
+
+    def __init__(self, connection: ClientConnection, length: int) -> None:
+        self._connection = connection
+        self._left = length
+
+    def feed_data(self, data: bytes) -> None:
+        if self._left <= 0:
+            return
+        piece = data[: self._left]
+        self._left -= len(piece)
+        connection = self._connection
+        if piece:
+            connection.on_body(piece)
+        if self._left <= 0:
+            connection._offered_body = 0
+            connection.on_message_complete()
+            connection._parser = _Discard()  # type: ignore[assignment]
 
 
 _ABSOLUTE = re.compile(rb"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*")

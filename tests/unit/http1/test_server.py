@@ -541,3 +541,28 @@ async def test_http_1_0_is_still_answered(served: Served) -> None:
     status, _, body = await answer(reader)
     assert status == b"HTTP/1.1 200 OK" and body == b"GET /old {} "
     writer.close()
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("offer", [b"h2c", b"websocket"])
+async def test_an_upgrade_offered_with_a_body_is_ignored_and_the_body_read(
+    served: Served, split: bool, offer: bytes
+) -> None:
+    """`curl --http2` on http:// offers h2c with its POST: the offer is declined by
+    answering the request as HTTP/1.1, its body read (it was lost: 400 "request body is
+    empty", found by a new user)."""
+    _, _, connect = served
+    reader, writer = await connect()
+    head = (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"Upgrade: " + offer + b"\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+        b"Content-Length: 8\r\n\r\n"
+    )
+    writer.write(head if split else head + b'{"x": 1}')
+    if split:
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b'{"x": 1}')
+    status, _, body = await answer(reader)
+    assert status == b"HTTP/1.1 200 OK" and body == b'POST /echo {} {"x": 1}'
+    writer.close()

@@ -375,6 +375,29 @@ class TenantGauges(Collector):
             self.model_rpm[(tenant, model)] = entry.rpm_per_replica * replicas(model)
             self.model_tpd[(tenant, model)] = entry.tokens_per_day
 
+    def reloaded(self, quotas: Mapping[str, Any]) -> None:
+        """The keys were read again (auth.config.Quota by tenant): each tenant shown takes
+        its new ceilings now rather than at its next request, and one no longer listed (or
+        whose limit went) loses its series. A per-model ceiling that scales with the
+        healthy replicas waits for the tenant's next request, which counts them."""
+        for tenant in list(self.rpm.keys() | self.tpd.keys()):
+            quota = quotas.get(tenant)
+            flat = quota is not None and quota.per_model is None
+            for shown, limit in ((self.rpm, "requests_per_minute"), (self.tpd, "tokens_per_day")):
+                value = getattr(quota, limit) if flat else 0
+                if value:
+                    shown[tenant] = value
+                else:
+                    shown.pop(tenant, None)
+        for tenant, model in list(self.model_tpd.keys() | self.model_rpm.keys()):
+            quota = quotas.get(tenant)
+            entry = quota.per_model.get(model) if quota is not None and quota.per_model else None
+            if entry is None:
+                self.model_tpd.pop((tenant, model), None)
+                self.model_rpm.pop((tenant, model), None)
+            else:
+                self.model_tpd[(tenant, model)] = entry.tokens_per_day
+
     def collect(self) -> list[Metric]:
         return [
             _gauges(

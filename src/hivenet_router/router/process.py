@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hivenet_router.auth.config import AuthConfigError
-from hivenet_router.auth.providers import AuthSettings, AuthState
+from hivenet_router.auth.providers import AuthSettings, AuthState, StaticKeys
 from hivenet_router.auth.serverless import itpm_conflict
 from hivenet_router.clock import Clock, SystemClock
 from hivenet_router.config.options import ConfigError, describe
@@ -265,6 +265,11 @@ class RouterProcess:
         policies = await asyncio.to_thread(self.policies.reload)
         router.metrics.policy_reload.inc((trigger, "success" if policies else "error"))
         auth = await asyncio.to_thread(self.auth.reload)
+        client = self.auth.client
+        if auth and isinstance(client, StaticKeys):
+            # Keys share their owner's quota: the tenants' ceiling gauges follow the file
+            # now (a dynamic registry's keys change through the admin API, not here).
+            router.metrics.tenants.reloaded({key.owner: key.quota for key in client.keys})
         return {"policies": policies, "auth": auth}
 
     def _guards(self) -> dict[str, ConnectionGuard]:

@@ -153,6 +153,33 @@ def test_a_quota_taken_away_leaves_no_ceiling_behind() -> None:
     assert metric(page, "hivenet_tenant_quota_tpd_limit", tenant_id="acme") is None
 
 
+def test_a_reload_moves_the_ceilings_shown_at_once() -> None:
+    """They changed only at each tenant's next request (found by a new user)."""
+    observer = MetricsObserver(replicas=lambda model: 3)
+    for tenant, quota in [
+        ("acme", Quota(requests_per_minute=50, tokens_per_day=300)),
+        ("beta", Quota(per_model={"m": ModelQuota(10, 500)})),
+    ]:
+        one = ticket(Observers([observer]))
+        one.principal = Principal(tenant, "k1", "n", frozenset(), quota)
+        one.emit(Ended(200, None, Outcome.OK, None, 0.0))
+    observer.tenants.reloaded(
+        {
+            "acme": Quota(requests_per_minute=0, tokens_per_day=999),
+            "beta": Quota(per_model={"m": ModelQuota(10, 700)}),
+        }
+    )
+    page = text(observer)
+    assert metric(page, "hivenet_tenant_quota_rpm_limit", tenant_id="acme") is None
+    assert metric(page, "hivenet_tenant_quota_tpd_limit", tenant_id="acme") == 999
+    assert metric(page, "hivenet_tenant_per_model_quota_tpd_limit", tenant_id="beta") == 700
+    observer.tenants.reloaded({})  # their keys are gone
+    page = text(observer)
+    assert metric(page, "hivenet_tenant_quota_tpd_limit", tenant_id="acme") is None
+    assert metric(page, "hivenet_tenant_per_model_quota_tpd_limit", tenant_id="beta") is None
+    assert metric(page, "hivenet_tenant_per_model_quota_rpm_limit", tenant_id="beta") is None
+
+
 def test_provider_calls_are_timed_by_status() -> None:
     observer = MetricsObserver()
     observer.provider_call("openai", 200, 0.2)

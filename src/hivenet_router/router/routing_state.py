@@ -264,11 +264,19 @@ class RoutingState:
             self._sweep(now)
 
     def _sweep(self, now: float) -> None:
-        """Show each stale agent's figures as not measured, so that a pick tries it again
-        (routing/ttft.py, STALE_S); its own figures come back when it is chosen."""
+        """Lend the fleet's fastest measured prefill rate to each agent whose own
+        observations have not told its rate yet (routing/ttft.py, `borrow`), and show each
+        stale agent's figures as not measured, so that a pick tries it again (STALE_S);
+        its own figures come back when it is chosen."""
         self._swept = now
         figures = self._figures
-        for peer, learner in self._learners.items():
+        learners = self._learners
+        slopes = [learner.rates.prefill_s for learner in learners.values() if learner.sloped]
+        fastest = min(slopes) if slopes else None
+        for peer, learner in learners.items():
+            if not learner.sloped:
+                learner.borrow(fastest)
+                figures[peer] = learner.rates
             if learner.due(now):
                 rates = learner.rates
                 figures[peer] = Rates(rates.base_s, rates.prefill_s, rates.service_s, rates.slots)

@@ -70,11 +70,13 @@ so the fit follows within CHANGE_RUN observations rather than half a window; one
 or noise on both sides, never starts it."""
 
 STALE_S = 10.0
+STALE_FASTER = 0.1
 """Figures no observation has confirmed for this long are stale: an engine that was slow
 gets no traffic, so nothing would ever show that it recovered. Routing state shows a stale
 agent's figures as not measured (it is tried again, as a new agent is), and the first
 observation after that which is off the fit (by more than CHANGE_SHARE) starts the window
-afresh."""
+afresh. An agent is stale because it looked slow, so on that first observation a time
+more than STALE_FASTER under the fit counts as off too."""
 
 SERVICE_SMOOTHING = 0.2
 SERVICE_CLIP = 4.0
@@ -109,13 +111,26 @@ class Rates:
 class Learner:
     """One agent's observations and the figures fitted to them."""
 
-    __slots__ = ("_at", "_points", "_prior", "_rates", "_service", "_slots", "_streak", "probed")
+    __slots__ = (
+        "_at",
+        "_borrowed",
+        "_fitted",
+        "_points",
+        "_prior",
+        "_rates",
+        "_service",
+        "_slots",
+        "_streak",
+        "probed",
+    )
 
     def __init__(self, prior_prefill_s: float | None = None) -> None:
         self._points: deque[tuple[float, float]] = deque(maxlen=WINDOW)
         self._at = 0.0  # the clock's reading at the last observation
         self.probed = -STALE_S  # when routing last sent it a request while it was stale
         self._prior = prior_prefill_s if prior_prefill_s and prior_prefill_s > 0 else None
+        self._fitted: float | None = None  # the last slope its own observations gave
+        self._borrowed: float | None = None  # the fleet's best slope, while it has none
         self._service: float | None = None
         self._slots: int | None = None
         self._streak = 0  # observations in a row far off the fit, signed by their side
@@ -131,6 +146,22 @@ class Learner:
         if prefill_s is None or not prefill_s > 0 or prefill_s == self._prior:
             return
         self._prior = prefill_s
+        if not self._spread():
+            self._refit()
+
+    @property
+    def sloped(self) -> bool:
+        """Has its own window told its prefill rate (observations far enough apart)?"""
+        return self._spread()
+
+    def borrow(self, prefill_s: float | None) -> None:
+        """The fastest prefill rate measured on the fleet, for the slope while neither its
+        own observations nor its engine have told it (the prior of 100 us a token made an
+        agent measured on short prompts alone lose every long one, and so never be
+        measured on one). None: nothing to borrow."""
+        if prefill_s == self._borrowed or (prefill_s is not None and not prefill_s >= 0):
+            return
+        self._borrowed = prefill_s
         if not self._spread():
             self._refit()
 
@@ -151,18 +182,21 @@ class Learner:
             return
         if uncached_tokens == float("inf"):
             return
-        if self.stale(now) and self._off(uncached_tokens, ttft_s):
+        if self.stale(now) and self._off(uncached_tokens, ttft_s, STALE_FASTER):
             self._points.clear()  # not what the old figures say: they are no longer true
+            self._fitted = None  # nor is the slope they gave
             self._streak = 0
         self._at = now
         self._follow(uncached_tokens, ttft_s)
         self._points.append((uncached_tokens, ttft_s))
         self._refit()
 
-    def _off(self, tokens: float, ttft_s: float) -> bool:
+    def _off(self, tokens: float, ttft_s: float, faster: float = CHANGE_SHARE) -> bool:
+        """Off the fit: slower by more than CHANGE_SHARE, or faster by more than `faster`,
+        of the prediction."""
         rates = self._rates
         predicted = rates.base_s + rates.prefill_s * tokens
-        return abs(ttft_s - predicted) > CHANGE_SHARE * predicted
+        return ttft_s > (1 + CHANGE_SHARE) * predicted or ttft_s < (1 - faster) * predicted
 
     def _follow(self, tokens: float, ttft_s: float) -> None:
         """Count observations far off the fit on one side; at CHANGE_RUN, forget the
@@ -216,8 +250,14 @@ class Learner:
     def _refit(self) -> None:
         points = list(self._points)
         slope = self._slope(points)
-        if slope is None:
-            slope = self._prior if self._prior is not None else self._rates.prefill_s
+        if slope is not None:
+            self._fitted = slope
+        elif self._prior is not None:
+            slope = self._prior
+        elif self._fitted is not None:
+            slope = self._fitted
+        else:
+            slope = self._borrowed if self._borrowed is not None else PRIOR_PREFILL_S
         base = max(0.0, median([y - slope * u for u, y in points])) if points else PRIOR_BASE_S
         self._rates = Rates(base, slope, self._service, self._slots, len(points))
 

@@ -11,6 +11,7 @@ from hivenet_router.routing.ttft import (
     MIN_SAMPLES,
     PRIOR_BASE_S,
     PRIOR_PREFILL_S,
+    STALE_S,
     WINDOW,
     Learner,
     median,
@@ -135,3 +136,39 @@ def test_batch_size_is_learnt_when_the_engine_is_full() -> None:
     assert learner.rates.slots == 4
     learner.engine_load(None, 3)
     assert learner.rates.slots == 4
+
+
+def test_a_slope_its_observations_cannot_tell_is_borrowed_from_the_fleet() -> None:
+    """Measured on prompts of one length only, an agent kept the prior of 100 us a token
+    and lost every long prompt to a measured one, so it was never measured on one (found
+    by a new user). It borrows the fleet's fastest measured rate until its own tell."""
+    learner = Learner()
+    for _ in range(MIN_SAMPLES):
+        learner.observe(100.0, 0.012)
+    assert not learner.sloped and learner.rates.prefill_s == PRIOR_PREFILL_S
+    learner.borrow(0.00002)
+    assert math.isclose(learner.rates.prefill_s, 0.00002)
+    assert math.isclose(learner.rates.base_s, 0.012 - 0.00002 * 100)
+    learner.observe(1100.0, 0.012 + 0.00005 * 1000)  # its own rate shows: 50 us a token
+    assert learner.sloped and math.isclose(learner.rates.prefill_s, 0.00005)
+    learner.borrow(0.00001)
+    assert math.isclose(learner.rates.prefill_s, 0.00005)  # its own, not the fleet's
+    # An engine's own reported throughput comes before what the fleet lends.
+    told = Learner(prior_prefill_s=0.00003)
+    told.observe(100.0, 0.01)
+    told.borrow(0.00001)
+    assert told.rates.prefill_s == 0.00003
+
+
+def test_a_stale_agent_answering_faster_than_its_figures_starts_afresh() -> None:
+    """A stale agent was not chosen because it looked slow: its first answer after that,
+    10% or more under the fit, is a recovery, and the old window goes."""
+    for answered, afresh in [(0.85, True), (0.95, False), (1.2, False), (1.3, True)]:
+        learner = Learner()
+        for n in range(8):
+            learner.observe(100.0 * n, 0.05 + 0.0001 * 100 * n, now=1.0)
+        before = learner.rates
+        tokens = 300.0
+        predicted = before.base_s + before.prefill_s * tokens
+        learner.observe(tokens, answered * predicted, now=1.0 + STALE_S + 1)
+        assert (learner.rates.samples == 1) is afresh, answered

@@ -278,7 +278,7 @@ class RouterConfig(PortOptions):
     )
     quota_backend: str = option(
         "memory",
-        parse=v.text,
+        parse=v.choice("memory", "badger"),
         env="HIVENET_ROUTER_QUOTA_BACKEND",
         help="memory, or badger to keep daily token totals in the persistent store",
     )

@@ -33,10 +33,6 @@ def check(cfg: RouterConfig) -> None:
             f"{cfg.remove_after:g}s)"
         )
     check_log_format(cfg.log_format)
-    if cfg.quota_backend not in {"memory", "badger"}:
-        raise ConfigError(
-            f"HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, not {cfg.quota_backend!r}"
-        )
     _check_sync(cfg)
     if cfg.ledger_dsn and "wallet" not in cfg.stages:
         # The DSN promises wallets for every tenant: serving unbilled instead, because

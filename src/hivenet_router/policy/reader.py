@@ -58,6 +58,8 @@ class Reader:
     def scalar(self, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, path, "must be a single value")
+        if node.tag == "tag:yaml.org,2002:null":
+            return None  # `field:` with nothing after it (or `~`, `null`): no value
         try:
             return yaml.safe_load(yaml.serialize(node))
         except (yaml.YAMLError, ValueError, OverflowError) as exc:

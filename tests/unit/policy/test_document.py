@@ -203,3 +203,15 @@ def test_a_document_nested_too_deeply_is_a_policy_error(opening: str) -> None:
     traceback (found by a new user)."""
     with pytest.raises(PolicyError, match="nested too deeply"):
         parse_policy(opening * 3000, "body", "p", require_models=False)
+
+
+def test_a_field_left_empty_names_what_it_needs() -> None:
+    """`default_max_tokens:` with nothing after it read "is not a plain value (while
+    parsing a block node)" (noticed by a new user)."""
+    with pytest.raises(PolicyError, match=r"p\.yaml:1: default_max_tokens: must be an integer$"):
+        parse_policy(
+            "default_max_tokens:\nrouting_policy: {strategy: least-loaded}\n",
+            "p.yaml",
+            "p",
+            require_models=False,
+        )

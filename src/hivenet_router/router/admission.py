@@ -264,9 +264,14 @@ class Admission:
         if declared is None:
             key, limit = budget_for(principal.tenant, quota, facts.model)
             if limit > 0:
-                left = await self.ports.daily.left(key, limit) - estimate
+                remaining = await self.ports.daily.left(key, limit)
+                left = remaining - estimate
                 if left < least:
-                    raise self._refuse(ticket, "daily", _no_budget())
+                    # As the budget's own refusal below says: what is left today.
+                    ticket.headers_out["X-RateLimit-Remaining-Tokens"] = str(
+                        max(0, math.floor(remaining))
+                    )
+                    raise self._refuse(ticket, "daily", _no_budget(declared=False))
                 bound = min(bound, math.floor(left))
         return bound
 
@@ -385,7 +390,7 @@ class Admission:
         """The worst case (estimate plus declared output) against what is left today."""
         key, limit = budget_for(principal.tenant, principal.quota, hold.facts.model)
         verdict = await self.ports.daily.charge(key, worst, limit)
-        least = max(1, ticket.policy.min_output_tokens)
+        least = max(1, hold.facts.choices, min(ticket.policy.min_output_tokens, hold.output))
         if not verdict.ok and hold.facts.max_output_tokens is None and hold.output:
             # A default bound read against what was left before the gates in between (a
             # concurrent request, another router's spend) is lowered again, not refused.
@@ -397,7 +402,9 @@ class Admission:
         if verdict.remaining is not None:
             ticket.headers_out["X-RateLimit-Remaining-Tokens"] = str(verdict.remaining)
         if not verdict.ok:
-            raise self._refuse(ticket, "daily", _no_budget())
+            raise self._refuse(
+                ticket, "daily", _no_budget(declared=hold.facts.max_output_tokens is not None)
+            )
         hold.budget_key, hold.charged = key, worst if limit > 0 else 0
 
     async def _lower(self, hold: Hold, output: int) -> None:
@@ -464,9 +471,16 @@ def _wait(left: float, needed: float, rate: float) -> int:
     return max(1, math.ceil((needed - left) * 60 / rate))
 
 
-def _no_budget() -> ApiError:
+def _no_budget(declared: bool = True) -> ApiError:
+    if declared:  # the reference's words
+        return ApiError(
+            ErrorCode.TOKEN_LIMIT_EXCEEDED,
+            "insufficient daily token budget for requested max_tokens",
+        )
     return ApiError(
-        ErrorCode.TOKEN_LIMIT_EXCEEDED, "insufficient daily token budget for requested max_tokens"
+        ErrorCode.TOKEN_LIMIT_EXCEEDED,
+        "insufficient daily token budget for the prompt and the least output the request "
+        "can be given (it declares no max_tokens)",
     )
 
 

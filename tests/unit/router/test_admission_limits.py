@@ -100,9 +100,14 @@ async def test_min_output_tokens_refuses_with_the_limit_that_lowered_the_bound()
     await (await daily.send(ticket)).close(Outcome.OK)
     assert ticket.headers_out["X-Hivenet-Output-Bound"] == "196"  # 300 - 104
     assert ticket.job is not None and b'"max_tokens":196' in ticket.job.body
+    refused = daily.ticket(budget, CHAT + b"}")
     with pytest.raises(ApiError) as info:
-        await daily.request(budget, CHAT + b"}")  # 46 left: not even the input fits
+        await daily.send(refused)  # 46 left: not even the input fits
     assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
+    # What is left is said as the budget's refusal of a declared limit says it, and the
+    # message names no field the request did not send (found by a new user).
+    assert refused.headers_out["X-RateLimit-Remaining-Tokens"] == "46"
+    assert "declares no max_tokens" in info.value.message
     assert daily.recorder.refusals() == ["daily"]
 
 

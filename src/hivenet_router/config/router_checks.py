@@ -78,12 +78,17 @@ def _check_sync(cfg: RouterConfig) -> None:
             "--sync-store=valkey needs exactly one of --sync-addr HOST:PORT, "
             "--sync-sentinels HOST:PORT,... or --sync-cluster HOST:PORT,..."
         )
-    for address in (cfg.sync_addr, *cfg.sync_sentinels, *cfg.sync_cluster):
+    named = (
+        [("--sync-addr", cfg.sync_addr)]
+        + [("--sync-sentinels", a) for a in cfg.sync_sentinels]
+        + [("--sync-cluster", a) for a in cfg.sync_cluster]
+    )
+    for flag, address in named:
         if address:
             try:
                 v.host_port(address)
             except ValueError as error:
-                raise ConfigError(f"sync store address: {error}") from None
+                raise ConfigError(f"{flag}: {error}") from None
 
 
 def _check_advertised(address: str) -> None:

@@ -234,6 +234,8 @@ def dial_port(value: str) -> int:
 
 def host_port(value: str) -> ListenAddress:
     """Parse a dial address such as `localhost:50051`."""
+    if ":" not in value:  # listen_address's examples (`:8080`) are no dial addresses
+        raise ValueError(f"{value!r} needs a port (example: router.example.com:50051)")
     address = listen_address(value)
     if not value.rpartition(":")[0]:
         raise ValueError(f"{value!r} needs a host (example: router.example.com:50051)")

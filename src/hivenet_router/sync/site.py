@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import socket
 import time
@@ -216,7 +217,7 @@ class Site:
                 "site store %s (%s): this router admits on its share (1/%d of each budget) "
                 "until it answers",
                 "answered with something unexpected" if kind == "bad_reply" else "unreachable",
-                str(error)[:200],
+                reason(error),
                 self.share(),
             )
 
@@ -235,7 +236,7 @@ class Site:
                 "could not check in the site store that no other router process runs as "
                 "--router-id %s (%s); starting",
                 self.me,
-                str(error)[:200],
+                reason(error),
             )
             return None
 
@@ -587,3 +588,26 @@ class Site:
             self._failed("bad_reply", BadReply(f"grant of {granted} (held {held})"))
             return None
         return Grant(held, granted, acked)
+
+
+# An object's repr inside an error message (`<valkey.asyncio.client.Valkey(<...>)>`), which
+# the store client's errors carry whole and which said nothing an operator could use.
+_REPR = re.compile(r"<[^<>]*>")
+REASON_CHARS = 300
+
+
+def reason(error: BaseException) -> str:
+    """An error in words for the log: its message without the reprs of the objects it
+    names, and the error that caused it where that says more (its "connection refused"
+    came after 200 characters of client repr, and a cut at 200 left it out)."""
+    parts: list[str] = []
+    seen: BaseException | None = error
+    while seen is not None and len(parts) < 3:
+        text = str(seen) or type(seen).__name__
+        while (shorter := _REPR.sub("...", text)) != text:
+            text = shorter
+        text = " ".join(text.split())
+        if text and all(text not in part for part in parts):
+            parts.append(text)
+        seen = seen.__cause__ or seen.__context__
+    return "; ".join(parts)[:REASON_CHARS]

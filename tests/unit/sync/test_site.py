@@ -498,3 +498,21 @@ async def test_after_an_outage_a_router_writes_its_totals_again(make: Maker, flu
     await rounds(a)  # and today's totals go out again
     again = valkey_client.hget(name, "a")
     assert again is not None and int(again) == 40
+
+
+def test_a_store_error_in_the_log_says_its_cause_not_the_clients_repr() -> None:
+    """Wrong Sentinel addresses logged 200 characters of the client's repr and were cut
+    before "connection refused" (found by a new user)."""
+    from hivenet_router.sync.site import REASON_CHARS, reason
+
+    pool = "<Valkey(<ConnectionPool(<Connection(host=127.0.0.1,port=1,db=0)>)>)>" * 3
+    try:
+        try:
+            raise OSError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+        except OSError as cause:
+            raise RuntimeError(f"No master found for 'hivenet' : {pool} - see below") from cause
+    except RuntimeError as error:
+        said = reason(error)
+    assert "Connection(" not in said and "Connection refused" in said
+    assert said.startswith("No master found for 'hivenet' : ...")
+    assert len(reason(RuntimeError("x" * 1000))) == REASON_CHARS

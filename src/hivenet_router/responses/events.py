@@ -19,8 +19,8 @@ from typing import Any, Final
 
 import orjson
 
-from hivenet_router.responses.request import new_id
-from hivenet_router.responses.translate import INCOMPLETE, finish, text_part, usage
+from hivenet_router.responses.request import namespaced, new_id
+from hivenet_router.responses.translate import INCOMPLETE, finish, name_call, text_part, usage
 
 _CARRY_MAX = 1 << 22  # an event split across chunks kept up to this, then dropped
 
@@ -144,6 +144,8 @@ class StreamShape:
         self._items: list[dict[str, Any]] = []
         self._current: dict[str, Any] | None = None  # the open message or reasoning item
         self._calls: dict[int, dict[str, Any]] = {}  # open function calls by chat index
+        # The functions that came in a namespace, by the name the engine calls them.
+        self._grouped = namespaced(base["tools"]) if base.get("tools") else {}
         self._reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._parts = (b"", b"", b"")  # the open item's delta event bytes (_delta_parts)
@@ -458,12 +460,16 @@ class StreamShape:
                 "arguments": "",
                 "status": "in_progress",
             }
+            if self._grouped:
+                name_call(shown, self._grouped)
             item = {**shown, "_index": len(self._items), "_text": []}
             self._items.append(item)
             self._calls[index] = item
             self._event(out, "response.output_item.added", output_index=item["_index"], item=shown)
         elif isinstance(function.get("name"), str) and not item["name"]:
             item["name"] = function["name"]
+            if self._grouped:
+                name_call(item, self._grouped)
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
             item["_text"].append(arguments)

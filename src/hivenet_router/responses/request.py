@@ -316,6 +316,7 @@ def _part(part: Any, where: str) -> dict[str, Any]:
 
 
 # What a client that sends a hosted tool by default can do about it.
+CLIENT_RUN = frozenset({"custom"})  # tools the client runs that are not functions
 HOSTED_HINTS = {
     "web_search": ' (Codex CLI: set web_search = "disabled" in its config.toml)',
 }
@@ -329,37 +330,68 @@ def function_tools(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise invalid("tools: expected a list", "tools")
     tools: list[dict[str, Any]] = []
-    named: set[str] = set()
+    places: list[str] = []
 
-    def add(tool: Any, where: str) -> None:
+    def add(tool: Any, where: str, namespace: str | None = None) -> None:
         checked = _function_tool(tool, where)
-        if checked["name"] in named:  # the engine could not tell which one a call means
-            raise refused(f"{where}.name: another function tool has this name", f"{where}.name")
-        named.add(checked["name"])
-        tools.append(checked)
+        tools.append(checked if namespace is None else {**checked, "namespace": namespace})
+        places.append(where)
 
     for i, tool in enumerate(value):
         where = f"tools[{i}]"
         if isinstance(tool, dict) and tool.get("type") == "namespace":
+            namespace = tool.get("name")
+            if not isinstance(namespace, str) or not namespace:
+                raise invalid(f"{where}.name: expected the namespace's name", f"{where}.name")
             inner = tool.get("tools")
             if not isinstance(inner, list):
                 raise invalid(f"{where}.tools: expected a list of tools", f"{where}.tools")
             for j, one in enumerate(inner):
-                add(one, f"{where}.tools[{j}]")
+                add(one, f"{where}.tools[{j}]", namespace)
         else:
             add(tool, where)
+    seen: set[str] = set()
+    for tool, where in zip(tools, places, strict=True):
+        name = engine_name(tools, tool.get("namespace"), tool["name"])
+        if name in seen:  # the engine could not tell which one a call means
+            raise refused(f"{where}.name: another function tool has this name", f"{where}.name")
+        seen.add(name)
     return tools
+
+
+def engine_name(tools: list[dict[str, Any]], namespace: str | None, name: str) -> str:
+    """The name a function has for the engine, which knows no namespaces: its own, unless
+    functions of several namespaces (or one outside any) share it, then
+    `{namespace}__{name}` (two MCP servers' `search`, as Codex sends them)."""
+    if namespace is None or sum(tool["name"] == name for tool in tools) < 2:
+        return name
+    return f"{namespace}__{name}"
+
+
+def namespaced(tools: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """The functions that came in a namespace, by the name the engine calls them:
+    (namespace, name), what a call item names back to the client (Codex runs an MCP
+    server's tool only by its namespace)."""
+    return {
+        engine_name(tools, tool["namespace"], tool["name"]): (tool["namespace"], tool["name"])
+        for tool in tools
+        if tool.get("namespace") is not None
+    }
 
 
 def _function_tool(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
         raise invalid(f"{where}: expected a tool object with a type", where)
     if tool["type"] != "function":
+        if tool["type"] in CLIENT_RUN:
+            # Run by the client, but a grammar or freeform text chat engines cannot take.
+            what = f"tool {tool['type']!r} (a freeform tool the client runs) has no chat form"
+        else:
+            what = f"tool {tool['type']!r} is a hosted tool this router cannot run"
         hint = HOSTED_HINTS.get(tool["type"], "")
         raise ApiError(
             ErrorCode.UNSUPPORTED_TOOL,
-            f"tool {tool['type']!r} is a hosted tool this router cannot run; only "
-            f"function tools (run by the client) are supported{hint}",
+            f"{what}; only function tools (run by the client) are supported{hint}",
             param=f"{where}.type",
         )
     name = tool.get("name")

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import orjson
 
-from hivenet_router.responses.request import ResponsesRequest, new_id
+from hivenet_router.responses.request import ResponsesRequest, engine_name, namespaced, new_id
 
 # Chat finish reasons that end a Response short of its end, and the reason it then gives.
 INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -50,8 +50,13 @@ def _output(value: Any) -> str:
     return "\n".join(p.get("text", "") for p in value if isinstance(p, dict))
 
 
-def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chat messages for a conversation's items."""
+def messages(
+    instructions: str | None,
+    items: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """The chat messages for a conversation's items; a call of a namespace's function is
+    named as the engine knows it among `tools` (request.engine_name)."""
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
@@ -66,10 +71,13 @@ def messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict
             else:
                 out.append({"role": role, "content": content})
         elif kind == "function_call":
+            name = item["name"]
+            if tools and item.get("namespace") is not None:
+                name = engine_name(tools, item["namespace"], name)
             call = {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
+                "function": {"name": name, "arguments": item["arguments"]},
             }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
@@ -95,10 +103,20 @@ def _chat_tools(request: ResponsesRequest) -> tuple[list[dict[str, Any]], Any]:
         tools = [tool for tool in tools if tool["name"] in allowed]
         choice = choice["mode"]
     elif isinstance(choice, dict):
-        choice = {"type": "function", "function": {"name": choice["name"]}}
+        wanted = choice.get("namespace")
+        namespace = next(
+            (
+                t.get("namespace")
+                for t in tools
+                if t["name"] == choice["name"] and wanted in (None, t.get("namespace"))
+            ),
+            None,
+        )
+        called = engine_name(request.tools, namespace, choice["name"])
+        choice = {"type": "function", "function": {"name": called}}
     chat = []
     for tool in tools:
-        function = {"name": tool["name"]}
+        function = {"name": engine_name(request.tools, tool.get("namespace"), tool["name"])}
         for name in ("description", "parameters", "strict"):
             if tool.get(name) is not None:
                 function[name] = tool[name]
@@ -124,7 +142,7 @@ def chat_body(request: ResponsesRequest, history: list[dict[str, Any]]) -> bytes
     raw = request.raw
     chat: dict[str, Any] = {
         "model": request.model,
-        "messages": messages(request.instructions, [*history, *request.items]),
+        "messages": messages(request.instructions, [*history, *request.items], request.tools),
         "stream": request.stream,
     }
     if request.max_output_tokens is not None:
@@ -185,6 +203,7 @@ def skeleton(request: ResponsesRequest, response_id: str) -> dict[str, Any]:
                 "description": tool.get("description"),
                 "parameters": tool.get("parameters"),
                 "strict": tool.get("strict"),
+                **({"namespace": tool["namespace"]} if "namespace" in tool else {}),
             }
             for tool in request.tools
         ],
@@ -276,20 +295,29 @@ def response_from_chat(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
                 "content": [text_part(content)],
             }
         )
+    grouped = namespaced(base["tools"]) if calls and base["tools"] else {}
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             continue
-        output.append(
-            {
-                "type": "function_call",
-                "id": new_id("fc"),
-                "call_id": _text_or(call.get("id"), new_id("call")),
-                "name": _text_or(function.get("name"), ""),
-                "arguments": _text_or(function.get("arguments"), ""),
-                "status": "completed",
-            }
-        )
+        item = {
+            "type": "function_call",
+            "id": new_id("fc"),
+            "call_id": _text_or(call.get("id"), new_id("call")),
+            "name": _text_or(function.get("name"), ""),
+            "arguments": _text_or(function.get("arguments"), ""),
+            "status": "completed",
+        }
+        output.append(name_call(item, grouped))
     response["output"] = output
     finish(response, reason, usage(chat.get("usage")))
     return response
+
+
+def name_call(item: dict[str, Any], grouped: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """A function call item as the client named the function: with its namespace, and
+    the name it has there, for one of a namespace's functions (request.namespaced)."""
+    found = grouped.get(item["name"])
+    if found is not None:
+        item["namespace"], item["name"] = found
+    return item

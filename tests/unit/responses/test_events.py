@@ -326,3 +326,36 @@ def test_a_character_cut_between_two_tokens_is_read_as_when_parsed() -> None:
                 outs.append(shape(head + b"\n\n") + shape(rest) + shape.flush())
         assert outs[0] == outs[1]
         assert b'"delta":"x"' in outs[0] and b"\xc3" not in outs[0]
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_streamed_call_of_a_namespaces_function_names_its_namespace(late: bool) -> None:
+    """As a whole answer's (test_translate): Codex runs an MCP tool's call only by its
+    namespace; the name may come with the call's first delta or a later one."""
+    namespace = {
+        "type": "namespace",
+        "name": "mcp__docs",
+        "tools": [{"type": "function", "name": "search"}],
+    }
+    body = {"model": "m", "input": "x", "tools": [namespace]}
+    request = parse(orjson.dumps(body))
+    first: dict[str, Any] = {"index": 0, "id": "c", "function": {"arguments": ""}}
+    if not late:
+        first["function"]["name"] = "search"
+    second: dict[str, Any] = {"index": 0, "function": {"arguments": "{}"}}
+    if late:
+        second["function"]["name"] = "search"
+    chat = _sse(
+        _delta(tool_calls=[first]),
+        _delta(tool_calls=[second]),
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    )
+    shape = StreamShape(skeleton(request, "resp_1"), lambda r, _: None)
+    events = _read(shape(chat) + shape.flush())
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [(i["namespace"], i["name"]) for i in done] == [("mcp__docs", "search")]
+    final = events[-1]["response"]["output"][0]
+    assert (final["namespace"], final["name"], final["arguments"]) == ("mcp__docs", "search", "{}")
+    if not late:
+        added = next(e for e in events if e["type"] == "response.output_item.added")
+        assert added["item"]["namespace"] == "mcp__docs"

@@ -308,3 +308,57 @@ def test_a_request_without_the_rare_fields_reads_as_with_every_check(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(request_module, "_RARE", frozenset(["model", "input", *_FIELDS]))
         assert _parsed(body) == skipping
+
+
+def _namespace(name: str, *functions: str) -> dict[str, Any]:
+    tools = [{"type": "function", "name": f, "parameters": {"type": "object"}} for f in functions]
+    return {"type": "namespace", "name": name, "tools": tools}
+
+
+def test_a_namespaces_functions_go_to_the_engine_and_their_calls_come_back_in_it() -> None:
+    """Codex sends an MCP server's tools in a namespace and runs a call only by it: a call
+    that came back without its namespace was "unsupported call: search", and two servers'
+    `search` were refused (found by a new user). The engine, which knows no namespaces,
+    gets a shared name qualified."""
+    body = {
+        "input": "x",
+        "tools": [
+            _namespace("mcp__docs", "search", "fetch"),
+            _namespace("mcp__code", "search"),
+            {"type": "function", "name": "shell"},
+        ],
+    }
+    chat = _chat(body)
+    sent = [tool["function"]["name"] for tool in chat["tools"]]
+    assert sent == ["mcp__docs__search", "fetch", "mcp__code__search", "shell"]
+    request = parse(orjson.dumps({"model": "m", **body}))
+    calls = [
+        {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        for n, name in enumerate(["mcp__code__search", "fetch", "shell"])
+    ]
+    answer = {"choices": [{"finish_reason": "tool_calls", "message": {"tool_calls": calls}}]}
+    output = response_from_chat(skeleton(request, "resp_1"), answer)["output"]
+    named = [(item.get("namespace"), item["name"]) for item in output]
+    assert named == [("mcp__code", "search"), ("mcp__docs", "fetch"), (None, "shell")]
+    # The call and its output sent back (as Codex does): the engine sees its own names.
+    history = [
+        {
+            "type": "function_call",
+            "call_id": "c0",
+            "namespace": "mcp__code",
+            "name": "search",
+            "arguments": "{}",
+        },
+        {"type": "function_call_output", "call_id": "c0", "output": "found"},
+    ]
+    again = _chat({**body, "input": history})
+    assert again["messages"][0]["tool_calls"][0]["function"]["name"] == "mcp__code__search"
+    # tool_choice may name a namespace's function.
+    choice = {"type": "function", "name": "search", "namespace": "mcp__code"}
+    forced = _chat({**body, "tool_choice": choice})
+    assert forced["tool_choice"] == {"type": "function", "function": {"name": "mcp__code__search"}}
+
+
+def test_one_namespace_naming_a_function_twice_is_refused() -> None:
+    with pytest.raises(ApiError, match="another function tool has this name"):
+        _chat({"input": "x", "tools": [_namespace("mcp__docs", "search", "search")]})

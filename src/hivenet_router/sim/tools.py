@@ -100,9 +100,15 @@ def _instance(schema: Any) -> bytes:
 
 def _prompted(body: dict[str, Any]) -> str | None:
     """The tool a conversation's last message asks for with `[call:NAME]`, when that message
-    is the user's own (not a tool's result)."""
+    is the user's own (not a tool's result). System messages after it do not count: Claude
+    Code ends its messages with one."""
     messages = body.get("messages")
-    last = messages[-1] if isinstance(messages, list) and messages else None
+    turns = [
+        m
+        for m in (messages if isinstance(messages, list) else [])
+        if not (isinstance(m, dict) and m.get("role") == "system")
+    ]
+    last = turns[-1] if turns else None
     if not isinstance(last, dict) or last.get("role") != "user":
         return None
     content = last.get("content")

@@ -48,6 +48,20 @@ def test_only_a_forced_choice_calls_a_tool() -> None:
     assert forced_call({"tools": anthropic_tools}, anthropic=True) is None
 
 
+def test_a_call_asked_for_in_the_users_last_message_counts_past_system_messages() -> None:
+    """Claude Code ends its messages with a system one, so `[call:Glob]` in the user's
+    last message never called the tool (found by a new user)."""
+    tools = [{"name": "Glob", "input_schema": SCHEMA}]
+    asked = {"role": "user", "content": [{"type": "text", "text": "List files. [call:Glob]"}]}
+    after = {"role": "system", "content": "Be brief."}
+    call = forced_call({"tools": tools, "messages": [asked, after]}, anthropic=True)
+    assert call is not None and call[0] == "Glob"
+    answered = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}
+    assert (
+        forced_call({"tools": tools, "messages": [asked, answered, after]}, anthropic=True) is None
+    )
+
+
 def test_structured_answers_and_pieces() -> None:
     shaped = structured(
         {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}}

@@ -81,11 +81,18 @@ class CodexRun:
 
 
 def run_codex(
-    program: Path, home: Path, base_url: str, model: str, key: str, prompt: str
+    program: Path,
+    home: Path,
+    base_url: str,
+    model: str,
+    key: str,
+    prompt: str,
+    extra_config: str = "",
 ) -> CodexRun:
-    """One headless `codex exec` in `home` (its CODEX_HOME and working folder)."""
+    """One headless `codex exec` in `home` (its CODEX_HOME and working folder);
+    `extra_config` is appended to its config.toml (an MCP server, say)."""
     home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text(codex_config(base_url, model))
+    (home / "config.toml").write_text(codex_config(base_url, model) + extra_config)
     last = home / "last-message.txt"
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

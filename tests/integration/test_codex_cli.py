@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,8 +73,29 @@ def test_codex_gets_an_answer_through_the_router(make_cluster: Cluster, tmp_path
     assert commands, tool_turn.events
     assert tool_turn.last_message.strip()
     assert any(e.get("type") == "turn.completed" for e in tool_turn.events)
+    # An MCP server's tool: Codex sends it in a namespace and runs a call of it only by
+    # that namespace, which the router gives back (it did not: "unsupported call").
+    calls = tmp_path / "mcp-calls.jsonl"
+    server = Path(__file__).resolve().parent.parent / "data" / "mcp_search.py"
+    mcp = (
+        "\n[mcp_servers.docs]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = [{json.dumps(str(server))}, {json.dumps(str(calls))}]\n"
+        'default_tools_approval_mode = "approve"\n'  # exec asks nobody: run it
+    )
+    mcp_turn = run_codex(
+        program, tmp_path / "home3", router.url, MODEL, KEY, "Search the docs. [call:search]", mcp
+    )
+    assert mcp_turn.returncode == 0 and not mcp_turn.failed(), mcp_turn.events
+    assert calls.exists(), (mcp_turn.events, mcp_turn.stderr[-2000:])
+    assert "unsupported call" not in mcp_turn.stderr
+    ran = [
+        e["item"] for e in mcp_turn.events
+        if e.get("type") == "item.completed" and e["item"].get("type") == "mcp_tool_call"
+    ]  # fmt: skip
+    assert [(i["server"], i["tool"], i["status"]) for i in ran] == [("docs", "search", "completed")]
     text = router.metrics()
-    assert (metric(text, "hivenet_tenant_requests_success_total", tenant_id="codex") or 0) >= 3
+    assert (metric(text, "hivenet_tenant_requests_success_total", tenant_id="codex") or 0) >= 5
     assert metric(text, "hivenet_tenant_requests_failed_total", tenant_id="codex") is None
 
 

@@ -1,6 +1,10 @@
 """`make run`: a router, one agent and one engine simulator on loopback, in the foreground.
 
-Ctrl-C stops all three. State (the shared secret, the agent identity) lives in .run/.
+Ctrl-C stops all three. State (the shared secret, the agent identity) lives in .run/, or
+in HIVENET_RUN_STATE. The ports are the router's defaults, each one's own variable moves
+it (a second `make run` on a shared machine): HIVENET_RUN_HTTP_PORT (8080),
+HIVENET_RUN_ENGINE_PORT (8888), HIVENET_RUN_GRPC_PORT (50051), HIVENET_RUN_METRICS_PORT
+(2112), HIVENET_RUN_P2P_PORT (9000).
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STATE = ROOT / ".run"
+STATE = Path(os.environ.get("HIVENET_RUN_STATE", ROOT / ".run"))
 BIN = Path(sys.executable).parent
 HTTP = os.environ.get("HIVENET_RUN_HTTP_PORT", "8080")
 MODEL = os.environ.get("HIVENET_RUN_MODEL", "sim-model")
-ENGINE_PORT = 8888
+ENGINE_PORT = int(os.environ.get("HIVENET_RUN_ENGINE_PORT", "8888"))
+GRPC = os.environ.get("HIVENET_RUN_GRPC_PORT", "50051")
+METRICS = os.environ.get("HIVENET_RUN_METRICS_PORT", "2112")
+P2P = os.environ.get("HIVENET_RUN_P2P_PORT", "9000")
 # The engine as agentic clients need it: Claude Code, Codex CLI and opencode send about
 # 19,000 tokens of tools and system prompt and ask for up to 32,000 output tokens, which
 # the simulator's default 8,192-token context refuses (400 context_length_exceeded). A
@@ -54,7 +61,7 @@ def engine_command(port: int = ENGINE_PORT, model: str = MODEL) -> list[str]:
 
 
 def _secret() -> Path:
-    STATE.mkdir(exist_ok=True)
+    STATE.mkdir(parents=True, exist_ok=True)
     path = STATE / "jwt.secret"
     if not path.exists():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -94,11 +101,11 @@ def main() -> int:
             "--http-port",
             f"127.0.0.1:{HTTP}",
             "--grpc-port",
-            "127.0.0.1:50051",
+            f"127.0.0.1:{GRPC}",
             "--metrics-port",
-            "127.0.0.1:2112",
+            f"127.0.0.1:{METRICS}",
             "--p2p-port",
-            "9000",
+            P2P,
             "--jwt-secret-file",
             str(secret),
             "--disk-db-path",
@@ -113,7 +120,7 @@ def main() -> int:
             "--backend-url",
             f"http://127.0.0.1:{ENGINE_PORT}",
             "--router-grpc",
-            "127.0.0.1:50051",
+            f"127.0.0.1:{GRPC}",
             "--jwt-secret-file",
             str(secret),
             "--identity-path",
@@ -143,7 +150,8 @@ def main() -> int:
             f"  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             f"    -d '{body}'\n\n"
             f"Admin:   curl -H 'Authorization: Bearer {admin}' {base}/admin/health\n"
-            f"Metrics: http://127.0.0.1:2112/metrics   Audit records: {STATE / 'audit.jsonl'}\n"
+            f"Metrics: http://127.0.0.1:{METRICS}/metrics   "
+            f"Audit records: {STATE / 'audit.jsonl'}\n"
             "Stop: Ctrl-C\n",
             flush=True,
         )

@@ -270,6 +270,15 @@ def parse(route: str, body: bytes) -> RequestFacts:
     except RecursionError:
         # msgspec follows nesting on the C stack; past Python's limit it gives up here.
         raise ApiError(ErrorCode.REQUEST_INVALID, "JSON is nested too deeply") from None
+    if not body.isascii():
+        # The decoder checks only the strings it reads: bytes that are not UTF-8 in any
+        # other field went to the engine as they came.
+        try:
+            body.decode()
+        except UnicodeDecodeError as bad:
+            raise ApiError(
+                ErrorCode.REQUEST_INVALID, f"malformed JSON: not UTF-8 at byte {bad.start}"
+            ) from None
     stream = bool(getattr(decoded, "stream", None))
     # As the engines read them: max_completion_tokens, unless it is absent or 0, in which
     # case max_tokens (absent: undeclared).

@@ -156,6 +156,17 @@ def test_n_is_bounded_as_openai_bounds_it(route: str) -> None:
     assert info.value.message == f"n must be at most {MAX_CHOICES}"
 
 
+def test_bytes_that_are_not_utf8_are_refused_in_any_field() -> None:
+    """The decoder checks only the fields it reads: `user` went to the engine as it came
+    (found by a new user)."""
+    head = b'{"model": "m", "messages": [{"role": "user", "content": "q"}], "user": "'
+    with pytest.raises(ApiError) as info:
+        parse(CHAT, head + b'\xff\xfe"}')
+    assert info.value.code is ErrorCode.REQUEST_INVALID
+    assert info.value.message == f"malformed JSON: not UTF-8 at byte {len(head)}"
+    assert parse(CHAT, head + "é 中".encode() + b'"}').model == "m"
+
+
 def _repeat(head: bytes, item: bytes, count: int, tail: bytes) -> bytes:
     return head + b",".join([item] * count) + tail
 

@@ -72,6 +72,9 @@ class ClientConnection(asyncio.Protocol):
         # POST): the parser takes what follows that head for the other protocol, so these
         # bytes are read here instead (_Body), and the request is answered as HTTP/1.1.
         self._offered_body = 0
+        # A refusal owed to what followed a request still being answered (garbage, or a
+        # head too large, pipelined behind it): written after that answer, then close.
+        self._owed: tuple[int, str] | None = None
         self._in_head = False
         self._reading: Request | None = None  # the request whose body is being parsed
         # answering
@@ -319,7 +322,8 @@ class ClientConnection(asyncio.Protocol):
             reading._fail(BodyError("request body could not be read: the transfer is broken"))
             self._no_more()
         elif self._current is not None:
-            self._no_more()  # garbage after a request: answer it, then close
+            self._no_more()  # garbage after a request: answer it, refuse this, then close
+            self._owed = (400, "malformed HTTP request")
         else:
             self._refuse(400, "malformed HTTP request")
 
@@ -345,6 +349,8 @@ class ClientConnection(asyncio.Protocol):
             self._reading._fail(BodyError(f"request body could not be read: {message}"))
         if self._current is not None:
             self._current.keep_alive = False
+            if self._reading is None:  # a pipelined request's head: refused after it
+                self._owed = (status, message)
             return
         body = self._server.error_page(status, message)
         self.write(head(status, {"Content-Type": "application/json"}, len(body), True) + body)
@@ -397,6 +403,13 @@ class ClientConnection(asyncio.Protocol):
         self._current = None
         self._task = None
         if (isinstance(answer, Response) and answer.close) or not self._reusable(request):
+            owed, self._owed = self._owed, None
+            if owed is not None:
+                status, message = owed
+                body = self._server.error_page(status, message)
+                self.write(
+                    head(status, {"Content-Type": "application/json"}, len(body), True) + body
+                )
             self._linger()
             return
         self.idle_since = self._loop.time()

@@ -458,9 +458,13 @@ async def test_one_huge_header_behind_a_pipelined_request_closes_the_connection(
     _, _, connect = served
     client = await connect()
     client[1].write(b"GET /q HTTP/1.1\r\nHost: h\r\n\r\nGET /big HTTP/1.1\r\nX-Big: " + b"x" * 5000)
-    # The request in progress is answered, then the connection closes: the refused one is
-    # never answered on it (a client retries it on a new connection, and gets its 431).
-    assert (await last_answer(client))[1] == b"GET /q {} "
+    # The request in progress is answered, then the refused one gets its 431, and the
+    # connection closes.
+    status, _, body = await answer(client[0])
+    assert status == b"HTTP/1.1 200 OK" and body == b"GET /q {} "
+    assert (await answer(client[0]))[0].startswith(b"HTTP/1.1 431")
+    assert await closed(client[0])
+    client[1].close()
 
 
 async def test_a_pipelined_request_whose_body_arrives_later_is_answered(served: Served) -> None:
@@ -565,4 +569,23 @@ async def test_an_upgrade_offered_with_a_body_is_ignored_and_the_body_read(
         writer.write(b'{"x": 1}')
     status, _, body = await answer(reader)
     assert status == b"HTTP/1.1 200 OK" and body == b'POST /echo {} {"x": 1}'
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "after", [b"GARBAGE\r\n\r\n", b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", b"GET /" + b"a" * 4000]
+)
+async def test_what_cannot_be_parsed_behind_a_request_is_refused_after_its_answer(
+    served: Served, after: bytes
+) -> None:
+    """A valid request with garbage (or an oversized head) pipelined behind it got its
+    answer, then the connection closed with no word on the rest (found by a new user)."""
+    _, _, connect = served
+    reader, writer = await connect()
+    writer.write(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n" + after)
+    status, _, body = await answer(reader)
+    assert status == b"HTTP/1.1 200 OK" and body.startswith(b"GET /first")
+    status, headers, _ = await answer(reader)
+    assert status in (b"HTTP/1.1 400 Bad Request", b"HTTP/1.1 431 Request Header Fields Too Large")
+    assert headers.get("connection") == "close"
     writer.close()

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from valkey.exceptions import ValkeyError
+from valkey.exceptions import AuthenticationError, AuthorizationError, ValkeyError
 
 from hivenet_router.clock import Clock
 from hivenet_router.config.router import RouterConfig
@@ -102,6 +102,7 @@ class Site:
         # with (None for an agent that does not say). Set by the wiring.
         self.reports: Callable[[], list[tuple[str, ...] | None]] = list
         self._outage_logged = False
+        self._refused_said = -REFUSED_SAID_EVERY  # when a refusal of credentials was last said
         self.settle_window = config.request_timeout + SETTLE_MARGIN
         self.rates = SiteRates(clock, self.share, config.rpm_burst_seconds)
         self.input_rates = SiteRates(clock, self.share)
@@ -198,6 +199,9 @@ class Site:
         except BadReply as error:
             self._failed("bad_reply", error)
             return False
+        except (AuthenticationError, AuthorizationError) as error:
+            self._failed("refused", error)
+            return False
         except (ValkeyError, OSError, TimeoutError) as error:
             self._failed("unreachable", error)
             return False
@@ -211,6 +215,21 @@ class Site:
         self.health.error(kind)
         self.synced = False
         self._missed = True
+        if kind == "refused":
+            # Not an outage that ends by itself: the store turned this router's credentials
+            # down (a wrong --sync-password-file, a user without the rights). Said at ERROR,
+            # once a minute, for as long as it lasts.
+            now = time.monotonic()
+            if now - self._refused_said >= REFUSED_SAID_EVERY:
+                self._refused_said = now
+                log.error(
+                    "site store refuses this router's credentials (%s): check "
+                    "--sync-password-file and the store's user; until then this router "
+                    "admits on its share (1/%d of each budget)",
+                    reason(error),
+                    self.share(),
+                )
+            return
         if not self._outage_logged:
             self._outage_logged = True
             log.warning(
@@ -594,6 +613,7 @@ class Site:
 # the store client's errors carry whole and which said nothing an operator could use.
 _REPR = re.compile(r"<[^<>]*>")
 REASON_CHARS = 300
+REFUSED_SAID_EVERY = 60.0  # seconds between the lines on a store refusing the credentials
 
 
 def reason(error: BaseException) -> str:

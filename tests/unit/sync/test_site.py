@@ -254,6 +254,35 @@ async def test_garbage_from_the_store_is_an_error_not_a_permission(make: Maker) 
         server.close()
 
 
+@pytest.mark.parametrize(
+    "refusal", [b"-NOAUTH Authentication required.\r\n", b"-WRONGPASS invalid password\r\n"]
+)
+async def test_a_store_refusing_the_credentials_is_said_at_error_until_it_stops(
+    make: Maker, refusal: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong password file ran as an outage: one WARNING, and nothing after (found by a
+    new user). It is a mistake to fix: an ERROR naming the flag, once a minute."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            writer.write(refusal)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        locked = make("a", addr=f"127.0.0.1:{port}")
+        assert not await locked._quietly(locked.round())
+        assert not await locked._quietly(locked.round())
+        assert locked.health.errors.get("refused") == 2
+        said = [r for r in caplog.records if "refuses this router's credentials" in r.message]
+        assert len(said) == 1 and said[0].levelname == "ERROR"
+        assert "--sync-password-file" in said[0].message
+    finally:
+        server.close()
+
+
 async def test_a_router_no_agent_reaches_is_given_up_after_its_heartbeat_stops(
     make: Maker, flushed: str
 ) -> None:

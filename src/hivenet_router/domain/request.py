@@ -26,6 +26,10 @@ class RequestFacts:
     prompt: tuple[str, ...] = ()
     # `n` (times the prompts of a completions batch): answers, each up to max_tokens
     choices: int = 1
+    # A limit field the router did not count is in the body (`n_predict: -1` beside a
+    # `max_tokens` it counted, say): the output bound must be written in even where it
+    # equals what was counted, or the engine reads that field as no limit.
+    loose_limit: bool = False
 
 
 @dataclass(frozen=True, slots=True)

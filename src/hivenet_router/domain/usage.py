@@ -62,11 +62,23 @@ def _int(value: Any) -> int:
 def _from_usage(usage: Any) -> tuple[int, int] | None:
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    if "prompt_tokens" in usage:
+        prompt = usage["prompt_tokens"]  # a null count is the count given: no fallback
+    else:
+        prompt = usage.get("input_tokens")
+        if prompt is not None and (_CACHE_READ in usage or _CACHE_WRITE in usage):
+            # Anthropic's input_tokens leaves out what the prompt cache read or wrote,
+            # which OpenAI's prompt_tokens includes: a resent conversation counted only
+            # its new tokens (found by a new user on llama.cpp).
+            prompt = _int(prompt) + _int(usage.get(_CACHE_READ)) + _int(usage.get(_CACHE_WRITE))
     completion = usage.get("completion_tokens", usage.get("output_tokens"))
     if prompt is None and completion is None:
         return None
     return _int(prompt), _int(completion)
+
+
+_CACHE_READ = "cache_read_input_tokens"
+_CACHE_WRITE = "cache_creation_input_tokens"
 
 
 class _Whole(msgspec.Struct):

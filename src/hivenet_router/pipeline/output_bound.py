@@ -38,7 +38,11 @@ def apply_bound(ticket: Ticket, bound: int) -> None:
     facts = ticket.facts
     ticket.put(OUTPUT_BOUND, bound)
     ticket.headers_out[HEADER] = str(bound)
-    if ticket.job is not None and facts is not None and bound != facts.max_output_tokens:
+    if (
+        ticket.job is not None
+        and facts is not None
+        and (bound != facts.max_output_tokens or facts.loose_limit)
+    ):
         ticket.job = with_bound(ticket.job, max(1, bound // facts.choices))
 
 

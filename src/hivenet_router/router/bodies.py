@@ -282,11 +282,21 @@ def parse(route: str, body: bytes) -> RequestFacts:
     stream = bool(getattr(decoded, "stream", None))
     # As the engines read them: max_completion_tokens, unless it is absent or 0, in which
     # case max_tokens (absent: undeclared).
-    newer = _declared(getattr(decoded, "max_completion_tokens", None), "max_completion_tokens")
-    max_out = newer if newer else _declared(getattr(decoded, "max_tokens", None), "max_tokens")
-    alias = _counted(getattr(decoded, "n_predict", None))
+    given = getattr(decoded, "max_completion_tokens", None)
+    newer = _declared(given, "max_completion_tokens")
+    plain = getattr(decoded, "max_tokens", None)
+    older = _declared(plain, "max_tokens")
+    max_out = newer if newer else older
+    raw_alias = getattr(decoded, "n_predict", None)
+    alias = _counted(raw_alias)
     if alias is not None:
         max_out = alias if max_out is None else max(max_out, alias)
+    # A field present that was not counted: an engine may read it as no limit at all.
+    loose = (
+        (given is not None and newer is None)
+        or (plain is not None and older is None)
+        or (raw_alias is not None and alias is None)
+    )
     # Every prompt of a batch gets its `n` answers, each up to the limit.
     n = _declared(getattr(decoded, "n", None), "n") or 1
     if n > MAX_CHOICES:
@@ -308,6 +318,7 @@ def parse(route: str, body: bytes) -> RequestFacts:
         tally.images,
         tuple(tally.pieces),
         choices,
+        loose,
     )
 
 

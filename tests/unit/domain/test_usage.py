@@ -50,6 +50,37 @@ def test_usage_is_read_from_the_top_level_key_only() -> None:
         assert got == expected, body
 
 
+def test_anthropic_input_counts_what_the_prompt_cache_read_and_wrote() -> None:
+    """Anthropic's input_tokens leaves the cache out, OpenAI's prompt_tokens does not: on
+    /v1/messages a resent conversation counted only its new tokens (found by a new user
+    on llama.cpp: 5 counted of 312)."""
+    cases = {
+        b'{"usage": {"input_tokens": 5, "cache_read_input_tokens": 307, "output_tokens": 2}}': (
+            312,
+            2,
+        ),
+        b'{"usage": {"input_tokens": 5, "cache_creation_input_tokens": 10,'
+        b' "cache_read_input_tokens": 0, "output_tokens": 2}}': (15, 2),
+        b'{"usage": {"input_tokens": 5, "cache_read_input_tokens": null, "output_tokens": 1}}': (
+            5,
+            1,
+        ),
+        # OpenAI's prompt_tokens already holds its cached tokens
+        b'{"usage": {"prompt_tokens": 9, "cache_read_input_tokens": 7, "completion_tokens": 1}}': (
+            9,
+            1,
+        ),
+    }
+    for body, expected in cases.items():
+        usage = from_body(body)
+        assert usage is not None and (usage.input_tokens, usage.output_tokens) == expected, body
+    start = (
+        b'event: message_start\ndata: {"type": "message_start", "message": {"usage": '
+        b'{"input_tokens": 5, "cache_read_input_tokens": 307, "output_tokens": 1}}}\n\n'
+    )
+    assert stream_input_tokens(start) == 312
+
+
 def test_usage_members_are_read_as_they_are_named() -> None:
     cases = {
         # a null count is the count given: it does not fall back to the other name

@@ -5,6 +5,7 @@ buckets that go into debt with exact usage. Time is a ManualClock the tests move
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -172,3 +173,25 @@ async def test_every_choice_gets_a_token_of_the_bound_or_the_request_is_refused(
     await (await small.send(ticket)).close(Outcome.OK)
     assert ticket.headers_out["X-Hivenet-Output-Bound"] == "5"
     assert ticket.job is not None and b'"max_tokens":1' in ticket.job.body
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        b'"max_tokens": 5, "n_predict": -1',
+        b'"max_completion_tokens": 5, "max_tokens": -1, "n_predict": -1',
+        b'"max_tokens": 5, "n_predict": 2.5',
+    ],
+)
+async def test_a_limit_the_router_did_not_count_is_replaced_even_where_the_bound_is_unchanged(
+    limits: bytes,
+) -> None:
+    """`n_predict: -1` beside `max_tokens: 5`: held at 5, but the body went out as it came,
+    and llama.cpp read -1 as no limit (found by a new user: 2,035 tokens)."""
+    fleet = Fleet("routing_policy: {strategy: least-loaded}\n")
+    ticket = fleet.ticket(who(Quota()), CHAT + b", " + limits + b"}")
+    await (await fleet.send(ticket)).close(Outcome.OK)
+    assert ticket.headers_out["X-Hivenet-Output-Bound"] == "5"
+    assert ticket.job is not None
+    sent = json.loads(ticket.job.body)
+    assert sent["n_predict"] == 5 and sent.get("max_tokens", 5) == 5

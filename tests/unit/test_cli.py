@@ -41,6 +41,9 @@ def test_startup_refusals_name_the_problem(
     assert "at least 32" in capsys.readouterr().err
     assert agent_main(["--capacity", "0"]) == 2
     assert "--capacity" in capsys.readouterr().err
+    # Past what a router takes, it started, then every router refused it on every retry.
+    assert agent_main(["--capacity", "1000001"]) == 2
+    assert "1000001 is over 1000000, the most a router takes" in capsys.readouterr().err
 
 
 def test_keygen_prints_a_ready_entry(capsys: pytest.CaptureFixture[str]) -> None:

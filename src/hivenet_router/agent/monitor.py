@@ -88,6 +88,7 @@ class BackendMonitor:
         self._metrics_path = adapter.metrics_path()
         self._busy = busy
         self.healthy = True
+        self.probe_failure = ""  # why the last health probe failed, in words
         # Called when the backend turns unhealthy: an engine that went down has most often
         # lost its cache (the agent's picture of it is emptied, agent/process.py).
         self.on_down: Callable[[], None] = lambda: None
@@ -103,7 +104,7 @@ class BackendMonitor:
     @property
     def health_target(self) -> str:
         origin = self._health_client.origin
-        return f"{origin.host_header}{self._health_path}"
+        return f"{origin.host_header}{origin.prefix}{self._health_path}"
 
     async def _get(
         self, client: EngineClient, path: str, headers: list[tuple[str, str]]
@@ -120,19 +121,27 @@ class BackendMonitor:
             status, _ = await self._get(
                 self._health_client, self._health_path, self._health_headers
             )
-        except (EngineError, TimeoutError):
+        except TimeoutError:
+            self.probe_failure = f"no answer within {PROBE_TIMEOUT:g} s"
             return False
-        return status < 400
+        except EngineError as exc:
+            self.probe_failure = str(exc) or type(exc).__name__
+            return False
+        if status >= 400:
+            hint = " (check --backend-api-key-file)" if status in (401, 403) else ""
+            self.probe_failure = f"HTTP {status}{hint}"
+            return False
+        return True
 
     async def wait_ready(self, interval: float, deadline: float) -> None:
         """Poll until the backend answers its health check. `deadline` 0 waits forever."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + deadline if deadline else None
-        logged = False
+        said = ""
         while not await self.probe():
-            if not logged:
-                log.info("waiting for the backend at %s", self.health_target)
-                logged = True
+            if self.probe_failure != said:  # why, each time it changes
+                said = self.probe_failure
+                log.info("waiting for the backend at %s: %s", self.health_target, said)
             if give_up is not None and loop.time() > give_up:
                 raise TimeoutError(f"backend at {self.health_target} not ready in time")
             await asyncio.sleep(interval)
@@ -176,7 +185,9 @@ class BackendMonitor:
                 self._failures += 1
                 if self.healthy and self._failures >= FAILURES_BEFORE_UNHEALTHY:
                     log.warning(
-                        "backend failed %d health checks in a row: unhealthy", self._failures
+                        "backend failed %d health checks in a row: unhealthy (%s)",
+                        self._failures,
+                        self.probe_failure,
                     )
                     self.healthy = False
                     self.changed.set()

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -91,6 +92,13 @@ class AgentProcess:
 
     async def serve(self, stop: asyncio.Event) -> int:
         cfg = self.config
+        # The router reloads on SIGHUP, so an operator may send it to both: the agent has
+        # nothing to reload, and the signal's default would end it without a word.
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP,
+                lambda: log.info("SIGHUP: the agent has nothing to reload; ignored"),
+            )
         if not wsmask.COMPILED:
             log.warning(
                 "aiohttp's compiled WebSocket mask is not in use (missing, failed its check, "
@@ -134,9 +142,10 @@ class AgentProcess:
             await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
             for task in (main, stopper):
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await main
-            if main.done() and not main.cancelled() and main.exception() is not None:
+            # Wait for it to wind down without raising what it failed with: that is said
+            # below in one line (a backend not ready in time ended in a traceback).
+            await asyncio.wait({main})
+            if not main.cancelled() and main.exception() is not None:
                 log.error("agent stopped: %s", main.exception())
                 return 1
         finally:

@@ -21,6 +21,16 @@ from hivenet_router.config.shared import (
 
 ENGINES = ("vllm", "sglang", "llamacpp", "llama-cpp", "ollama", "infinity", "custom", "openai")
 CAPABILITIES = ("llm", "embedding", "reranker")
+# The most a router takes at registration (domain/agent.py, Registration.capacity): one
+# more started, then was refused by every router on every retry (found by a new user).
+MAX_CAPACITY = 1_000_000
+
+
+def _capacity(text: str) -> int:
+    value = v.positive_int(text)
+    if value > MAX_CAPACITY:
+        raise ValueError(f"{value} is over {MAX_CAPACITY}, the most a router takes")
+    return value
 
 
 def _engine(value: str) -> str:
@@ -88,7 +98,7 @@ class AgentConfig:
     )
     capacity: int = option(
         10,
-        parse=v.positive_int,
+        parse=_capacity,
         flag="--capacity",
         help="Most requests the router may assign to this agent at once",
     )

@@ -38,6 +38,9 @@ log = logging.getLogger("hivenet.auth")
 
 LINK_PATH = "/hivenet/link"
 MAX_CONTROL_BODY = 64 * 1024
+REPLACED_WINDOW = 60.0  # seconds over which an agent's replaced connections are counted
+REPLACED_SAID = 3  # replaced this often within the window: two processes, one identity
+REPLACED_PEERS = 1024  # agents whose replacements are remembered at once
 REFUSALS_SAID_EVERY = 60.0  # seconds between log lines on refused link upgrades
 LINK_HEARTBEAT = 5.0  # seconds without a byte from the agent before the router pings it
 
@@ -86,6 +89,9 @@ class ControlPlane:
         self.sessions = sessions
         self.router_peer_id = router_peer_id
         self.links: set[Link] = set()
+        # When each agent's registrations replaced a connection still open (_replaced).
+        self._replacements: dict[str, list[float]] = {}
+        self._replaced_said: dict[str, float] = {}  # when that was last said, by agent
         # Upgrades refused for want of a session since the last line that said so: anyone
         # can send them (thousands a second on a few pipelined connections), so they are
         # summarised at most once a minute rather than logged one by one.
@@ -106,6 +112,31 @@ class ControlPlane:
             "/routing-signals": self._signal,
             "/cache-blocks": self._cache_blocks,
         }
+
+    def _replaced(self, peer: str) -> None:
+        """A registration took the place of a connection still open. An agent that
+        reconnects does so once; two agent processes sharing one identity (a copied key
+        file) do it to each other over and over, and nothing else says so."""
+        now = self.clock.monotonic()
+        times = [t for t in self._replacements.get(peer, ()) if now - t < REPLACED_WINDOW]
+        times.append(now)
+        if len(self._replacements) >= REPLACED_PEERS and peer not in self._replacements:
+            self._replacements.clear()  # bounded: a flood of peers forgets, never grows
+        self._replacements[peer] = times[-REPLACED_SAID:]
+        said = self._replaced_said.get(peer)
+        if len(times) >= REPLACED_SAID and (said is None or now - said >= REPLACED_WINDOW):
+            # Once a window while it lasts.
+            if len(self._replaced_said) >= REPLACED_PEERS:
+                self._replaced_said.clear()
+            self._replaced_said[peer] = now
+            log.warning(
+                "agent %s replaced its own open connection %d times in %.0f s: are two "
+                "agent processes using one identity file (--identity-path)? Each new "
+                "registration closes the other's connection",
+                peer,
+                REPLACED_SAID,
+                REPLACED_WINDOW,
+            )
 
     def link_app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_CONTROL_BODY)
@@ -238,6 +269,7 @@ class ControlPlane:
             )
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
+            self._replaced(reg.peer_id)
         log.info(
             "agent %s registered: model %s, %s, engine %s, capacity %d",
             reg.peer_id,

@@ -169,3 +169,25 @@ async def test_a_backend_that_goes_down_empties_what_the_agent_says_it_caches() 
             await task
         await monitor.close()
         await client.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "said"), [(401, "HTTP 401 (check --backend-api-key-file)"), (404, "HTTP 404")]
+)
+async def test_a_failed_probe_says_why(status: int, said: str) -> None:
+    """An engine that refused the agent's key left it "waiting for the backend" forever
+    without a word on why (found by a new user)."""
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=status)
+
+    async with engine("GET", "/health", refuse) as origin:
+        client = EngineClient(origin)
+        monitor = BackendMonitor(client, adapter_for("vllm"))
+        try:
+            assert not await monitor.probe()
+            assert monitor.probe_failure == said
+            assert monitor.health_target.endswith("/health")
+        finally:
+            await monitor.close()
+            await client.close()

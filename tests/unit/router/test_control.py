@@ -180,3 +180,32 @@ async def test_link_upgrades_without_a_session_are_summarised_not_logged_one_by_
     assert (await control.accept_link(request)).status == 401
     said = [r.getMessage() for r in caplog.records if "want of a valid session" in r.getMessage()]
     assert len(said) == 2 and ": 300 since" in said[1]
+
+
+def test_an_agent_replacing_its_own_open_connection_again_and_again_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two agent processes with one identity file evicted each other forever, and nothing
+    said why (found by a new user). A reconnect replaces once; three within a minute are
+    said, once a minute while it lasts."""
+    control, _, clock, _ = plane()
+    caplog.set_level(logging.WARNING, "hivenet.auth")
+
+    def said() -> int:
+        return sum("using one identity file" in r.getMessage() for r in caplog.records)
+
+    control._replaced("p")
+    clock.advance(30)
+    control._replaced("p")
+    assert said() == 0  # a reconnect or two
+    clock.advance(31)
+    control._replaced("p")
+    assert said() == 0  # the first one left the window
+    for _ in range(10):
+        clock.advance(1)
+        control._replaced("p")
+    assert said() == 1
+    clock.advance(60)
+    for _ in range(3):
+        control._replaced("p")
+    assert said() == 2

@@ -98,8 +98,9 @@ def test_the_key_from_the_environment_and_an_agent_without_one(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5
         )
         assert reply.usage is not None
-    # The agent without the key never gets past the engine's health check.
+    # The agent without the key never gets past the engine's health check, and says why.
     wait_until(lambda: "waiting for the backend" in keyless.log())
+    wait_until(lambda: "HTTP 401 (check --backend-api-key-file)" in keyless.log())
     assert refusals(sim) >= 1
     assert "registered with router" not in keyless.log()
     assert router.healthy_replicas(MODEL) == 1

@@ -26,11 +26,9 @@ CAPABILITIES = ("llm", "embedding", "reranker")
 MAX_CAPACITY = 1_000_000
 
 
-def _capacity(text: str) -> int:
-    value = v.positive_int(text)
-    if value > MAX_CAPACITY:
-        raise ValueError(f"{value} is over {MAX_CAPACITY}, the most a router takes")
-    return value
+_capacity = v.at_most(
+    v.positive_int, MAX_CAPACITY, "{value} is over " + f"{MAX_CAPACITY}, the most a router takes"
+)
 
 
 def _engine(value: str) -> str:

@@ -22,13 +22,9 @@ AUTH_MODES = ("none", "api-key", "dynamic")
 MAX_TTL_DAYS = 36_500
 
 
-def _ttl_days(text: str) -> int:
-    # Days become seconds as a float: a bound keeps a 400-digit value from overflowing
-    # there, after the router has started.
-    days = v.non_negative_int(text)
-    if days > MAX_TTL_DAYS:
-        raise ValueError(f"at most {MAX_TTL_DAYS} days (100 years)")
-    return days
+# Days become seconds as a float: a bound keeps a 400-digit value from overflowing there,
+# after the router has started.
+_ttl_days = v.at_most(v.non_negative_int, MAX_TTL_DAYS, f"at most {MAX_TTL_DAYS} days (100 years)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def at_most(parse: Callable[[str], int], most: int, message: str) -> Callable[[str], int]:
+    """`parse`, and a value over `most` refused with `message` (`{value}` in it is the
+    value)."""
+
+    def parse_bounded(text: str) -> int:
+        value = parse(text)
+        if value > most:
+            raise ValueError(message.format(value=value))
+        return value
+
+    return parse_bounded
+
+
 def non_negative_int(text: str) -> int:
     value = integer(text)
     if value < 0:

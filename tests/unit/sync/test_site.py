@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -236,22 +237,29 @@ async def test_an_unreachable_store_leaves_each_router_its_share(make: Maker) ->
     assert await lone.credits.reserve("m", 1, 100, 0.1) is None  # never synced: no credits
 
 
-async def test_garbage_from_the_store_is_an_error_not_a_permission(make: Maker) -> None:
+@contextlib.asynccontextmanager
+async def store_answering(reply: bytes) -> AsyncIterator[int]:
+    """A stand-in store on loopback that answers every command with `reply`: its port."""
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await reader.read(65536):
-            writer.write(b"*2\r\n$5\r\nhello\r\n:7\r\n")
+            writer.write(reply)
             await writer.drain()
         writer.close()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_garbage_from_the_store_is_an_error_not_a_permission(make: Maker) -> None:
+    async with store_answering(b"*2\r\n$5\r\nhello\r\n:7\r\n") as port:
         odd = make("a", addr=f"127.0.0.1:{port}")
         assert not await odd._quietly(odd.round())
         assert odd.health.errors.get("bad_reply") == 1
         assert await odd.credits.reserve("m", 1, 100, 0.1) is None
-    finally:
-        server.close()
 
 
 @pytest.mark.parametrize(
@@ -263,15 +271,7 @@ async def test_a_store_refusing_the_credentials_is_said_at_error_until_it_stops(
     """A wrong password file ran as an outage: one WARNING, and nothing after (found by a
     new user). It is a mistake to fix: an ERROR naming the flag, once a minute."""
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(65536):
-            writer.write(refusal)
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with store_answering(refusal) as port:
         locked = make("a", addr=f"127.0.0.1:{port}")
         assert not await locked._quietly(locked.round())
         assert not await locked._quietly(locked.round())
@@ -279,8 +279,6 @@ async def test_a_store_refusing_the_credentials_is_said_at_error_until_it_stops(
         said = [r for r in caplog.records if "refuses this router's credentials" in r.message]
         assert len(said) == 1 and said[0].levelname == "ERROR"
         assert "--sync-password-file" in said[0].message
-    finally:
-        server.close()
 
 
 async def test_a_router_no_agent_reaches_is_given_up_after_its_heartbeat_stops(

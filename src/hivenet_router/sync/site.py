@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import secrets
 import socket
 import time
@@ -49,6 +48,7 @@ from hivenet_router.sync.health import Health
 from hivenet_router.sync.rates import SiteRates
 from hivenet_router.sync.shares import SharePool
 from hivenet_router.sync.store import BadReply, Keys
+from hivenet_router.sync.trouble import StoreTrouble, reason
 
 log = logging.getLogger("hivenet_router.sync")
 
@@ -101,8 +101,7 @@ class Site:
         # What the agents this router hears from say: the router IDs each has a session
         # with (None for an agent that does not say). Set by the wiring.
         self.reports: Callable[[], list[tuple[str, ...] | None]] = list
-        self._outage_logged = False
-        self._refused_said = -REFUSED_SAID_EVERY  # when a refusal of credentials was last said
+        self.trouble = StoreTrouble()  # what the log says of the store's failures
         self.settle_window = config.request_timeout + SETTLE_MARGIN
         self.rates = SiteRates(clock, self.share, config.rpm_burst_seconds)
         self.input_rates = SiteRates(clock, self.share)
@@ -215,30 +214,7 @@ class Site:
         self.health.error(kind)
         self.synced = False
         self._missed = True
-        if kind == "refused":
-            # Not an outage that ends by itself: the store turned this router's credentials
-            # down (a wrong --sync-password-file, a user without the rights). Said at ERROR,
-            # once a minute, for as long as it lasts.
-            now = time.monotonic()
-            if now - self._refused_said >= REFUSED_SAID_EVERY:
-                self._refused_said = now
-                log.error(
-                    "site store refuses this router's credentials (%s): check "
-                    "--sync-password-file and the store's user; until then this router "
-                    "admits on its share (1/%d of each budget)",
-                    reason(error),
-                    self.share(),
-                )
-            return
-        if not self._outage_logged:
-            self._outage_logged = True
-            log.warning(
-                "site store %s (%s): this router admits on its share (1/%d of each budget) "
-                "until it answers",
-                "answered with something unexpected" if kind == "bad_reply" else "unreachable",
-                reason(error),
-                self.share(),
-            )
+        self.trouble.failed(kind, error, self.share())
 
     async def claimed_by(self) -> str | None:
         """Before joining: the live router process that already heartbeats under this
@@ -513,8 +489,7 @@ class Site:
             self.daily.absorb(key, fields, live)
 
     def _succeeded(self) -> None:
-        if not self.synced and self._outage_logged:
-            log.info("site store answers again: %d routers live", len(self.live))
+        self.trouble.answered(len(self.live))
         if not self.synced and self.ever_synced:
             # After an outage (a Sentinel failover among them) the store may have lost
             # writes it had acknowledged: a replica promoted before it had them. Totals
@@ -522,7 +497,6 @@ class Site:
             # a total nobody changes afterwards would otherwise stay lost for good, and
             # the routers' /admin/usage (read from the store) disagree.
             self.daily.store_lost()
-        self._outage_logged = False
         if self._missed:
             # Usage entries may have been trimmed unread meanwhile: read every followed
             # key's totals again next round.
@@ -607,27 +581,3 @@ class Site:
             self._failed("bad_reply", BadReply(f"grant of {granted} (held {held})"))
             return None
         return Grant(held, granted, acked)
-
-
-# An object's repr inside an error message (`<valkey.asyncio.client.Valkey(<...>)>`), which
-# the store client's errors carry whole and which said nothing an operator could use.
-_REPR = re.compile(r"<[^<>]*>")
-REASON_CHARS = 300
-REFUSED_SAID_EVERY = 60.0  # seconds between the lines on a store refusing the credentials
-
-
-def reason(error: BaseException) -> str:
-    """An error in words for the log: its message without the reprs of the objects it
-    names, and the error that caused it where that says more (its "connection refused"
-    came after 200 characters of client repr, and a cut at 200 left it out)."""
-    parts: list[str] = []
-    seen: BaseException | None = error
-    while seen is not None and len(parts) < 3:
-        text = str(seen) or type(seen).__name__
-        while (shorter := _REPR.sub("...", text)) != text:
-            text = shorter
-        text = " ".join(text.split())
-        if text and all(text not in part for part in parts):
-            parts.append(text)
-        seen = seen.__cause__ or seen.__context__
-    return "; ".join(parts)[:REASON_CHARS]

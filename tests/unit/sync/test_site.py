@@ -530,7 +530,7 @@ async def test_after_an_outage_a_router_writes_its_totals_again(make: Maker, flu
 def test_a_store_error_in_the_log_says_its_cause_not_the_clients_repr() -> None:
     """Wrong Sentinel addresses logged 200 characters of the client's repr and were cut
     before "connection refused" (found by a new user)."""
-    from hivenet_router.sync.site import REASON_CHARS, reason
+    from hivenet_router.sync.trouble import REASON_CHARS, reason
 
     pool = "<Valkey(<ConnectionPool(<Connection(host=127.0.0.1,port=1,db=0)>)>)>" * 3
     try:

@@ -32,7 +32,7 @@ from hivenet_router.gateway.cache import BILLED
 from hivenet_router.gateway.ledger import HoldResult, Ledger
 from hivenet_router.gateway.pending import Charge
 from hivenet_router.gateway.settings import MILLION, Price
-from hivenet_router.pipeline.output_bound import OUTPUT_BOUND, apply_bound
+from hivenet_router.pipeline.output_bound import OUTPUT_BOUND, apply_bound, least_output
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Note, Ticket
 from hivenet_router.policy.document import Policy
@@ -145,8 +145,7 @@ class WalletStage:
         affordable = affordable_output(price, facts, available)
         if affordable is None or affordable >= bound:
             return
-        # As admission's rule: one token a choice at least, and no more than was asked for.
-        least = max(1, facts.choices, min(ticket.policy.min_output_tokens, bound))
+        least = least_output(bound, facts.choices, ticket.policy.min_output_tokens)
         if affordable < least:
             self.ledger.stats.refused["insufficient"] += 1
             raise ApiError(

@@ -32,6 +32,14 @@ _NAMES = tuple(b'"%s"' % field.encode() for field in (*_FIELDS, *_ALIASES))
 _DECODE = msgspec.json.Decoder(dict[str, Any])
 
 
+def least_output(bound: int, choices: int, minimum: int) -> int:
+    """The least a limit (the output rate, the daily budget, the wallet) may lower `bound`
+    to before it refuses instead: one token a choice at least, and the policy's
+    `minimum` (min_output_tokens), but never more than the bound itself (a request
+    declaring 5 needs no more than 5 where the minimum is 16)."""
+    return max(1, choices, min(minimum, bound))
+
+
 def apply_bound(ticket: Ticket, bound: int) -> None:
     """Hold the request to `bound` output tokens: remembered for later stages, named to the
     client, and written into the body forwarded when it differs from what was declared."""

@@ -23,7 +23,7 @@ from hivenet_router.domain.request import RequestFacts, Usage
 from hivenet_router.domain.usage import stream_input_tokens
 from hivenet_router.gateway.cache import BILLED
 from hivenet_router.observability.events import Admitted, Refused
-from hivenet_router.pipeline.output_bound import apply_bound
+from hivenet_router.pipeline.output_bound import apply_bound, least_output
 from hivenet_router.pipeline.stage import Next
 from hivenet_router.pipeline.ticket import Ticket
 from hivenet_router.policy.document import Policy
@@ -245,9 +245,7 @@ class Admission:
         # tokens left was held at 995 and given 1 a choice, 3,000 in all).
         choices = facts.choices
         bound = max(bound, choices)
-        # A request needs no more than it asks for: one declaring 5 fits in 11 left even
-        # where the policy's minimum is 16 (the minimum guards bounds that were lowered).
-        least = max(1, choices, min(policy.min_output_tokens, bound))
+        least = least_output(bound, choices, policy.min_output_tokens)
         quota = principal.quota
         rate = quota.output_tokens_per_minute if policy.mode == "serverless" else 0
         if rate:
@@ -390,7 +388,7 @@ class Admission:
         """The worst case (estimate plus declared output) against what is left today."""
         key, limit = budget_for(principal.tenant, principal.quota, hold.facts.model)
         verdict = await self.ports.daily.charge(key, worst, limit)
-        least = max(1, hold.facts.choices, min(ticket.policy.min_output_tokens, hold.output))
+        least = least_output(hold.output, hold.facts.choices, ticket.policy.min_output_tokens)
         if not verdict.ok and hold.facts.max_output_tokens is None and hold.output:
             # A default bound read against what was left before the gates in between (a
             # concurrent request, another router's spend) is lowered again, not refused.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 
@@ -11,7 +12,15 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from tests.procs import Cluster, Router, break_stream, metric, wait_registered, wait_until
+from tests.procs import (
+    ADMIN_KEY,
+    Cluster,
+    Router,
+    break_stream,
+    metric,
+    wait_registered,
+    wait_until,
+)
 
 MODEL = "m"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -255,6 +264,58 @@ def test_router_shutdown_lets_in_flight_streams_finish(make_cluster: Cluster) ->
     assert rest.rstrip().endswith("data: [DONE]")
     router.proc.popen.wait(timeout=10)  # type: ignore[union-attr]
     assert router.proc.popen.returncode == 0  # type: ignore[union-attr]
+
+
+def test_agent_sigterm_lets_its_streams_finish_and_takes_nothing_new(
+    make_cluster: Cluster,
+) -> None:
+    """An agent told to stop (a rolling restart, a pod ending) tells the router at once and
+    gives what it has in flight up to --shutdown-grace: the stream ends whole, a new request
+    goes elsewhere (here nowhere: 503), and the agent exits 0 once the stream is done."""
+    router = make_cluster.router()
+    sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
+    agent = make_cluster.agent(router, sim)
+    wait_registered(router, MODEL)
+    body = {**CHAT, "max_tokens": 60, "stream": True}  # about 3 s of tokens
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=20) as reply:
+        lines = reply.iter_lines()
+        next(lines)
+        agent.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        # The router hears it from the next heartbeat, sent at once: out of the pool.
+        wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=5)
+        table = httpx.get(
+            router.url + "/admin/routing-table",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=5,
+        ).json()
+        (entry,) = table["agents"]
+        assert entry["health"]["stopping"] is True and entry["health"]["eligible"] is False
+        assert agent.alive  # still carrying the stream
+        refused = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
+        assert refused.json()["error"]["code"] == "no_agents_available", refused.text
+        rest = "\n".join(lines)
+    assert rest.rstrip().endswith("data: [DONE]"), rest[-300:]
+    agent.popen.wait(timeout=10)  # type: ignore[union-attr]
+    assert agent.popen.returncode == 0  # type: ignore[union-attr]
+    assert "1 request(s) in flight get up to 25s" in agent.log()
+    assert "requests in flight finished" in agent.log()
+    assert "is shutting down: no new requests" in router.proc.log()
+
+
+def test_agent_shutdown_grace_bounds_its_wait(make_cluster: Cluster) -> None:
+    router = make_cluster.router("--request-timeout", "60s")
+    sim = make_cluster.sim(MODEL, "--itl", "100ms", "--ttft-base", "0")
+    agent = make_cluster.agent(router, sim, "--shutdown-grace", "1s")
+    wait_registered(router, MODEL)
+    body = {**CHAT, "max_tokens": 300, "stream": True}  # 30 s of tokens
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=20) as reply:
+        lines = reply.iter_lines()
+        next(lines)
+        agent.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        rest = "\n".join(lines)
+    assert "data: [DONE]" not in rest and '"error"' in rest, rest[-300:]
+    agent.popen.wait(timeout=10)  # type: ignore[union-attr]
+    assert "shutdown grace over: cutting 1 request(s) still in flight" in agent.log()
 
 
 def test_agent_history_survives_a_router_restart(make_cluster: Cluster) -> None:

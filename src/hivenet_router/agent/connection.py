@@ -301,6 +301,7 @@ class RouterConnection:
                 engine=monitor.engine,
                 hardware=monitor.hardware,
                 histograms=monitor.histograms(),
+                stopping=proxy.stopping,
             )
         )
 

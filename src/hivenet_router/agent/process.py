@@ -32,6 +32,7 @@ from hivenet_router.transport.identity import Identity, IdentityError, load_or_c
 from hivenet_router.transport.tls import GRPC_ALPN, RouterTlsIdentity
 
 log = logging.getLogger("hivenet.agent")
+FINISH_POLL = 0.05  # how often a shutdown looks whether what was in flight has finished
 
 
 class AgentProcess:
@@ -140,6 +141,8 @@ class AgentProcess:
             main = asyncio.create_task(self._main(monitor, proxy, beats))
             stopper = asyncio.create_task(stop.wait())
             await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not main.done():
+                await self._let_finish(proxy, beats, main)
             for task in (main, stopper):
                 task.cancel()
             # Wait for it to wind down without raising what it failed with: that is said
@@ -155,6 +158,32 @@ class AgentProcess:
                 await asyncio.to_thread(tracing.close)
         log.info("agent stopped")
         return 0
+
+    async def _let_finish(
+        self, proxy: BackendProxy, beats: Pulse, main: asyncio.Task[None]
+    ) -> None:
+        """SIGTERM with requests in flight: tell every router (an early heartbeat) to send
+        nothing new, and give what is in flight up to --shutdown-grace to finish."""
+        grace = self.config.shutdown_grace
+        if proxy.active == 0 or grace <= 0:
+            return
+        log.info(
+            "shutting down: the routers send nothing new; %d request(s) in flight get up to %gs",
+            proxy.active,
+            grace,
+        )
+        proxy.stopping = True
+        beats.notify()
+        deadline = asyncio.get_running_loop().time() + grace
+        while proxy.active and not main.done():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning(
+                    "shutdown grace over: cutting %d request(s) still in flight", proxy.active
+                )
+                return
+            await asyncio.sleep(min(FINISH_POLL, left))
+        log.info("requests in flight finished")
 
     async def _main(self, monitor: BackendMonitor, proxy: BackendProxy, beats: Pulse) -> None:
         cfg = self.config

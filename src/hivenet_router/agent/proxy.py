@@ -92,6 +92,9 @@ class BackendProxy:
         self._on_busy = on_busy
         self._overbooked = False
         self.active = 0
+        # Shutting down: heartbeats say so, and the routers send nothing new. What still
+        # arrives (sent before they heard) is served like the rest.
+        self.stopping = False
 
     @property
     def full(self) -> bool:

@@ -202,6 +202,14 @@ class AgentConfig:
         flag="--backend-check-interval",
         help="Period of backend health checks; three failures in a row mark it unhealthy",
     )
+    shutdown_grace: float = duration_option(
+        25.0,
+        flag="--shutdown-grace",
+        env="HIVENET_AGENT_SHUTDOWN_GRACE",
+        positive=False,
+        help="On SIGTERM, how long requests in flight may finish while the routers send the "
+        "agent nothing new; 0 stops at once",
+    )
     reconnect_delay: float = duration_option(
         5.0,
         flag="--reconnect-delay",

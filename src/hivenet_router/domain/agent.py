@@ -187,6 +187,9 @@ class Heartbeat(msgspec.Struct):
     engine: EngineSnapshot | None = None
     hardware: HardwareSnapshot | None = None
     histograms: EngineHistograms | None = None
+    # The agent is shutting down (SIGTERM): it finishes what it has in flight, and the
+    # router sends it nothing new. Older routers ignore the member.
+    stopping: bool = False
 
 
 # Prefix blocks at most in one cache report (8 bytes each, base64: 44 KiB), so a report

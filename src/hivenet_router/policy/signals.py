@@ -24,7 +24,7 @@ class AgentFacts(Protocol):
 
     @property
     def eligible(self) -> bool:
-        """Connected, healthy (process and backend) and not draining."""
+        """Connected, healthy (process and backend), not drained and not shutting down."""
         ...
 
     @property

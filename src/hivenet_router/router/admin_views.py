@@ -93,6 +93,7 @@ def routing_entry(record: AgentRecord, now: float) -> dict[str, Any]:
             "process_healthy": record.process_healthy,
             "backend_healthy": record.backend_healthy,
             "draining": record.draining,
+            "stopping": record.stopping,
             "eligible": record.eligible,
             "seconds_since_heartbeat": round(now - record.last_heartbeat, 3),
         },

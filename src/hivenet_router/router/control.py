@@ -312,6 +312,7 @@ class ControlPlane:
         if record is None:
             return 409, {"error": "not registered"}
         was_healthy = record.process_healthy and record.backend_healthy
+        was_stopping = record.stopping
         if not record.process_healthy:
             log.info("agent %s healthy again", record.peer_id)
         if record.heard(beat, self.clock.monotonic(), self.clock.wall()):
@@ -319,6 +320,13 @@ class ControlPlane:
             self.observers.on_agent(AgentEvent("backend_down", record.peer_id, record.model))
         if was_healthy != (record.process_healthy and record.backend_healthy):
             self.registry.announce("unhealthy" if was_healthy else "healthy", record)
+        if record.stopping and not was_stopping:
+            log.info(
+                "agent %s is shutting down: no new requests; %d in flight here finish",
+                record.peer_id,
+                record.active,
+            )
+            self.registry.announce("stopping", record)
         if record.eligible:
             self.registry.changed(record.model)
         # Discovery: the agent opens a session with every live router of the site.

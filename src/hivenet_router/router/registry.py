@@ -74,6 +74,9 @@ class AgentRecord:
     disconnected_at: float | None = None
     last_seen_wall: float | None = None
     draining: bool = False
+    # The agent said it is shutting down (a heartbeat's `stopping`): like a drain, but the
+    # agent's own, and not carried to its next connection.
+    stopping: bool = False
     successes: int = 0
     failures: int = 0
     consecutive_failures: int = 0
@@ -175,7 +178,11 @@ class AgentRecord:
     @property
     def eligible(self) -> bool:
         return (
-            self.connected and self.process_healthy and self.backend_healthy and not self.draining
+            self.connected
+            and self.process_healthy
+            and self.backend_healthy
+            and not self.draining
+            and not self.stopping
         )
 
     @property
@@ -233,6 +240,7 @@ class AgentRecord:
         # What every router has in flight on it; routing takes the larger of this and its own.
         self.reported = beat.inflight_total or 0
         self.routers_up = tuple(beat.routers_up) if beat.routers_up is not None else None
+        self.stopping = self.stopping or beat.stopping  # an agent that stops never takes it back
         self.sampled(beat.engine, beat.hardware)
         if beat.histograms is not None:
             self.histograms = beat.histograms
@@ -294,7 +302,8 @@ class Registry:
     def listen(self, listener: Listener) -> None:
         """Call `listener(change, record)` on every registration change: `registered`,
         `updated` (the same peer ID registered again), `unhealthy`, `healthy`, `drained`,
-        `undrained`, `disconnected`, `unregistered` (removed from the registry)."""
+        `undrained`, `stopping` (the agent is shutting down), `disconnected`, `unregistered`
+        (removed from the registry)."""
         self._listeners.append(listener)
 
     def announce(self, change: str, record: AgentRecord) -> None:

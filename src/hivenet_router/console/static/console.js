@@ -185,7 +185,8 @@ function agentRow(agent) {
     el("td", { text: where }),
     el("td", { className: "health" }, healthPill),
     el("td", { className: "drain-state" },
-      draining ? pill("draining", "warn") : pill("in pool", "good")),
+      health.stopping ? pill("stopping", "warn")
+        : draining ? pill("draining", "warn") : pill("in pool", "good")),
     el("td", { className: "inflight", text: `${agent.active_requests} / ${agent.capacity}` }),
     el("td", { text: ms(agent.universal && agent.universal.srtt_ms) }),
     el("td", { text: percent(engine.kv_cache_utilization) }),

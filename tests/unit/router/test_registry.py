@@ -156,6 +156,20 @@ def test_a_drained_agent_stays_drained_when_it_reconnects() -> None:
     assert new.draining and not new.eligible
 
 
+def test_an_agent_that_says_it_stops_leaves_the_pool_and_its_next_connection_does_not() -> None:
+    registry = Registry()
+    old = record()
+    registry.upsert(old)
+    old.heard(Heartbeat(backend_healthy=True, stopping=True), now=1.0, wall=0.0)
+    assert old.stopping and not old.eligible and not old.draining
+    # A later heartbeat without the member (never sent by a stopping agent) does not undo it.
+    old.heard(Heartbeat(backend_healthy=True), now=2.0, wall=0.0)
+    assert old.stopping
+    new = record()
+    registry.upsert(new)  # the restarted agent registers again
+    assert not new.stopping
+
+
 def test_what_the_control_plane_and_the_health_monitor_learn() -> None:
     agent = record()
     agent.went_silent()

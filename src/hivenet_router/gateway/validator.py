@@ -200,8 +200,14 @@ class StreamValidator:
                     code, f"the model's answer {what} and no other agent can take the request"
                 ) from None
             raise
+        try:
+            judged = await self._judge(ticket, next, rules, answer, retry=False)
+        except ApiError:
+            # The other agent's answer was rejected too: the fallback did not help.
+            self.metrics.fell_back("agent", False)
+            raise
         self.metrics.fell_back("agent", True)
-        return await self._judge(ticket, next, rules, answer, retry=False)
+        return judged
 
     async def _to_provider(self, ticket: Ticket) -> Answer:
         try:

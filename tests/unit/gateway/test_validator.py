@@ -340,6 +340,15 @@ async def test_a_second_loop_has_no_third_try() -> None:
     assert len(dispatch.calls) == 2
 
 
+async def test_a_replacement_rejected_too_counts_as_a_failed_fallback() -> None:
+    validator = stage(policy(provider=False), Cloud())
+    dispatch = Dispatch(Local(looping(), "peer-a").answer, Local(looping(), "peer-b").answer)
+    with pytest.raises(ApiError):
+        await validator(ticket(), dispatch)
+    assert count(validator, "fallbacks", "agent", "ok") == 0
+    assert count(validator, "fallbacks", "agent", "error") == 1
+
+
 async def test_no_other_agent_is_a_degenerate_output_error() -> None:
     local = Local(looping(), "peer-a")
     refusal = ApiError(ErrorCode.NO_AGENTS_AVAILABLE, "none")

@@ -158,6 +158,7 @@ class ResponseCache:
         except ApiError:
             _bill(ticket, True)  # refused, or about to lead a call of its own
             ticket.headers_out.update(flight.refusal_headers)
+            ticket.headers_out[HEADER] = "dedup"  # the shared call's failure, shared
             raise
         self._mark(ticket, "dedup", settings, set_bill=False)
         return answer
@@ -192,6 +193,7 @@ class ResponseCache:
             answer = await reader.answer(ticket.deadline + LEADER_GRACE)
         except ApiError:
             ticket.headers_out.update(flight.refusal_headers)  # a remote leader's refusal
+            ticket.headers_out[HEADER] = "dedup" if flight.remote else "miss"
             raise
         if flight.remote:
             self._mark(ticket, "dedup", settings)
@@ -240,12 +242,14 @@ class ResponseCache:
             return
         if flight.size > settings.max_entry_bytes or (flight.body is None and not flight.size):
             return
-        streamed = flight.body is None
-        data = b"".join(flight.chunks) if streamed else flight.body
+        content_type = _content_type(flight.headers)
+        data = b"".join(flight.chunks) if flight.body is None else flight.body
         assert data is not None
+        # A JSON body sent in chunks (a token count asked with "stream": true) is a whole
+        # answer, judged and replayed as one; any other chunked answer is a stream.
+        streamed = flight.body is None and not _is_json(content_type)
         if not storable(route, streamed, data):
             return  # not the route's success: an error inside a 200, a cut stream, HTML
-        content_type = _content_type(flight.headers)
         stored = Stored(flight.status, content_type, streamed, data, self.clock.wall())
         ttl = settings.ttl_seconds
         self.memory.put(flight.key, stored, ttl, settings.max_entries, settings.max_bytes)
@@ -255,6 +259,10 @@ class ResponseCache:
             flight.stored = (stored, ttl)  # its publisher writes it before the lock goes
         else:
             self.shared.put(flight.key, stored, ttl)
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type.partition(";")[0].strip().lower() == "application/json"
 
 
 def _content_type(headers: list[tuple[str, str]]) -> str:

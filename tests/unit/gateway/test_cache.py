@@ -396,6 +396,35 @@ async def test_a_shared_refusal_carries_retry_after_to_every_follower() -> None:
     for t in tickets[1:]:
         assert t.headers_out.get("Retry-After") == "7"
         assert "X-RateLimit-Remaining-Requests" not in t.headers_out
+    # Each says how it got the error: the one that led the call, the ones that shared it.
+    assert [t.headers_out.get("X-Hivenet-Cache") for t in tickets] == ["miss", "dedup", "dedup"]
+
+
+async def test_a_json_body_sent_in_chunks_is_stored_as_a_whole_answer() -> None:
+    """A token count asked with "stream": true comes back as JSON in chunks: it is the
+    route's success all the same, stored and replayed whole."""
+    route = "/v1/messages/count_tokens"
+    engine = Engine([b'{"input_tokens"', b":4}"])
+    cache = stage()
+
+    async def json_in_chunks(t: Ticket) -> Answer:
+        answer = await engine(t)
+        answer.headers[:] = [("Content-Type", "application/json")]
+        return answer
+
+    def counting() -> Ticket:
+        t = ticket(BODY)
+        assert t.job is not None
+        t.job = Job(route, "m", "llm", True, t.job.body, [])
+        t.facts = RequestFacts(route, "m", "llm", True, None)
+        return t
+
+    first = counting()
+    assert await read(await cache(first, json_in_chunks)) == b'{"input_tokens":4}'
+    again = counting()
+    answer = await cache(again, json_in_chunks)
+    assert answer.body == b'{"input_tokens":4}' and again.headers_out["X-Hivenet-Cache"] == "hit"
+    assert engine.calls == 1
 
 
 async def test_a_follower_is_cut_at_its_own_deadline_not_the_leaders() -> None:

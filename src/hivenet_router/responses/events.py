@@ -525,11 +525,12 @@ class StreamShape:
         item["status"] = self._status()
         self._event(out, "response.output_item.done", output_index=index, item=item)
 
-    def _close_call(self, out: list[bytes], item: dict[str, Any]) -> None:
+    def _close_call(self, out: list[bytes], item: dict[str, Any], last: bool = False) -> None:
         arguments = "".join(item.pop("_text"))
         index = item.pop("_index")
         item["arguments"] = arguments
-        item["status"] = "completed"
+        # An answer cut short (its token limit) cut its last call's arguments.
+        item["status"] = self._status() if last else "completed"
         self._event(
             out,
             "response.function_call_arguments.done",
@@ -542,8 +543,9 @@ class StreamShape:
 
     def _end(self, out: list[bytes]) -> None:
         self._close_current(out)
-        for index in sorted(self._calls):
-            self._close_call(out, self._calls[index])
+        order = sorted(self._calls)
+        for index in order:
+            self._close_call(out, self._calls[index], last=index == order[-1])
         self._calls = {}
         response = dict(self.response)
         response["output"] = self._items

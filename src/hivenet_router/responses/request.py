@@ -37,8 +37,15 @@ _RARE: Final = frozenset(
         "tools",
         "tool_choice",
         "metadata",
+        "top_logprobs",
+        "max_tool_calls",
+        "prompt_cache_key",
     }
 )
+# The sampling parameters' ranges, as OpenAI states them.
+_RANGES: Final = (("temperature", 2), ("top_p", 1))
+VERBOSITIES: Final = frozenset({"low", "medium", "high"})
+SUMMARIES: Final = frozenset({"auto", "concise", "detailed"})
 METADATA_KEYS: Final = 16
 MAX_OUTPUT: Final = 2**31 - 1  # as chat's max_tokens (router/bodies.py)
 
@@ -133,8 +140,10 @@ def parse(body: bytes) -> ResponsesRequest:
         for name in _UNSUPPORTED:
             if raw.get(name) not in (None, False):
                 raise unsupported(f"{name} is not supported by this router", name)
-    for name in ("temperature", "top_p"):
-        _typed(raw, name, (int, float), "a number")
+    for name, top in _RANGES:
+        number = _typed(raw, name, (int, float), "a number")
+        if number is not None and not 0 <= number <= top:
+            raise refused(f"{name}: must be between 0 and {top}", name)
     for name in ("stream", "store", "parallel_tool_calls") if rare else ("stream", "store"):
         _typed(raw, name, (bool,), "a boolean")
     limit = _typed(raw, "max_output_tokens", (int, float), "an integer")
@@ -188,11 +197,17 @@ def _check_options(raw: dict[str, Any]) -> None:
     if include is not None and not all(isinstance(x, str) for x in include):
         raise invalid("include: expected a list of strings", "include")
     reasoning = _typed(raw, "reasoning", (dict,), "an object")
-    if reasoning is not None and reasoning.get("effort") not in (None, *EFFORTS):
-        raise invalid(
-            f"reasoning.effort: expected one of {', '.join(sorted(EFFORTS))}", "reasoning.effort"
-        )
+    if reasoning is not None:
+        _one_of(reasoning, "effort", EFFORTS, "reasoning.")
+        _one_of(reasoning, "summary", SUMMARIES, "reasoning.")
+    _typed(raw, "prompt_cache_key", (str,), "a string")
+    for name, least, most in (("top_logprobs", 0, 20), ("max_tool_calls", 1, MAX_OUTPUT)):
+        number = _typed(raw, name, (int,), "an integer")
+        if number is not None and not least <= number <= most:
+            raise refused(f"{name}: must be between {least} and {most}", name)
     text = _typed(raw, "text", (dict,), "an object")
+    if text is not None:
+        _one_of(text, "verbosity", VERBOSITIES, "text.")
     fmt = text.get("format") if text is not None else None
     if fmt is None:
         return
@@ -205,6 +220,14 @@ def _check_options(raw: dict[str, Any]) -> None:
             raise invalid("text.format.name: required for json_schema", "text.format.name")
         if not isinstance(fmt.get("schema"), dict):
             raise invalid("text.format.schema: expected a JSON schema object", "text.format")
+        if not isinstance(fmt.get("strict", False), (bool, type(None))):
+            raise invalid("text.format.strict: expected a boolean", "text.format.strict")
+
+
+def _one_of(holder: dict[str, Any], name: str, allowed: frozenset[str], prefix: str) -> None:
+    if holder.get(name) not in (None, *allowed):
+        where = f"{prefix}{name}"
+        raise invalid(f"{where}: expected one of {', '.join(sorted(allowed))}", where)
 
 
 def _metadata(value: Any) -> dict[str, str]:
@@ -239,7 +262,16 @@ def input_items(value: Any, optional: bool = False) -> list[dict[str, Any]]:
         raise invalid("input: expected a string or a list of items", "input")
     if not value and not optional:
         raise refused("input: at least one item (there is nothing else to answer)", "input")
-    return [_item(item, f"input[{i}]") for i, item in enumerate(value)]
+    items = [_item(item, f"input[{i}]") for i, item in enumerate(value)]
+    if len(items) > 1:
+        # An ID is how GET .../input_items pages on (`after`): two alike would page forever.
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item["id"] in seen:
+                where = f"input[{i}].id"
+                raise refused(f"{where}: duplicate item found with ID {item['id']!r}", where)
+            seen.add(item["id"])
+    return items
 
 
 def _item(item: Any, where: str) -> dict[str, Any]:
@@ -252,21 +284,50 @@ def _item(item: Any, where: str) -> dict[str, Any]:
         for name in ("call_id", "name", "arguments"):
             if not isinstance(item.get(name), str):
                 raise invalid(f"{where}.{name}: expected a string", f"{where}.{name}")
-        return {"id": item.get("id") or new_id("fc"), **item, "status": "completed"}
+        return {**item, "id": _item_id(item, "fc", where), "status": "completed"}
     if kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise invalid(f"{where}.call_id: expected a string", f"{where}.call_id")
         output = item.get("output")
         if not isinstance(output, (str, list)):
             raise invalid(f"{where}.output: expected a string or parts", f"{where}.output")
-        return {"id": item.get("id") or new_id("fco"), **item, "status": "completed"}
+        return {**item, "id": _item_id(item, "fco", where), "status": "completed"}
     if kind == "reasoning":
-        return {"id": item.get("id") or new_id("rs"), **item}
+        return {**item, "id": _item_id(item, "rs", where)}
     if kind == "item_reference":
         raise unsupported("item references are not supported: send the item itself", where)
     if not isinstance(kind, str):
         raise invalid(f"{where}.type: expected a string", f"{where}.type")
     raise unsupported(f"input items of type {kind!r} are not supported", f"{where}.type")
+
+
+def check_outputs(items: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:
+    """Every function call output answers a call of the conversation (its history, or an
+    earlier item of the input), as OpenAI requires; an engine would be handed a tool
+    result for no call."""
+    if not any(item.get("type") == "function_call_output" for item in items):
+        return
+    calls = {item.get("call_id") for item in history if item.get("type") == "function_call"}
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind == "function_call":
+            calls.add(item["call_id"])
+        elif kind == "function_call_output" and item["call_id"] not in calls:
+            where = f"input[{i}].call_id"
+            raise refused(
+                f"{where}: no function call found with call_id {item['call_id'][:64]!r}",
+                where,
+            )
+
+
+def _item_id(item: dict[str, Any], prefix: str, where: str) -> str:
+    """The item's own ID, or a new one when it has none (absent, null or empty)."""
+    value = item.get("id")
+    if value is None or value == "":
+        return new_id(prefix)
+    if not isinstance(value, str):
+        raise invalid(f"{where}.id: expected a string", f"{where}.id")
+    return value
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -279,11 +340,17 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         parts: list[dict[str, Any]] = [{"type": kind, "text": content}]
     elif isinstance(content, list):
         parts = [_part(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
+        if role != "user":
+            for i, part in enumerate(parts):
+                if part["type"] == "input_image":
+                    at = f"{where}.content[{i}]"
+                    # Chat engines take images from user messages only: never dropped unsaid.
+                    raise refused(f"{at}: images are accepted in user messages only", at)
     else:
         raise invalid(f"{where}.content: expected a string or a list of parts", where)
     return {
         "type": "message",
-        "id": item.get("id") or new_id("msg"),
+        "id": _item_id(item, "msg", where),
         "role": role,
         "content": parts,
         "status": "completed",
@@ -400,6 +467,9 @@ def _function_tool(tool: Any, where: str) -> dict[str, Any]:
     parameters = tool.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise invalid(f"{where}.parameters: expected a JSON schema", f"{where}.parameters")
+    for member, kind, what in (("strict", bool, "a boolean"), ("description", str, "a string")):
+        if tool.get(member) is not None and not isinstance(tool[member], kind):
+            raise invalid(f"{where}.{member}: expected {what}", f"{where}.{member}")
     return tool
 
 
@@ -414,9 +484,31 @@ def tool_choice(value: Any, tools: list[dict[str, Any]]) -> Any:
         raise invalid("tool_choice: expected none, auto, required or an object", "tool_choice")
     kind = value.get("type")
     names = {tool["name"] for tool in tools}
+    if not isinstance(kind, str):
+        raise invalid(
+            "tool_choice.type: expected a string (function, allowed_tools)", "tool_choice.type"
+        )
     if kind == "function":
-        if value.get("name") not in names:
+        name = value.get("name")
+        if not isinstance(name, str):
+            hint = (
+                " (the Responses API names it at the top level, not under 'function' as "
+                "chat completions does)"
+                if isinstance(value.get("function"), dict)
+                else ""
+            )
+            raise invalid(f"tool_choice.name: expected a function name{hint}", "tool_choice.name")
+        if name not in names:
             raise refused("tool_choice.name: names no function in tools", "tool_choice.name")
+        namespace = value.get("namespace")
+        if namespace is not None and not any(
+            tool["name"] == name and tool.get("namespace") == namespace for tool in tools
+        ):
+            raise refused(
+                f"tool_choice.namespace: no namespace {str(namespace)[:64]!r} in tools has a "
+                f"function {name!r}",
+                "tool_choice.namespace",
+            )
         return value
     if kind == "allowed_tools":
         allowed = value.get("tools")

@@ -191,10 +191,13 @@ def skeleton(request: ResponsesRequest, response_id: str) -> dict[str, Any]:
         "output": [],
         "parallel_tool_calls": raw.get("parallel_tool_calls") is not False,
         "previous_response_id": request.previous_response_id,
-        "reasoning": {"effort": reasoning.get("effort"), "summary": None},
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
         "store": request.store,
         "temperature": raw.get("temperature", 1.0),
-        "text": {"format": text.get("format") or {"type": "text"}},
+        "text": {
+            "format": text.get("format") or {"type": "text"},
+            **({"verbosity": text["verbosity"]} if text.get("verbosity") else {}),
+        },
         "tool_choice": request.tool_choice,
         "tools": [
             {
@@ -213,7 +216,12 @@ def skeleton(request: ResponsesRequest, response_id: str) -> dict[str, Any]:
         # `usage` is set once known; `user` only when the client sent one (neither is
         # nullable in OpenAI's schema).
         **({"user": raw["user"]} if isinstance(raw.get("user"), str) else {}),
+        **{name: raw[name] for name in _ECHOED if raw.get(name) is not None},
     }
+
+
+# Set by the client, echoed when set (checked by responses/request.py).
+_ECHOED: Final = ("safety_identifier", "prompt_cache_key", "top_logprobs", "max_tool_calls")
 
 
 def _count(details: Any, name: str) -> int:
@@ -296,7 +304,7 @@ def response_from_chat(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
             }
         )
     grouped = namespaced(base["tools"]) if calls and base["tools"] else {}
-    for call in calls:
+    for at, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             continue
@@ -306,7 +314,8 @@ def response_from_chat(base: dict[str, Any], chat: dict[str, Any]) -> dict[str, 
             "call_id": _text_or(call.get("id"), new_id("call")),
             "name": _text_or(function.get("name"), ""),
             "arguments": _text_or(function.get("arguments"), ""),
-            "status": "completed",
+            # An answer cut short (its token limit) cut its last call's arguments.
+            "status": status if at == len(calls) - 1 else "completed",
         }
         output.append(name_call(item, grouped))
     response["output"] = output

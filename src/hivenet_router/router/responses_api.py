@@ -16,7 +16,7 @@ import orjson
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.http1.messages import Answer, Request, Response
 from hivenet_router.responses.events import StreamShape
-from hivenet_router.responses.request import ResponsesRequest, new_id, parse
+from hivenet_router.responses.request import ResponsesRequest, check_outputs, new_id, parse
 from hivenet_router.responses.store import ResponseStore, Stored
 from hivenet_router.responses.translate import chat_body, response_from_chat, skeleton
 from hivenet_router.router.handlers import Handlers
@@ -109,6 +109,11 @@ class ResponsesApi:
                 request, parsed.previous_response_id, "previous_response_id"
             )
             history = previous.conversation()
+        try:
+            check_outputs(parsed.items, history)
+        except ApiError:
+            self.handlers.refused_body(request.ticket, CHAT, body)
+            raise
         base = skeleton(parsed, new_id("resp"))
         shape = _Shape(parsed, base, self.store, request.ticket.caller.tenant, history)
         return await self.handlers.run(request, CHAT, chat_body(parsed, history), shape)

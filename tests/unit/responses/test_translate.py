@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.responses import request as request_module
-from hivenet_router.responses.request import _ID_BATCH, new_id, parse
+from hivenet_router.responses.request import _ID_BATCH, check_outputs, new_id, parse
 from hivenet_router.responses.translate import chat_body, response_from_chat, skeleton
 
 
@@ -116,6 +116,20 @@ def _allowed(mode: str, *names: str) -> dict[str, Any]:
     }
 
 
+def _msg(text: str, item_id: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text, "id": item_id}
+
+
+_TWO_SEARCHES = [
+    {"type": "namespace", "name": ns, "tools": [{"type": "function", "name": "search"}]}
+    for ns in ("gh", "jira")
+]
+
+
+def _choice(name: str, namespace: str) -> dict[str, Any]:
+    return {"type": "function", "name": name, "namespace": namespace}
+
+
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
@@ -154,12 +168,125 @@ def _allowed(mode: str, *names: str) -> dict[str, Any]:
             "max_output_tokens",
         ),
         ({"input": "x", "user": 5}, ErrorCode.REQUEST_INVALID, "user"),
+        # Found by a new user (the next eleven): served as they came, or misnamed.
+        (
+            {"input": [_msg("a", "dup"), _msg("b", "dup")]},
+            ErrorCode.INVALID_PARAMETER,
+            "input[1].id",
+        ),
+        ({"input": [{**_msg("a", "x"), "id": 5}]}, ErrorCode.REQUEST_INVALID, "input[0].id"),
+        (
+            {"input": "x", "tools": _TWO_SEARCHES, "tool_choice": _choice("search", "nope")},
+            ErrorCode.INVALID_PARAMETER,
+            "tool_choice.namespace",
+        ),
+        (
+            {"input": "x", "tools": [_FN], "tool_choice": {"name": "f"}},
+            ErrorCode.REQUEST_INVALID,
+            "tool_choice.type",
+        ),
+        (
+            {
+                "input": "x",
+                "tools": [_FN],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            ErrorCode.REQUEST_INVALID,
+            "tool_choice.name",
+        ),
+        ({"input": "x", "temperature": 5}, ErrorCode.INVALID_PARAMETER, "temperature"),
+        ({"input": "x", "top_p": 2}, ErrorCode.INVALID_PARAMETER, "top_p"),
+        ({"input": "x", "top_logprobs": 50}, ErrorCode.INVALID_PARAMETER, "top_logprobs"),
+        (
+            {"input": "x", "tools": [{**_FN, "strict": "yes"}]},
+            ErrorCode.REQUEST_INVALID,
+            "tools[0].strict",
+        ),
+        (
+            {"input": "x", "reasoning": {"summary": 5}},
+            ErrorCode.REQUEST_INVALID,
+            "reasoning.summary",
+        ),
+        (
+            {
+                "input": [
+                    {
+                        "role": "system",
+                        "content": [
+                            {"type": "input_image", "image_url": "data:image/png;base64,AA"}
+                        ],
+                    }
+                ]
+            },
+            ErrorCode.INVALID_PARAMETER,
+            "input[0].content[0]",
+        ),
     ],
 )
 def test_refusals_name_the_field(body: dict[str, Any], code: ErrorCode, param: str) -> None:
     with pytest.raises(ApiError) as refused:
         parse(orjson.dumps({"model": "m", **body}))
     assert refused.value.code is code and refused.value.param == param
+
+
+def test_items_without_an_id_get_a_new_one_and_a_call_output_needs_its_call() -> None:
+    request = parse(
+        orjson.dumps(
+            {
+                "model": "m",
+                "input": [
+                    {**_msg("a", "m1"), "id": None},
+                    {
+                        "type": "function_call",
+                        "id": None,
+                        "call_id": "c1",
+                        "name": "f",
+                        "arguments": "{}",
+                    },
+                    {"type": "function_call_output", "id": "", "call_id": "c1", "output": "ok"},
+                ],
+            }
+        )
+    )
+    ids = [item["id"] for item in request.items]
+    assert all(isinstance(i, str) and i for i in ids) and len(set(ids)) == 3
+    check_outputs(request.items, [])  # its call came before it
+    output = {"type": "function_call_output", "call_id": "c9", "output": "x"}
+    lone = parse(orjson.dumps({"model": "m", "input": [output]}))
+    with pytest.raises(ApiError) as refused:
+        check_outputs(lone.items, [])
+    assert refused.value.param == "input[0].call_id"
+    history = [{"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"}]
+    check_outputs(lone.items, history)  # its call is in the response it continues
+
+
+def test_a_call_cut_by_the_token_limit_is_incomplete() -> None:
+    request = parse(b'{"model": "m", "input": "x", "max_output_tokens": 2}')
+    calls = [
+        {"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        for c in ("c1", "c2")
+    ]
+    chat = {"choices": [{"finish_reason": "length", "message": {"tool_calls": calls}}]}
+    response = response_from_chat(skeleton(request, "resp_1"), chat)
+    assert [item["status"] for item in response["output"]] == ["completed", "incomplete"]
+
+
+def test_what_the_client_set_is_echoed() -> None:
+    body = {
+        "model": "m",
+        "input": "x",
+        "safety_identifier": "u1",
+        "prompt_cache_key": "k",
+        "top_logprobs": 2,
+        "max_tool_calls": 3,
+        "text": {"verbosity": "low"},
+        "reasoning": {"summary": "auto"},
+    }
+    response = skeleton(parse(orjson.dumps(body)), "resp_1")
+    for name in ("safety_identifier", "prompt_cache_key", "top_logprobs", "max_tool_calls"):
+        assert response[name] == body[name]
+    assert response["text"]["verbosity"] == "low"
+    assert response["reasoning"]["summary"] == "auto"
 
 
 def test_a_chat_answer_as_a_response() -> None:

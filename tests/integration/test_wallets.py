@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx2 as httpx
 import openai
@@ -293,6 +294,14 @@ def test_a_retried_credit_with_a_reference_is_applied_once(
     assert other.status_code == 400 and "was used for a credit of 25.00" in other.text
     page = admin(router, "GET", "/admin/wallets/acme/ledger").json()
     assert [e["reference"] for e in page["entries"]] == ["inv-118"]
+    # A tenant name may hold a slash or a percent sign (found by a new user: the decoded
+    # path split the name, and the wallet could be neither read nor credited).
+    for tenant in ("team/a", "50%off", ".."):
+        path = "/admin/wallets/" + quote(tenant, safe="").replace(".", "%2E")
+        credited = admin(router, "POST", path + "/credit", {"amount": "2.00"})
+        assert credited.status_code == 200, credited.text
+        wallet = admin(router, "GET", path).json()
+        assert (wallet["tenant"], wallet["balance"]) == (tenant, "2.00")
 
 
 def test_unknown_wallets_bad_pages_and_a_lost_database(

@@ -162,6 +162,19 @@ def _string(value: Any, where: str, required: bool = False) -> str:
     return value
 
 
+# The most characters of a key's owner (its tenant) and name: a tenant owns a wallet
+# (gateway/ledger_admin.MAX_TENANT) and labels metric series, and neither takes more.
+MAX_NAME = 128
+
+
+def name_field(value: Any, where: str) -> str:
+    """A key's owner or name: required, printable, at most MAX_NAME characters."""
+    text = _string(value, where, required=True)
+    if len(text) > MAX_NAME or not text.isprintable():
+        raise AuthConfigError(f"{where}: at most {MAX_NAME} printable characters")
+    return text
+
+
 def occupancy_share(value: Any, where: str) -> float:
     """A key's `max_occupancy_share`; `where` names the field in errors."""
     if value is None:
@@ -231,8 +244,8 @@ def parse_auth(text: str, source: str) -> AuthConfig:
             ClientKey(
                 digest=bytes.fromhex(key_hash),
                 preview=_string(item.get("key_preview"), f"{where}.key_preview"),
-                name=_string(meta.get("name"), f"{where}.metadata.name", required=True),
-                owner=_string(meta.get("owner"), f"{where}.metadata.owner", required=True),
+                name=name_field(meta.get("name"), f"{where}.metadata.name"),
+                owner=name_field(meta.get("owner"), f"{where}.metadata.owner"),
                 description=_string(meta.get("description"), f"{where}.metadata.description"),
                 expires_at=_expiry(
                     _string(meta.get("expires_at"), f"{where}.metadata.expires_at"),

@@ -18,6 +18,7 @@ from hivenet_router.auth.config import (
     AuthConfigError,
     Quota,
     mapping,
+    name_field,
     occupancy_share,
     parse_quota,
 )
@@ -102,6 +103,7 @@ def parse_entry(key_id: str, body: Any) -> DynamicKey:
         for required in ("owner", "name"):
             if not isinstance(item.get(required), str) or not item[required].strip():
                 raise AuthConfigError(f"{required}: is required")
+            name_field(item[required], required)
         if not isinstance(item.get("enabled"), bool):
             raise AuthConfigError("enabled: is required (true or false)")
         expires_text = item.get("expires_at") or ""

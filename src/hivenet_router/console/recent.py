@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ import orjson
 
 from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.http1.messages import Answer, Request, Response
-from hivenet_router.observability.audit import SKIPPED, error_code, record
+from hivenet_router.observability.audit import ASKED_PATH, SKIPPED, error_code, record
 from hivenet_router.observability.events import AgentEvent, AnswerHead, Ended, Event
 from hivenet_router.pipeline.ticket import Key, Ticket
 
@@ -35,6 +36,8 @@ MINUTES = 60  # buckets of the traffic history
 SAMPLES = 1000  # latencies kept a minute (the first ones; the counts are exact)
 PERCENTILES = (50, 90, 99)
 OWN = ("/admin", "/console")  # operators' calls and the console's files: not kept
+UNMATCHED: Final = "unmatched"  # the endpoint of a request for no route (audit.py)
+_WHOLE_NUMBER: Final = re.compile(r"[0-9]{1,19}")
 # When the answer's head came, event-loop time: the time to first token is head - started.
 FIRST_BYTE: Final = Key[float]("console_first_byte", lambda: 0.0)
 
@@ -85,6 +88,8 @@ class RecentRequests:
         endpoint = ticket.endpoint
         if type(event) is not Ended or endpoint in SKIPPED or endpoint.startswith(OWN):
             return  # the console's own polling would hide the traffic it is there to show
+        if endpoint == UNMATCHED and str(ticket.noted(ASKED_PATH) or "").startswith(OWN):
+            return  # an admin or console path of no route (the console's own, at times)
         now = self._wall()
         self._seq += 1
         self._records.append((self._seq, record(ticket, event, now)))
@@ -154,28 +159,59 @@ class RecentRequests:
                 refusals.setdefault(tenant, Counter())[code] += count
             latency.extend(m.latency)
             ttft.extend(m.ttft)
-        last = minutes[-1] if minutes and minutes[-1].start >= now - 1 else None
         body = {
             "window_seconds": MINUTES * 60,
             "requests": sum(m.requests for m in minutes),
-            "rate_per_second": round(last.requests / 60, 3) if last else 0.0,
+            "rate_per_second": round(self._rate(minutes), 3),
             "errors_by_code": dict(errors.most_common()),
             "errors_by_tenant": {
                 tenant: dict(codes.most_common()) for tenant, codes in sorted(refusals.items())
             },
             "latency_ms": percentiles(latency),
             "ttft_ms": percentiles(ttft),
-            "minutes": [
-                {"start": m.start * 60, "requests": m.requests, "errors": sum(m.errors.values())}
-                for m in minutes
-            ],
+            "minutes": _timeline(minutes, now),
         }
         return Response(orjson.dumps(body))
+
+    def _rate(self, minutes: list[Minute]) -> float:
+        """Requests a second over the last 60 seconds: the minute under way, and the part
+        of the one before that the window still covers (the minute under way alone read
+        near zero each time a minute began)."""
+        now = self._wall()
+        current = int(now // 60)
+        into = now - current * 60
+        count = 0.0
+        for m in minutes[-2:]:
+            if m.start == current:
+                count += m.requests
+            elif m.start == current - 1:
+                count += m.requests * (60 - into) / 60
+        return count / 60
+
+
+def _timeline(minutes: list[Minute], now: int) -> list[dict[str, int]]:
+    """One entry a minute from the first kept to the current one, a minute without
+    requests included (a chart of the entries is then a timeline)."""
+    if not minutes:
+        return []
+    kept = {m.start: m for m in minutes}
+    out = []
+    for start in range(minutes[0].start, now + 1):
+        m = kept.get(start)
+        out.append(
+            {
+                "start": start * 60,
+                "requests": m.requests if m else 0,
+                "errors": sum(m.errors.values()) if m else 0,
+            }
+        )
+    return out
 
 
 def _number(raw: str | None, name: str, default: int, low: int, high: int) -> int:
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    # ASCII digits only: str.isdigit takes "²" (which int() refuses) and other scripts'.
+    if _WHOLE_NUMBER.fullmatch(raw) is None or not low <= int(raw) <= high:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"{name}: an integer from {low} to {high}")
     return int(raw)

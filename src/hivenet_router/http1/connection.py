@@ -553,8 +553,21 @@ class _Body:
 _ABSOLUTE = re.compile(rb"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*")
 
 
+# Kept encoded when a path is decoded: a slash inside a segment (a tenant named `team/a`)
+# must not split it, and a percent sign must not be decoded twice when a route's
+# parameter is decoded (router/edge.py). Paths of fixed routes hold neither.
+_KEPT_ENCODED = re.compile(r"(%2[Ff]|%25)")
+
+
+def _unquote_path(text: str) -> str:
+    pieces = _KEPT_ENCODED.split(text)
+    # The odd pieces are the kept escapes, written alike whatever their case.
+    return "".join(piece.upper() if at % 2 else unquote(piece) for at, piece in enumerate(pieces))
+
+
 def _split_target(target: bytes) -> tuple[str, str]:
-    """The decoded path and the raw query of a request target (origin or absolute form)."""
+    """The decoded path and the raw query of a request target (origin or absolute form);
+    an encoded slash or percent sign stays encoded (`_KEPT_ENCODED`)."""
     if not target.startswith(b"/"):
         target = _ABSOLUTE.sub(b"", target) or b"/"
         if not target.startswith(b"/"):
@@ -563,5 +576,5 @@ def _split_target(target: bytes) -> tuple[str, str]:
     path = path.partition(b"#")[0]
     text = path.decode("latin-1")
     if "%" in text:
-        text = unquote(text)
+        text = _unquote_path(text)
     return text, query.partition(b"#")[0].decode("latin-1")

@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -232,7 +233,10 @@ class Routes:
             return handler, {}
         for wanted, pattern, candidate in self._patterns:
             if wanted == method and (match := pattern.match(path)) is not None:
-                return candidate, match.groupdict()
+                found = match.groupdict()
+                if "%" in path:  # a slash or percent sign in a parameter came encoded
+                    found = {name: unquote(value) for name, value in found.items()}
+                return candidate, found
         return None
 
     async def __call__(self, request: Request) -> Answer:

@@ -53,6 +53,10 @@ def test_expiry_and_validation() -> None:
         ({"quota": {"tokens_per_day": 10**30}}, "tokens_per_day: must be an integer from 0 to"),
         ({"max_occupancy_share": 2}, "max_occupancy_share"),
         ({"colour": "red"}, "colour: unknown field"),
+        # Found by a new user: a 200,000-character owner was taken, became a metric
+        # label, and its tenant could never own a wallet.
+        ({"owner": "o" * 129}, "owner: at most 128 printable characters"),
+        ({"name": "line\nbreak"}, "name: at most 128 printable characters"),
     ):
         with pytest.raises(RegistryError, match=needle) as info:
             registry.put("x", {**body("other", "2"), **bad})

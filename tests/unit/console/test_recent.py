@@ -8,8 +8,9 @@ from typing import Any, cast
 import orjson
 
 from hivenet_router.console.recent import RECORDS, SAMPLES, RecentRequests, percentiles
-from hivenet_router.domain.errors import ErrorCode
+from hivenet_router.domain.errors import ApiError, ErrorCode
 from hivenet_router.http1.messages import Request
+from hivenet_router.observability.audit import ASKED_PATH
 from hivenet_router.observability.events import AnswerHead, Ended, Observers
 from hivenet_router.pipeline.ticket import Ticket
 
@@ -81,3 +82,42 @@ async def test_the_hour_keeps_counts_exact_and_samples_bounded() -> None:
     clock.now += 61 * 60  # an hour and a minute later: nothing left in the window
     later = await answer(recent, "traffic")
     assert later["requests"] == 0 and later["minutes"] == [] and later["rate_per_second"] == 0.0
+
+
+async def test_the_rate_is_over_the_last_sixty_seconds_and_idle_minutes_show() -> None:
+    """Found by a new user: the rate read the minute under way alone, near zero each time
+    a minute began; and the chart had no entry for a minute without requests."""
+    clock = Clock()  # 1_800_000_000 is a whole minute
+    recent = RecentRequests(clock)
+    for _ in range(120):  # a steady 2 a second over a whole minute
+        finish(recent, "/v1/chat/completions", 0.01)
+    clock.now += 61  # one second into the next minute, nothing yet
+    traffic = await answer(recent, "traffic")
+    assert traffic["rate_per_second"] == round(120 * 59 / 60 / 60, 3)
+    clock.now += 120  # two idle minutes later, one request
+    finish(recent, "/v1/chat/completions", 0.01)
+    minutes = (await answer(recent, "traffic"))["minutes"]
+    assert [m["requests"] for m in minutes] == [120, 0, 0, 1]
+    assert [m["start"] for m in minutes] == [1_800_000_000 + 60 * i for i in range(4)]
+
+
+async def test_only_ascii_whole_numbers_page() -> None:
+    recent = RecentRequests(Clock())
+    for raw in ("\u00b2", "\u0661\u0662", "\uff11", "9" * 5000, "-1", "0"):
+        try:
+            await answer(recent, "requests", limit=raw)
+        except ApiError as exc:
+            assert exc.code is ErrorCode.REQUEST_INVALID
+        else:
+            raise AssertionError(f"limit={raw[:10]!r} was taken")
+
+
+async def test_an_admin_path_of_no_route_is_not_traffic() -> None:
+    recent = RecentRequests(Clock())
+    ticket = Ticket("r", "unmatched", 0.0, Observers())
+    ticket.note(ASKED_PATH, "/admin/wallets/acme")
+    recent.on_event(ticket, Ended(404, ErrorCode.NOT_FOUND, None, None, 0.01))
+    other = Ticket("r", "unmatched", 0.0, Observers())
+    other.note(ASKED_PATH, "/v2/chat")
+    recent.on_event(other, Ended(404, ErrorCode.NOT_FOUND, None, None, 0.01))
+    assert [r["path"] for r in (await answer(recent, "requests"))["requests"]] == ["/v2/chat"]

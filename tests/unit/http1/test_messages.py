@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 
+from hivenet_router.http1.connection import _split_target
 from hivenet_router.http1.messages import (
     BodyError,
     BodyTooLarge,
@@ -67,3 +68,14 @@ def test_headers_give_the_first_value_and_see_what_joins_later() -> None:
     items.append(("x-c", "4"))  # a trailer of a chunked body, after the first lookup
     headers.reindex()
     assert headers.get("x-c") == "4" and headers.get("x-a") == "1"
+
+
+def test_a_path_is_decoded_but_an_encoded_slash_or_percent_sign_stays() -> None:
+    """A route's parameter is decoded after the route matched (router/edge.py): a slash
+    in it must not split the path, nor a percent sign be decoded twice."""
+    assert _split_target(b"/admin/wallets/team%2fa/credit?x=%2F") == (
+        "/admin/wallets/team%2Fa/credit",
+        "x=%2F",
+    )
+    assert _split_target(b"/v1/chat%2Dcompletions") == ("/v1/chat-completions", "")
+    assert _split_target(b"/a/50%25off/%C3%A9") == ("/a/50%25off/\u00e9", "")

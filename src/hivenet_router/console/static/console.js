@@ -6,8 +6,9 @@
 
 const KEY = "hivenet-console-admin-key";
 const POLL_MS = 5000;
+const CALL_MS = 15000; // an admin call with no answer by then is abandoned, and said so
 const state = { view: "fleet", timer: null, stream: null, requestsBefore: null, requestsAt: null,
-  ledgerBefore: null, ledgerTenant: null, pending: null, refreshing: false };
+  ledgerBefore: null, ledgerTenant: null, pending: null, loading: new Set() };
 
 const $ = (id) => document.getElementById(id);
 
@@ -58,13 +59,21 @@ async function api(method, path, body, type) {
   const headers = { Authorization: `Bearer ${key || ""}` };
   if (body !== undefined) headers["Content-Type"] = type || "application/json";
   let answer;
+  let text;
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), CALL_MS);
   try {
     answer = await fetch(path, { method, headers, body, cache: "no-store",
-      credentials: "omit", redirect: "error" });
+      credentials: "omit", redirect: "error", signal: abort.signal });
+    text = await answer.text();
   } catch (error) {
-    throw new ApiFailure(0, { raw: `the router did not answer (${error.message})` });
+    const why = abort.signal.aborted ? `no answer within ${CALL_MS / 1000} s` : error.message;
+    throw new ApiFailure(0, { raw: `the router did not answer (${why})` });
+  } finally {
+    clearTimeout(timer);
   }
-  const text = await answer.text();
+  // Signed out while the call was out: what it brought is shown nowhere.
+  if (!sessionStorage.getItem(KEY)) throw new ApiFailure(0, { raw: "signed out" });
   let parsed;
   try { parsed = text ? JSON.parse(text) : {}; } catch (error) { parsed = { raw: text }; }
   if (answer.status === 401) signOut("Refused: " + describe(401, parsed));
@@ -107,11 +116,15 @@ function signOut(message) {
   clearInterval(state.timer);
   state.timer = null;
   for (const view of document.querySelectorAll(".view")) view.hidden = true;
-  for (const id of ["fleet-table", "models-table", "keys-table", "usage-table", "requests-table"]) {
+  for (const id of ["fleet-table", "models-table", "keys-table", "usage-table", "requests-table",
+    "ledger-table"]) {
     $(id).tBodies[0].replaceChildren();
   }
-  $("policies-list").replaceChildren();
-  $("site-body").replaceChildren();
+  for (const id of ["policies-list", "site-body", "refusals", "traffic-summary", "traffic-minutes",
+    "traffic-errors", "wallet-balance", "keys-mode", "fleet-summary", "credit-result"]) {
+    $(id).replaceChildren();
+  }
+  state.ledgerTenant = null;
   $("wallet").hidden = true;
   $("tabs").hidden = true;
   $("signout").hidden = true;
@@ -138,20 +151,35 @@ function select(view) {
   }
   refresh();
   clearInterval(state.timer);
-  state.timer = setInterval(() => { if (view !== "policies") refresh(); }, POLL_MS);
+  state.timer = null;
+  if (!document.hidden) {
+    state.timer = setInterval(() => { if (view !== "policies") refresh(); }, POLL_MS);
+  }
 }
 
+// A hidden tab polls nothing; shown again, its view is read at once and polled again.
+document.addEventListener("visibilitychange", () => {
+  if (!sessionStorage.getItem(KEY) || $("tabs").hidden) return;
+  if (document.hidden) {
+    clearInterval(state.timer);
+    state.timer = null;
+  } else {
+    select(state.view);
+  }
+});
+
+// One read at a time per view: a slow view never holds another back.
 async function refresh() {
-  if (state.refreshing || !sessionStorage.getItem(KEY)) return;
-  state.refreshing = true;
   const view = state.view;
+  if (state.loading.has(view) || document.hidden || !sessionStorage.getItem(KEY)) return;
+  state.loading.add(view);
   try {
     await VIEWS[view]();
     show(`${view}-error`, "");
   } catch (error) {
     if (sessionStorage.getItem(KEY)) show(`${view}-error`, error.message);
   } finally {
-    state.refreshing = false;
+    state.loading.delete(view);
   }
 }
 
@@ -376,11 +404,14 @@ async function loadTenants() {
     : [el("li", { className: "muted", text: "none" })]));
 }
 
+// A name as one path segment: encoded, dots included (a browser resolves "." and "..").
+function segment(name) { return encodeURIComponent(name).replace(/\./g, "%2E"); }
+
 async function loadWallet(event, before) {
   if (event) event.preventDefault();
   const tenant = event ? $("wallet-tenant").value.trim() : state.ledgerTenant;
   if (!tenant) return;
-  const path = `/admin/wallets/${encodeURIComponent(tenant)}`;
+  const path = `/admin/wallets/${segment(tenant)}`;
   try {
     const wallet = await api("GET", path);
     const query = before ? `?limit=20&before=${encodeURIComponent(before)}` : "?limit=20";
@@ -417,7 +448,7 @@ async function credit(event) {
   const note = $("credit-note").value.trim();
   if (note) body.note = note;
   try {
-    const answer = await api("POST", `/admin/wallets/${encodeURIComponent(tenant)}/credit`,
+    const answer = await api("POST", `/admin/wallets/${segment(tenant)}/credit`,
       JSON.stringify(body));
     $("credit-result").className = "ok";
     $("credit-result").textContent = answer.applied

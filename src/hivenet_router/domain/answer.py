@@ -131,7 +131,7 @@ class Answer:
         self.input_estimate = 0
         self._meter: StreamMeter | None = None
         # The usage a reader of the stream already found in it (`read_usage`).
-        self._reported: tuple[int, int | None] | None = None
+        self._reported: tuple[int | None, int | None] | None = None
         # The text count, for a stream whose usage is not expected (`expect_usage`); the
         # first chunk is fed to it with the second, so a stream found to report its usage
         # before then never pays for a scan.
@@ -224,7 +224,9 @@ class Answer:
             return None
         reported = self._reported or meter.reported()
         if reported is not None and reported[1] is not None:
-            return Usage(reported[0], reported[1])
+            # An input the stream did not report (its start not found) is the estimate.
+            prompt = reported[0] if reported[0] is not None else self.input_estimate
+            return Usage(prompt, reported[1])
         # No output count: counted from the events or the text relayed, the input as
         # reported or estimated.
         self.usage_estimated = True

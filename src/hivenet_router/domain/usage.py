@@ -29,6 +29,9 @@ import orjson
 from hivenet_router.domain.request import RequestFacts, Usage
 
 TAIL_CHUNKS = 4
+# The start of a stream kept whole: Anthropic's `message_start` (its input count) may follow
+# a ping or a comment, or be split across reads; it is never this far in.
+HEAD_BYTES = 8192
 
 # Engines whose OpenAI-compatible servers honour `stream_options.include_usage` (the
 # simulator registers as vllm). Other engines get the client's body unchanged.
@@ -115,14 +118,18 @@ def from_body(body: bytes) -> Usage | None:
 
 
 class StreamMeter:
-    """Keeps references to a stream's first and last chunks (parsed once, at the end) and,
-    once `count_events` was called, counts its content events: one `count` per chunk."""
+    """Keeps references to a stream's first chunks (up to HEAD_BYTES) and last chunks
+    (parsed once, at the end) and, once `count_events` was called, counts its content
+    events: one `count` per chunk."""
 
-    __slots__ = ("_first", "_framing", "_marker", "_tail", "events")
+    __slots__ = ("_fed", "_first", "_framing", "_head", "_marker", "_room", "_tail", "events")
 
     def __init__(self) -> None:
         self._first: bytes | None = None
+        self._head: list[bytes] = []  # the chunks after the first, while there is room
+        self._room = HEAD_BYTES
         self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
+        self._fed = 0  # chunks past the head, the tail's and the dropped
         self._marker = b""
         self._framing = 0
         self.events = 0
@@ -130,8 +137,13 @@ class StreamMeter:
     def feed(self, chunk: bytes) -> None:
         if self._first is None:
             self._first = chunk
+            self._room -= len(chunk)
+        elif self._room > 0:
+            self._head.append(chunk)
+            self._room -= len(chunk)
         else:
             self._tail.append(chunk)
+            self._fed += 1
         if self._marker:
             self.events += chunk.count(self._marker)
 
@@ -159,15 +171,20 @@ class StreamMeter:
         found = self.reported()
         if found is None:
             return None
-        return Usage(found[0], found[1] or 0)
+        return Usage(found[0] or 0, found[1] or 0)
 
-    def reported(self) -> tuple[int, int | None] | None:
+    def reported(self) -> tuple[int | None, int | None] | None:
         """Input and output tokens the stream reported, or None for no report; the output
         is None when only the start was reported (an Anthropic stream cut before its
-        `message_delta`)."""
+        `message_delta`), the input None when only the end was (its `message_start` not
+        found: the caller counts the estimate, never zero)."""
         if self._first is None:
             return None
-        text = self._first + b"".join(self._tail)
+        head = self._first + b"".join(self._head) if self._head else self._first
+        # Chunks dropped between the head and the tail: a blank line between them, so that
+        # no line is read across the gap as one.
+        gap = b"\n\n" if self._fed > len(self._tail) else b""
+        text = head + gap + b"".join(self._tail) if self._tail else head
         # An OpenAI stream reports last: its last usage line says it all, found from the end
         # (a stream's text is not searched twice). Anthropic's start and delta are read below.
         last = text.rfind(b'"usage"')
@@ -183,7 +200,7 @@ class StreamMeter:
                 found = _from_usage(event.get("usage"))
                 if found is not None:
                     return found
-        prompt = 0
+        prompt: int | None = None
         completion: int | None = None
         seen = False
         for line in _lines_with(text, b'"usage"'):
@@ -207,10 +224,18 @@ class StreamMeter:
                 prompt = found[0]
             elif event.get("type") == "message_delta":
                 completion = found[1]
-                prompt = prompt or found[0]
+                if not prompt and _has_input(usage):
+                    prompt = found[0]
             else:
                 prompt, completion = found
         return (prompt, completion) if seen else None
+
+
+def _has_input(usage: Any) -> bool:
+    """Does this usage object count input (a `message_delta` may count output alone)?"""
+    return isinstance(usage, dict) and any(
+        usage.get(name) is not None for name in ("input_tokens", "prompt_tokens")
+    )
 
 
 def _line_at(text: bytes, at: int) -> bytes:

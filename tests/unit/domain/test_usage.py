@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -374,3 +375,57 @@ def test_the_usage_the_filter_hands_over_is_what_the_meter_would_read(
     plain = (USAGE_EVENT, USAGE_EVENT.replace(b'"choices":[]', b'"choices": []'))
     if events and events[-1] in plain:
         assert drop.found == (5, 7)  # the usual stream's last event: handed over
+
+
+_START = (
+    b'event: message_start\ndata: {"type":"message_start","message":'
+    b'{"usage":{"input_tokens":500,"output_tokens":1}}}\n\n'
+)
+_DELTA = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta",'
+    b'"delta":{"type":"text_delta","text":"word"}}\n\n'
+)
+_END = b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":20}}\n\n'
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        [b": keepalive\n\n", _START],  # a comment first
+        [b'event: ping\ndata: {"type":"ping"}\n\n', _START],  # a ping first
+        [_START[:50], _START[50:]],  # the start split across two reads
+    ],
+)
+async def test_an_anthropic_start_after_the_first_chunk_is_still_read(
+    opening: list[bytes],
+) -> None:
+    """Found by a new user (llama.cpp's order): a `message_start` outside the first chunk
+    of a long stream was billed zero input tokens."""
+    answer = Answer(200, [], Whole(), first=opening[0])
+    answer.input_estimate = 77
+    meter = answer._meter
+    assert meter is not None
+    for chunk in [*opening[1:], *[_DELTA] * 40, _END]:
+        meter.feed(chunk)
+    await answer.close(Outcome.OK)
+    assert answer.usage == Usage(500, 20)
+
+
+async def test_an_anthropic_stream_whose_start_is_lost_counts_the_estimate_not_zero() -> None:
+    answer = Answer(200, [], Whole(), first=_DELTA)
+    answer.input_estimate = 77
+    meter = answer._meter
+    assert meter is not None
+    for chunk in [_DELTA] * 3000 + [_END]:  # the head has no start; the tail has the end
+        meter.feed(chunk)
+    await answer.close(Outcome.OK)
+    assert answer.usage == Usage(77, 20)
+
+
+def test_a_line_is_never_read_across_the_chunks_dropped_between_head_and_tail() -> None:
+    meter = StreamMeter()
+    meter.feed(b'data: {"choices":[],"usage":{"prompt_tokens":1')  # cut: no line end
+    for _ in range(2000):
+        meter.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
+    meter.feed(b',"completion_tokens":5}}\n\ndata: [DONE]\n\n')
+    assert meter.reported() is None

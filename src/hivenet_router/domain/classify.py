@@ -20,6 +20,11 @@ _TYPE_MAP = {
     "invalid_parameter": ErrorCode.INVALID_PARAMETER,
 }
 _CONTEXT_WORDS = ("length", "window", "token", "size")
+# Anthropic's own words for an over-long prompt ("prompt is too long: N tokens > M maximum").
+_TOO_LONG = "prompt is too long"
+# What llama.cpp answers (HTTP 500) to an image sent to a model without vision: the
+# request's own doing, which no retry mends and no agent should be blamed for.
+_NO_VISION = ("image input is not supported", "image input is not allowed")
 MESSAGE_LIMIT = 512
 
 
@@ -70,22 +75,31 @@ def classify(status: int, raw: bytes) -> tuple[ErrorCode, int, bytes]:
         # client's mistake, those would be refused rather than tried on another agent.
         code = None
     lowered = message.lower()
-    context_words = "context" in lowered and any(word in lowered for word in _CONTEXT_WORDS)
+    context_words = (
+        "context" in lowered and any(word in lowered for word in _CONTEXT_WORDS)
+    ) or _TOO_LONG in lowered
+    if code is None and status == 413 and not context_words:
+        code = ErrorCode.REQUEST_TOO_LARGE  # the engine's own size bound, not a retry's
+    elif code is None and status >= 500 and any(words in lowered for words in _NO_VISION):
+        code = ErrorCode.UNSUPPORTED_PARAMETER
     if code in (None, ErrorCode.INVALID_PARAMETER) and status in (400, 413, 422):
         # Anthropic and OpenAI both say invalid_request_error for an over-long prompt; the
         # message tells the two apart.
         code = ErrorCode.CONTEXT_LENGTH_EXCEEDED if context_words else ErrorCode.INVALID_PARAMETER
     elif code is None:
-        if status in (429, 503):
+        if status in (429, 503, 529):  # 529: Anthropic's "overloaded"
             code = ErrorCode.BACKEND_UNAVAILABLE
         elif status == 404:
-            code = ErrorCode.MODEL_NOT_FOUND
+            # The model the agent registered is not the engine's, or the engine has no such
+            # route (a token count on an engine without one): only the first is the agent's
+            # to answer for, and the second would fail alike on a retry.
+            code = ErrorCode.MODEL_NOT_FOUND if "model" in lowered else ErrorCode.NOT_FOUND
         else:
             code = ErrorCode.BACKEND_ERROR
     client_status = (
         400 if code in (ErrorCode.CONTEXT_LENGTH_EXCEEDED, ErrorCode.INVALID_PARAMETER) else 0
     )
-    if code is ErrorCode.MODEL_NOT_FOUND:
+    if code in (ErrorCode.MODEL_NOT_FOUND, ErrorCode.NOT_FOUND):
         client_status = 404
     final_status = client_status or STATUS[code]
     return code, final_status, error_body(code, message, "backend", final_status)

@@ -108,6 +108,7 @@ NON_RETRYABLE: frozenset[ErrorCode] = frozenset(
         ErrorCode.REQUEST_TOO_LARGE,
         ErrorCode.UNSUPPORTED_TOOL,
         ErrorCode.UNSUPPORTED_PARAMETER,
+        ErrorCode.NOT_FOUND,  # an engine without the route asked for (domain/classify.py)
     }
 )
 

@@ -275,6 +275,12 @@ class Admission:
 
     def _refuse(self, ticket: Ticket, reason: str, error: ApiError) -> ApiError:
         ticket.emit(Refused(reason, error.code))
+        if reason == "daily":
+            # The budget is back at the next UTC midnight: say so, and tell the SDKs
+            # (which retry a 429 at once) that retrying sooner cannot help.
+            wall = self._clock.wall()
+            ticket.headers_out["Retry-After"] = str(max(1, math.ceil(86_400 - wall % 86_400)))
+            ticket.headers_out["x-should-retry"] = "false"
         return error
 
     def _caps(self, ticket: Ticket, policy: Policy, facts: RequestFacts, estimate: int) -> None:

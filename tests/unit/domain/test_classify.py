@@ -64,6 +64,35 @@ from hivenet_router.domain.errors import ErrorCode, error_body
             ErrorCode.MODEL_NOT_FOUND,
             404,
         ),
+        # Found by a new user: an engine without /v1/messages/count_tokens answered 404,
+        # read as the agent's failure, which opened its breaker for every client.
+        (404, b'{"detail": "Not Found"}', ErrorCode.NOT_FOUND, 404),
+        (
+            400,
+            b'{"type": "error", "error": {"type": "invalid_request_error", "message": '
+            b'"prompt is too long: 300000 tokens > 200000 maximum"}}',
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            400,
+        ),
+        (
+            413,
+            b'{"type": "error", "error": {"type": "request_too_large", "message": "big"}}',
+            ErrorCode.REQUEST_TOO_LARGE,
+            413,
+        ),
+        (
+            529,
+            b'{"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}',
+            ErrorCode.BACKEND_UNAVAILABLE,
+            503,
+        ),
+        (  # llama.cpp without a vision projector: the request's doing, never retried
+            500,
+            b'{"error": {"code": 500, "message": "image input is not supported - hint: '
+            b'if this is unexpected, you may need to provide the mmproj"}}',
+            ErrorCode.UNSUPPORTED_PARAMETER,
+            400,
+        ),
     ],
 )
 def test_classify(status: int, body: bytes, code: ErrorCode, client_status: int) -> None:

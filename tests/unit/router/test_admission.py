@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
+import math
 import sys
 from types import SimpleNamespace
 
@@ -174,10 +175,16 @@ async def test_b1_caps_and_the_daily_budget() -> None:
     ticket = budget.ticket(who(quota), CHAT + b', "max_tokens": 100}')
     answer = await budget.send(ticket)
     assert ticket.headers_out["X-RateLimit-Remaining-Tokens"] == "96"  # 204 of 300
+    refused = budget.ticket(who(quota), CHAT + b', "max_tokens": 100}')
     with pytest.raises(ApiError) as info:
-        await budget.request(who(quota), CHAT + b', "max_tokens": 100}')
+        await budget.send(refused)
     assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
     assert budget.recorder.refusals() == ["daily"]
+    # Found by a new user: the SDKs retried it at once, though nothing changes before the
+    # budget's day ends (UTC midnight).
+    wall = budget.clock.wall()
+    assert refused.headers_out["Retry-After"] == str(math.ceil(86_400 - wall % 86_400))
+    assert refused.headers_out["x-should-retry"] == "false"
     assert budget.ports.daily.used("t") == 204  # type: ignore[attr-defined]
     await answer.close(Outcome.OK)
     assert budget.ports.daily.used("t") == 100  # type: ignore[attr-defined]  # exact usage

@@ -21,6 +21,7 @@ from hivenet_router.auth.providers import ANONYMOUS
 from hivenet_router.clock import Clock, ManualClock, SystemClock, run_in_virtual_time
 from hivenet_router.domain.agent import EngineSnapshot, Registration
 from hivenet_router.domain.answer import Answer, Outcome
+from hivenet_router.domain.classify import classify
 from hivenet_router.domain.errors import ApiError, ErrorCode, error_body
 from hivenet_router.domain.request import Job, RequestFacts
 from hivenet_router.gateway.validator import AVOID
@@ -54,7 +55,9 @@ class Engine:
         if self.gate is not None:
             await self.gate.wait()
         body = b'{"usage": {"prompt_tokens": 3, "completion_tokens": 2}}'
-        if self.status >= 500:
+        if self.status == 404:  # as the agent classifies an engine's 404 on a route it lacks
+            body = classify(404, b'{"detail": "Not Found"}')[2]
+        elif self.status >= 500:
             body = error_body(ErrorCode.BACKEND_ERROR, "boom", "backend", self.status)
         elif self.status >= 400:
             body = error_body(ErrorCode.INVALID_PARAMETER, "bad", "backend", self.status)
@@ -306,6 +309,21 @@ async def test_chain_progression(
         assert failures == {
             peer: calls[peer] if status >= 500 else 0 for peer, (_, status) in agents.items()
         }
+
+
+async def test_an_engine_without_the_route_is_a_404_for_the_client_and_no_ones_failure() -> None:
+    """Found by a new user: a token count on an engine without that route was retried on
+    every agent, counted as each one's failure, and opened the model's breakers."""
+    async with fleet() as f:
+        await f.agent("a", 404)
+        await f.agent("b", 404)
+        for _ in range(6):
+            answer = await f.send()
+            assert answer.status == 404 and b'"not_found"' in (answer.body or b"")
+            await answer.close(Outcome.OK)
+        assert sum(engine.calls for engine in f.engines.values()) == 6  # never retried
+        assert all(a.failures == 0 and a.consecutive_failures == 0 for a in f.registry.all())
+        assert f.held() == (0, 0)
 
 
 async def test_a_reload_does_not_touch_requests_in_flight() -> None:

@@ -296,6 +296,12 @@ def test_policies_written_in_memory(fleet: tuple[Cluster, Router]) -> None:
             assert refused.json()["error"]["param"] == "dry_run"
     assert admin(router, "GET", "/admin/policy").json() == current
     assert admin(router, "GET", "/admin/policy/models").json() == {}
+    # Every write meant to apply is a reload the metric counts, as the reference counts it
+    # (found by an operator of the Go router: a failed push never reached the alert); a
+    # dry run is none.
+    page = router.metrics()
+    assert metric(page, "hivenet_policy_reload_total", trigger="api", result="success") == 1.0
+    assert metric(page, "hivenet_policy_reload_total", trigger="api", result="error") == 5.0
 
     # Named policies.
     named = "models: [" + MODEL + "]\n" + BASE + "  max_tries: 1\n"

@@ -328,6 +328,11 @@ def test_dynamic_keys(make_cluster: Cluster) -> None:
     wait_until(lambda: "auth reloaded (api.mode dynamic)" in router.proc.log())
     listed = httpx.get(router.url + "/admin/api-keys", headers=admin, timeout=5).json()
     assert [k["id"] for k in listed["keys"]] == ["acme-prod"]
+    # One key, wrapped as the reference answers it (found by an operator of the Go router).
+    one = httpx.get(router.url + "/admin/api-keys/acme-prod", headers=admin, timeout=5)
+    assert one.json()["key"]["id"] == "acme-prod" and one.json()["key"]["key_hash"] == ""
+    missing = httpx.get(router.url + "/admin/api-keys/nobody", headers=admin, timeout=5)
+    assert missing.status_code == 404 and missing.json() == {"error": "key not found: nobody"}
     httpx.delete(
         router.url + "/admin/api-keys/acme-prod?version=rev_0002", headers=admin, timeout=5
     )

@@ -5,9 +5,11 @@ builds the argument parser from the fields, applies the precedence flag > enviro
 default, and parses every value with the field's parser. A bad value stops the process with a
 message that names the flag (and the variable, when it came from there). Unlike the Go router,
 which silently ignores an invalid typed environment value, this refuses to start. An empty
-value is a value, not "unset": every typed option refuses it, and so do the lists that pick
-which parts of the router run (stages, observers: values.name_list), where it would turn
-them all off. Text, and lists where none is a plain setting (keys, origins, tags), take it.
+environment value (blank, as `${X:-}` in a compose file leaves it) of an option that would
+refuse it is unset, as in the Go router: the flag or default applies. Text, and lists where
+none is a plain setting (keys, origins, tags), take it as their value (an empty audit path
+is no audit log). A flag is never unset this way: `--queue-depth ""` is refused. A flag may
+be written with one dash, as Go's flag package takes it (`-http-port`).
 """
 
 from __future__ import annotations
@@ -72,8 +74,16 @@ def _show(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return ",".join(str(item) for item in value)
-    return str(value)
+        return ",".join(_no_userinfo(str(item)) for item in value)
+    return _no_userinfo(str(value))
+
+
+# The user and password a URL may carry (`https://user:pass@host`): never shown.
+_USERINFO = re.compile(r"(://)[^/@\s]*@")
+
+
+def _no_userinfo(text: str) -> str:
+    return _USERINFO.sub(r"\1<redacted>@", text) if "@" in text else text
 
 
 class ConfigError(Exception):
@@ -135,11 +145,23 @@ def unrecognised(extra: Sequence[str], known: Sequence[str]) -> str:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    """`parser.parse_args`, but an unknown argument is reported by `unrecognised`."""
-    namespace, extra = parser.parse_known_args(list(argv))
+    """`parser.parse_args`, but an unknown argument is reported by `unrecognised`, and a
+    long flag written with one dash (`-http-port`, as Go's flag package takes it) is read
+    as with two."""
+    known = parser._option_string_actions
+    argv = [_two_dashes(arg, known) for arg in argv]
+    namespace, extra = parser.parse_known_args(argv)
     if extra:
         parser.error(unrecognised(extra, sorted(parser._option_string_actions)))
     return namespace
+
+
+def _two_dashes(arg: str, known: Mapping[str, object]) -> str:
+    if len(arg) > 2 and arg[0] == "-" and arg[1] != "-":
+        name = "-" + arg.partition("=")[0]
+        if name in known:
+            return "-" + arg
+    return arg
 
 
 def build_parser(config_type: type[Any], prog: str, description: str) -> argparse.ArgumentParser:
@@ -183,11 +205,15 @@ def load(
     for name, spec in specs(config_type):
         raw = getattr(namespace, name, None)
         origin = spec.flag or ""
-        if raw is None and spec.env is not None and spec.env in environ:
-            raw = environ[spec.env]
-            origin = f"{spec.env} (environment)"
-            if spec.flag:
-                origin = f"{spec.flag} / {spec.env} (environment)"
+        if raw is None and spec.env is not None:
+            variable = spec.env if spec.env in environ else None
+            if variable is not None:
+                raw = environ[variable]
+                origin = f"{variable} (environment)"
+                if spec.flag:
+                    origin = f"{spec.flag} / {variable} (environment)"
+                if not raw.strip() and not _takes(spec, raw):
+                    continue  # blank: unset, as the Go router reads it
         if raw is None:
             continue
         try:
@@ -200,6 +226,14 @@ def load(
     if callable(check):
         check()
     return config
+
+
+def _takes(spec: OptionSpec, raw: str) -> bool:
+    try:
+        spec.parse(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def describe(config: object) -> dict[str, str]:

@@ -436,8 +436,8 @@ class RouterConfig(PortOptions):
         "(rate, admission, wallet, cache, validator); each gateway stage acts only where "
         "turned on. A name may appear once, rate must come first and is required with "
         "admission, admission must come before wallet, and wallet before cache and "
-        "validator. An empty value is refused (it would drop rate limits, budgets and "
-        "wallets)",
+        "validator. A list of no names is refused (it would drop rate limits, budgets and "
+        "wallets); a blank variable is unset",
     )
     ledger_dsn: str = option(
         "",
@@ -459,8 +459,8 @@ class RouterConfig(PortOptions):
         ("metrics", "audit", "access"),
         parse=v.name_list,
         env="HIVENET_ROUTER_OBSERVERS",
-        help="What watches requests and agents, by name (metrics, audit, access); an empty "
-        "value is refused",
+        help="What watches requests and agents, by name (metrics, audit, access); a list of "
+        "no names is refused, a blank variable is unset",
     )
     audit_log_path: str = option(
         "/var/log/hivenet-router/audit.jsonl",

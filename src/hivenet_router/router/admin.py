@@ -77,6 +77,7 @@ class AdminApi:
         sync_view: Callable[[], dict[str, Any]] | None = None,
         site_usage: SiteUsage | None = None,
         more: list[tuple[str, str, Handler]] | None = None,
+        policy_written: Callable[[bool], None] = lambda ok: None,
     ) -> None:
         self.sync_view = sync_view
         self.site_usage = site_usage
@@ -86,7 +87,7 @@ class AdminApi:
         # it at shutdown.
         self.feed = RegistrationFeed(clock)
         registry.listen(self.feed.publish)
-        self.policy_api = PolicyApi(policies, body_timeout)
+        self.policy_api = PolicyApi(policies, body_timeout, policy_written)
         self.body_timeout = body_timeout
         self.auth = auth
         self.daily = daily
@@ -350,8 +351,8 @@ class AdminApi:
         except RegistryError as exc:
             return self._refused(exc)
         if entry is None:
-            return _json({"error": "no such key"}, 404)
-        return _json(entry.public())
+            return _json({"error": f"key not found: {request.match_info['id'][:128]}"}, 404)
+        return _json({"key": entry.public()})  # wrapped, as the reference answers
 
     async def key_put(self, request: Request) -> Response:
         try:

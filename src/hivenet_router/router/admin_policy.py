@@ -101,9 +101,17 @@ def policy_json(policy: Policy) -> dict[str, Any]:
 
 
 class PolicyApi:
-    def __init__(self, policies: PolicyStore, body_timeout: float) -> None:
+    def __init__(
+        self,
+        policies: PolicyStore,
+        body_timeout: float,
+        written: Callable[[bool], None] = lambda ok: None,
+    ) -> None:
         self.policies = policies
         self.body_timeout = body_timeout
+        # Told of every write that was meant to apply (not a dry run), True when it did:
+        # hivenet_policy_reload_total{trigger="api"}, as the reference counts it.
+        self._written = written
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         return [
@@ -134,26 +142,39 @@ class PolicyApi:
 
     async def put_policy(self, request: Request) -> Response:
         dry = _dry_run(request)
-        policy = await self._document(request, "global", named=False)
+        policy = await self._counted(self._document(request, "global", named=False), dry)
         if dry:
             return _json({"status": "policy valid", "policy": policy_json(policy)})
         try:
             self.policies.replace_default(policy)
         except PolicyConflict as exc:
+            self._written(False)
             return _json({"error": str(exc)}, 409)
+        self._written(True)
         return _json({"status": "policy updated", "policy": policy_json(policy)})
 
     async def put_policy_model(self, request: Request) -> Response:
         name = _name(request)
         dry = _dry_run(request)
-        policy = await self._document(request, name, named=True)
+        policy = await self._counted(self._document(request, name, named=True), dry)
         if dry:
             return _json({"status": "policy valid", "name": name, "models": list(policy.models)})
         try:
             self.policies.put_named(policy)
         except PolicyConflict as exc:
+            self._written(False)
             return _json({"error": str(exc)}, 409)
+        self._written(True)
         return _json({"status": "policy updated", "name": name, "models": list(policy.models)})
+
+    async def _counted(self, reading: Awaitable[Policy], dry: bool) -> Policy:
+        """The document; a write refused for its body counts as a failed reload."""
+        try:
+            return await reading
+        except ApiError:
+            if not dry:
+                self._written(False)
+            raise
 
     async def delete_policy_model(self, request: Request) -> Response:
         name = _name(request)

@@ -113,13 +113,17 @@ def model_object(model: str, records: list[AgentRecord], *, detail: bool) -> dic
     }
     if detail:
         agents["list"] = [_catalog_entry(a) for a in ordered]
+    pretty = next((r.llm_pretty_name for r in regs if r.llm_pretty_name), None)
+    info = next((r.llm_info for r in regs if r.llm_info), None)
     return {
         "id": model,
         "object": "model",
         "created": int(ordered[0].registered_at) if ordered else 0,
         "owned_by": "hivenet-router",
-        "pretty_name": next((r.llm_pretty_name for r in regs if r.llm_pretty_name), None),
-        "info": next((r.llm_info for r in regs if r.llm_info), None),
+        # Optional, as the reference has them: absent rather than null when no agent set
+        # them (a client's `m.get("pretty_name", m["id"])` then reads the ID).
+        **({"pretty_name": pretty} if pretty else {}),
+        **({"info": info} if info else {}),
         "capability": next((r.capability for r in regs if r.capability), None),
         "capabilities": sorted({r.capability for r in regs}),
         "hide_llm": any(r.hide_llm for r in regs),

@@ -214,7 +214,7 @@ class RouterProcess:
             self._announce(),
             cfg.metrics_port,
         )
-        log.debug("configuration: %s", describe(cfg))
+        log.info("configuration: %s", describe(cfg))
         if cfg.site_id:
             _say_what_site_id_does(cfg)
         await self._restore_quota(router, store)

@@ -351,6 +351,9 @@ def assemble(
             body_timeout=cfg.http_body_timeout,
             sync_view=site.view if site is not None else None,
             site_usage=site.usage if site is not None else None,
+            policy_written=lambda ok: metrics.policy_reload.inc(
+                ("api", "success" if ok else "error")
+            ),
         ),
     )
     _gateway(router, cfg, policy_for)

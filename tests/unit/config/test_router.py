@@ -7,7 +7,7 @@ import pytest
 
 from hivenet_router.auth.config import API_MODES
 from hivenet_router.config.agent import AgentConfig
-from hivenet_router.config.options import ConfigError, load
+from hivenet_router.config.options import ConfigError, describe, load
 from hivenet_router.config.router import AUTH_MODES, RouterConfig
 
 
@@ -15,13 +15,28 @@ def router(argv: list[str] | None = None, **env: str) -> RouterConfig:
     return load(RouterConfig, argv or [], env, "hivenet-router")
 
 
-@pytest.mark.parametrize("value", ["", " ", ", ,"])
 @pytest.mark.parametrize("variable", ["HIVENET_ROUTER_STAGES", "HIVENET_ROUTER_OBSERVERS"])
-def test_an_empty_stage_or_observer_list_is_refused(variable: str, value: str) -> None:
+def test_an_empty_stage_or_observer_list_is_never_taken(variable: str) -> None:
     # An empty stage list once ran without admission (rate limits, daily budgets) or
-    # wallets, silently.
+    # wallets, silently. A list of no names is refused; a blank variable is unset, as the
+    # Go router reads it: the default list applies.
     with pytest.raises(ConfigError, match=variable):
-        router(**{variable: value})
+        router(**{variable: ", ,"})
+    for blank in ("", " "):
+        assert router(**{variable: blank}) == router()
+
+
+def test_a_blank_typed_variable_is_unset_and_a_one_dash_flag_is_a_flag() -> None:
+    """Found by an operator of the Go router: compose's ${X:-} left QUEUE_DEPTH blank and
+    the router refused to start; and a systemd unit wrote -http-port, as Go takes it."""
+    assert router(HIVENET_ROUTER_QUEUE_DEPTH="").queue_depth == router().queue_depth
+    with pytest.raises(ConfigError, match="HIVENET_ROUTER_QUEUE_DEPTH"):
+        router(HIVENET_ROUTER_QUEUE_DEPTH="five")
+    with pytest.raises(ConfigError, match="--queue-depth"):
+        router(["--queue-depth", ""])  # a flag is never unset this way
+    assert router(HIVENET_ROUTER_AUDIT_LOG_PATH="").audit_log_path == ""  # text takes it
+    one = router(["-http-port", "127.0.0.1:9999", "-queue-depth=7"])
+    assert (one.http_port.port, one.queue_depth) == (9999, 7)
 
 
 def test_stage_lists_that_name_something_are_taken() -> None:
@@ -40,11 +55,13 @@ def test_a_ledger_without_the_wallet_stage_is_refused() -> None:
     assert taken.ledger_dsn == dsn
 
 
-@pytest.mark.parametrize("mode", ["api_key", "apikey", "None", "static", ""])
+@pytest.mark.parametrize("mode", ["api_key", "apikey", "None", "static"])
 def test_an_unknown_auth_mode_is_refused_with_the_list(mode: str) -> None:
     with pytest.raises(ConfigError, match="HIVENET_ROUTER_AUTH_MODE") as info:
         router(HIVENET_ROUTER_AUTH_MODE=mode)
     assert "none, api-key, dynamic" in str(info.value)
+    # Blank, it is unset (as the Go router reads it): the default mode.
+    assert router(HIVENET_ROUTER_AUTH_MODE="").auth_mode == router().auth_mode
 
 
 def test_the_documented_auth_modes_are_taken() -> None:
@@ -108,3 +125,10 @@ def test_the_console_is_on_unless_turned_off() -> None:
     assert router(["--console=false"]).console is False
     assert router(HIVENET_ROUTER_CONSOLE="false").console is False
     assert router(["--console=true"], HIVENET_ROUTER_CONSOLE="false").console is True
+
+
+def test_the_startup_banner_shows_no_password_a_url_carries() -> None:
+    config = router(HIVENET_ROUTER_OPENAI_BASE_URL="https://user:s3cret@proxy.example/v1")
+    shown = describe(config)
+    assert "s3cret" not in str(shown)
+    assert shown["HIVENET_ROUTER_OPENAI_BASE_URL"] == "https://<redacted>@proxy.example/v1"

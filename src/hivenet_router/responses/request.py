@@ -45,6 +45,7 @@ _RARE: Final = frozenset(
 # The sampling parameters' ranges, as OpenAI states them.
 _RANGES: Final = (("temperature", 2), ("top_p", 1))
 VERBOSITIES: Final = frozenset({"low", "medium", "high"})
+TOP_LOGPROBS: Final = 20
 SUMMARIES: Final = frozenset({"auto", "concise", "detailed"})
 METADATA_KEYS: Final = 16
 MAX_OUTPUT: Final = 2**31 - 1  # as chat's max_tokens (router/bodies.py)
@@ -201,10 +202,14 @@ def _check_options(raw: dict[str, Any]) -> None:
         _one_of(reasoning, "effort", EFFORTS, "reasoning.")
         _one_of(reasoning, "summary", SUMMARIES, "reasoning.")
     _typed(raw, "prompt_cache_key", (str,), "a string")
-    for name, least, most in (("top_logprobs", 0, 20), ("max_tool_calls", 1, MAX_OUTPUT)):
-        number = _typed(raw, name, (int,), "an integer")
-        if number is not None and not least <= number <= most:
-            raise refused(f"{name}: must be between {least} and {most}", name)
+    # JSON Schema's integers include 5.0; the schema bounds top_logprobs only.
+    for name in ("top_logprobs", "max_tool_calls"):
+        number = _typed(raw, name, (int, float), "an integer")
+        if isinstance(number, float) and not number.is_integer():
+            raise invalid(f"{name}: expected an integer", name)
+    top = raw.get("top_logprobs")
+    if top is not None and not 0 <= top <= TOP_LOGPROBS:
+        raise refused(f"top_logprobs: must be between 0 and {TOP_LOGPROBS}", "top_logprobs")
     text = _typed(raw, "text", (dict,), "an object")
     if text is not None:
         _one_of(text, "verbosity", VERBOSITIES, "text.")

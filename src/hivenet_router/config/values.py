@@ -247,6 +247,9 @@ def dial_port(value: str) -> int:
 
 def host_port(value: str) -> ListenAddress:
     """Parse a dial address such as `localhost:50051`."""
+    if "://" in value:  # `http://host:port` read as host `http` never resolved, and was
+        # retried forever (found by a new user)
+        raise ValueError(f"{value!r}: give HOST:PORT, without a scheme (example: router:50051)")
     if ":" not in value:  # listen_address's examples (`:8080`) are no dial addresses
         raise ValueError(f"{value!r} needs a port (example: router.example.com:50051)")
     address = listen_address(value)

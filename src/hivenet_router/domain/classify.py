@@ -22,9 +22,14 @@ _TYPE_MAP = {
 _CONTEXT_WORDS = ("length", "window", "token", "size")
 # Anthropic's own words for an over-long prompt ("prompt is too long: N tokens > M maximum").
 _TOO_LONG = "prompt is too long"
-# What llama.cpp answers (HTTP 500) to an image sent to a model without vision: the
-# request's own doing, which no retry mends and no agent should be blamed for.
-_NO_VISION = ("image input is not supported", "image input is not allowed")
+# What llama.cpp answers with HTTP 500 that is the request's own doing, which no retry
+# mends and no agent should be blamed for: an image sent to a model without vision, an
+# input longer than an embedding model's batch (any text over 512 tokens, by default).
+_REQUEST_FAULTS = (
+    ("image input is not supported", ErrorCode.UNSUPPORTED_PARAMETER),
+    ("image input is not allowed", ErrorCode.UNSUPPORTED_PARAMETER),
+    ("too large to process", ErrorCode.CONTEXT_LENGTH_EXCEEDED),
+)
 MESSAGE_LIMIT = 512
 
 
@@ -80,8 +85,8 @@ def classify(status: int, raw: bytes) -> tuple[ErrorCode, int, bytes]:
     ) or _TOO_LONG in lowered
     if code is None and status == 413 and not context_words:
         code = ErrorCode.REQUEST_TOO_LARGE  # the engine's own size bound, not a retry's
-    elif code is None and status >= 500 and any(words in lowered for words in _NO_VISION):
-        code = ErrorCode.UNSUPPORTED_PARAMETER
+    elif code is None and status >= 500:
+        code = next((fault for words, fault in _REQUEST_FAULTS if words in lowered), None)
     if code in (None, ErrorCode.INVALID_PARAMETER) and status in (400, 413, 422):
         # Anthropic and OpenAI both say invalid_request_error for an over-long prompt; the
         # message tells the two apart.

@@ -76,7 +76,9 @@ def _from_usage(usage: Any) -> tuple[int, int] | None:
             prompt = _int(prompt) + _int(usage.get(_CACHE_READ)) + _int(usage.get(_CACHE_WRITE))
     completion = usage.get("completion_tokens", usage.get("output_tokens"))
     if prompt is None and completion is None:
-        return None
+        # A rerank's usage in vLLM's and Jina's shape counts its input as total_tokens.
+        total = usage.get("total_tokens")
+        return None if total is None else (_int(total), 0)
     return _int(prompt), _int(completion)
 
 

@@ -41,6 +41,10 @@ RATIO_BOUNDS = (0.05, 1.0)
 # Every route that generates tokens goes through B1 to B4 and the daily budget. The Go
 # router left /v1/completions out, which let a key past its daily budget keep generating.
 GENERATING_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+# Routes that read input and generate none: their input counts against the daily budget
+# (tokens_per_day is input plus output), as the audit record, the tenant's token series
+# and /admin/usage count it; no other gate applies to them.
+INPUT_ROUTES = frozenset({"/v1/embeddings", "/v1/rerank"})
 
 
 class Estimator:
@@ -199,6 +203,8 @@ class Admission:
         """Raise ApiError to refuse (after telling the observers which gate refused). The
         request rate is not here: it is counted earlier, by the rate stage (router/rate.py)."""
         if facts.route not in GENERATING_ROUTES:
+            if facts.route in INPUT_ROUTES:
+                return await self._input_only(ticket, principal, facts)
             return None
         model = facts.model
         estimate = self.estimator.estimate(model, facts.text_bytes, facts.messages)
@@ -223,6 +229,18 @@ class Admission:
             raise
         if hold.output:  # _daily may have lowered it
             apply_bound(ticket, hold.output)
+        return hold
+
+    async def _input_only(self, ticket: Ticket, principal: Principal, facts: RequestFacts) -> Hold:
+        """An embedding or rerank request: its input estimate against the daily budget,
+        trued up with the answer's usage like any other."""
+        estimate = self.estimator.estimate(facts.model, facts.text_bytes, facts.messages)
+        hold = Hold(self, facts, estimate, False)
+        try:
+            await self._daily(ticket, principal, hold, estimate)
+        except BaseException:
+            await hold.settle(None, answered=False)
+            raise
         return hold
 
     async def _bound(
@@ -406,9 +424,13 @@ class Admission:
         if verdict.remaining is not None:
             ticket.headers_out["X-RateLimit-Remaining-Tokens"] = str(verdict.remaining)
         if not verdict.ok:
-            raise self._refuse(
-                ticket, "daily", _no_budget(declared=hold.facts.max_output_tokens is not None)
-            )
+            if hold.facts.route in INPUT_ROUTES:
+                refusal = ApiError(
+                    ErrorCode.TOKEN_LIMIT_EXCEEDED, "insufficient daily token budget for the input"
+                )
+            else:
+                refusal = _no_budget(declared=hold.facts.max_output_tokens is not None)
+            raise self._refuse(ticket, "daily", refusal)
         hold.budget_key, hold.charged = key, worst if limit > 0 else 0
 
     async def _lower(self, hold: Hold, output: int) -> None:

@@ -180,14 +180,19 @@ def _measure(decoded: Any) -> tuple[_Tally, int]:
         for message in messages:
             if isinstance(message, dict) and message:
                 _message(message, tally)
-    prompt = getattr(decoded, "prompt", None)
-    if isinstance(prompt, str):
-        tally.text(prompt)
-    elif isinstance(prompt, list):
-        _prompts(prompt, tally)
+    # A completion's prompt, an embedding's input, a rerank's query: read alike (texts,
+    # token IDs, or batches of either).
+    for field in ("prompt", "input", "query"):
+        prompt = getattr(decoded, field, None)
+        if isinstance(prompt, str):
+            tally.text(prompt)
+        elif isinstance(prompt, list):
+            _prompts(prompt, tally)
     for field in ("tools", "functions", "documents"):
         raw = getattr(decoded, field, None)
-        if raw is not None:
+        if isinstance(raw, list):  # a rerank's documents, decoded
+            _prompts(raw, tally)
+        elif raw is not None:
             tally.text_bytes += len(raw)
     return tally, count
 

@@ -269,6 +269,16 @@ class Dispatcher:
             return ApiError(
                 ErrorCode.MODEL_NOT_FOUND, f"No agents registered for model {job.model}"
             )
+        if all(a.reg.capability != job.capability for a in agents):
+            # Not a passing state: no agent of the model does this kind of request at all.
+            # A 400 the SDKs do not retry, where a 503 had them try three more times.
+            kinds = ", ".join(sorted({a.reg.capability for a in agents}))
+            return ApiError(
+                ErrorCode.INVALID_PARAMETER,
+                f"model {job.model} is served for {kinds} requests, not {job.capability} "
+                f"(an agent declares what its engine does with --capability)",
+                param="model",
+            )
         wait = self.routing.all_open(policy, [a for a in agents if a.eligible])
         if wait is not None and not full:
             # Every healthy agent is being given time to recover: say when to come back.

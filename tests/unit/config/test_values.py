@@ -116,3 +116,11 @@ def test_log_levels_taken(text: str) -> None:
 def test_log_levels_refused(text: str) -> None:
     with pytest.raises(ValueError):
         values.log_level(text)
+
+
+def test_a_dial_address_with_a_scheme_is_refused_at_start() -> None:
+    # Found by a new user: http://host:port was read as host "http", never resolved, and
+    # the agent retried it forever.
+    for value in ("http://127.0.0.1:50051", "https://router:50051"):
+        with pytest.raises(ValueError, match="without a scheme"):
+            values.host_port(value)

@@ -93,6 +93,13 @@ from hivenet_router.domain.errors import ErrorCode, error_body
             ErrorCode.UNSUPPORTED_PARAMETER,
             400,
         ),
+        (  # llama.cpp's embedding batch (found by a new user: it opened the breaker)
+            500,
+            b'{"error": {"code": 500, "message": "input (602 tokens) is too large to '
+            b'process. increase the physical batch size (current batch size: 512)"}}',
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            400,
+        ),
     ],
 )
 def test_classify(status: int, body: bytes, code: ErrorCode, client_status: int) -> None:

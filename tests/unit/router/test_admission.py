@@ -493,3 +493,28 @@ async def test_idle_state_of_100000_keys_is_forgotten() -> None:
     assert held() == 0
     assert after_blocks - blocks < 1000, (blocks, grown_blocks, after_blocks)
     assert after - resident < 8 << 20, (resident, grown, after)
+
+
+async def test_embeddings_and_rerank_count_against_the_daily_budget() -> None:
+    """Found by a new user: a key out of its daily budget kept embedding (456 tokens a
+    request), counted by the audit record and the metrics but never by the budget."""
+    budget = Fleet()
+    budget.answer_body = b'{"data": [], "usage": {"prompt_tokens": 456, "total_tokens": 456}}'
+    quota = Quota(tokens_per_day=1000)
+    texts = b'{"model": "m", "input": ["' + b"word " * 300 + b'"]}'
+    ticket = budget.ticket(who(quota), texts, "/v1/embeddings")
+    assert ticket.facts is not None and ticket.facts.text_bytes == 1500
+    answer = await budget.send(ticket)
+    assert budget.ports.daily.used("t") == 469  # type: ignore[attr-defined]  # the estimate
+    await answer.close(Outcome.OK)
+    assert budget.ports.daily.used("t") == 456  # type: ignore[attr-defined]  # exact usage
+    await (await budget.request(who(quota), texts, "/v1/embeddings")).close(Outcome.OK)
+    with pytest.raises(ApiError) as info:
+        await budget.request(who(quota), texts, "/v1/embeddings")
+    assert info.value.code is ErrorCode.TOKEN_LIMIT_EXCEEDED
+    assert "for the input" in info.value.message
+    # A rerank in vLLM's shape reports its input as total_tokens.
+    budget.answer_body = b'{"results": [], "usage": {"total_tokens": 9}}'
+    rerank = b'{"model": "m", "query": "q", "documents": ["a", "b"]}'
+    await (await budget.request(who(quota), rerank, "/v1/rerank")).close(Outcome.OK)
+    assert budget.ports.daily.used("t") == 921  # type: ignore[attr-defined]

@@ -157,7 +157,10 @@ async def test_errors_for_missing_and_ineligible_agents() -> None:
         )
         with pytest.raises(ApiError) as info:
             await f.send()
-        assert info.value.code is ErrorCode.NO_AGENTS_AVAILABLE
+        # Only an embedding agent serves m: a chat request is the client's mistake, not a
+        # passing state (found by a new user: the SDKs retried the 503 three times).
+        assert info.value.code is ErrorCode.INVALID_PARAMETER and info.value.param == "model"
+        assert "served for embedding requests, not llm" in info.value.message
         sick = await f.agent("b")
         sick.backend_healthy = False
         with pytest.raises(ApiError) as info:

@@ -79,17 +79,27 @@ def _admin_key() -> str:
     return path.read_text().strip()
 
 
-def _wait_for_model(url: str, deadline: float) -> bool:
+def _wait_for_model(
+    url: str, admin: str, children: dict[str, subprocess.Popen[bytes]], deadline: float
+) -> str | None:
+    """None once the router lists the model; else why not: a process that exited (named,
+    at once, rather than after the whole wait), or the time spent. The admin catalog is
+    read with the admin key, so that keys required of clients (HIVENET_ROUTER_AUTH_CONFIG)
+    do not stand in the way."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {admin}"})  # noqa: S310
     while time.monotonic() < deadline:
+        for name, child in children.items():
+            if child.poll() is not None:
+                return f"the {name} exited (status {child.returncode}); see its log above"
         try:
-            with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 (loopback http)
+            with urllib.request.urlopen(request, timeout=1) as resp:  # noqa: S310 (loopback)
                 ids = [m["id"] for m in json.load(resp)["data"]]
                 if MODEL in ids:
-                    return True
+                    return None
         except (urllib.error.URLError, OSError, ValueError, KeyError):
             pass
         time.sleep(0.2)
-    return False
+    return "the router did not list the model within 30s; see the logs above"
 
 
 def main() -> int:
@@ -131,7 +141,11 @@ def main() -> int:
     ]
     admin = _admin_key()
     env = {**os.environ, "HIVENET_ROUTER_ADMIN_API_KEYS": admin}
-    children = [subprocess.Popen(command, env=env) for command in commands]
+    named = {
+        name: subprocess.Popen(command, env=env)
+        for name, command in zip(("engine", "router", "agent"), commands, strict=True)
+    }
+    children = list(named.values())
 
     def stop(*_: object) -> None:
         for child in children:
@@ -141,7 +155,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     base = f"http://127.0.0.1:{HTTP}"
-    if _wait_for_model(f"{base}/v1/models", time.monotonic() + 30):
+    failed = _wait_for_model(f"{base}/admin/models", admin, named, time.monotonic() + 30)
+    if failed is None:
         body = json.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}
         )
@@ -156,7 +171,7 @@ def main() -> int:
             flush=True,
         )
     else:
-        print("the router did not list the model within 30s; see the logs above", flush=True)
+        print(failed, flush=True)
     while all(child.poll() is None for child in children):
         time.sleep(0.2)
     stop()
@@ -165,7 +180,7 @@ def main() -> int:
             child.wait(timeout=10)
         except subprocess.TimeoutExpired:
             child.kill()
-    return 0
+    return 0 if failed is None else 1
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ from hivenet_router.config.shared import (
     log_format_option,
     log_level_option,
 )
+from hivenet_router.domain.agent import CAPABILITIES, ENGINE_ALIASES, engine_name
+from hivenet_router.domain.agent import ENGINES as AGENT_ENGINES
 
-ENGINES = ("vllm", "sglang", "llamacpp", "llama-cpp", "ollama", "infinity", "custom", "openai")
-CAPABILITIES = ("llm", "embedding", "reranker")
+# Every name --engine takes, aliases included.
+ENGINES = (*AGENT_ENGINES, *ENGINE_ALIASES)
 # The most a router takes at registration (domain/agent.py, Registration.capacity): one
 # more started, then was refused by every router on every retry (found by a new user).
 MAX_CAPACITY = 1_000_000
@@ -32,10 +34,10 @@ _capacity = v.at_most(
 
 
 def _engine(value: str) -> str:
-    name = value.strip().lower()
-    if name not in ENGINES:
+    name = engine_name(value)
+    if name is None:
         raise ValueError(f"unknown engine {value!r}; use one of {', '.join(ENGINES)}")
-    return "llamacpp" if name == "llama-cpp" else name
+    return name
 
 
 def _capability(value: str) -> str:

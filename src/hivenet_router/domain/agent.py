@@ -239,6 +239,17 @@ class RoutingSignal(msgspec.Struct):
 
 
 CAPABILITIES = ("llm", "embedding", "reranker")
+# The engines an agent registers as (`--engine`), and the other names one is known by.
+ENGINES = ("vllm", "sglang", "llamacpp", "ollama", "infinity", "custom", "openai")
+ENGINE_ALIASES = {"llama-cpp": "llamacpp"}
+
+
+def engine_name(value: str) -> str | None:
+    """The name an agent registers an engine under, or None for no known engine."""
+    name = value.strip().lower()
+    name = ENGINE_ALIASES.get(name, name)
+    return name if name in ENGINES else None
+
 
 # Which capability a public route needs from the agent that serves it.
 ROUTE_CAPABILITY: dict[str, str] = {

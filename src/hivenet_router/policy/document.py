@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 
 import yaml
 
+from hivenet_router.domain.agent import ENGINES, engine_name
 from hivenet_router.policy import options as step_options
 from hivenet_router.policy.blocks import Block, check_names
 from hivenet_router.policy.gates import OPERATORS, ThresholdGate
@@ -169,6 +170,15 @@ class RoutingReader(Reader):
                 tags = self.strings(value, f"{path}.tags")
             else:
                 text = self.string(value, f"{path}.{key}")
+                if key == "engine" and text:
+                    # Agents register one name an engine (llama-cpp as llamacpp): a policy
+                    # naming another matched no agent and served nothing, silently.
+                    known = engine_name(text)
+                    if known is None:
+                        raise self.fail(
+                            value, f"{path}.engine", f"unknown engine (known: {', '.join(ENGINES)})"
+                        )
+                    text = known
                 if text:
                     fields.append((key, text))
         return Match(tuple(fields), tags)

@@ -172,6 +172,16 @@ def test_match_and_gates() -> None:
     assert step.excluded_by(calm) is None
 
 
+def test_a_step_matches_an_engine_by_the_name_agents_register() -> None:
+    """Found by a new user: `engine: llama-cpp` (a name --engine takes) matched no agent,
+    which registers as llamacpp, and every request was refused; a typo loaded silently."""
+    text = "routing_policy:\n  match: {engine: Llama-CPP}\n  strategy: least-loaded\n"
+    step = parse_policy(text, "p.yaml", "p", require_models=False).steps[0]
+    assert step.match.accepts(agent(engine="llamacpp"))
+    with pytest.raises(PolicyError, match=r"match.engine: unknown engine \(known: vllm"):
+        parse_policy(text.replace("Llama-CPP", "lamacpp"), "p.yaml", "p", require_models=False)
+
+
 def test_serverless_mode_is_accepted() -> None:
     policy = parse_policy(
         "mode: serverless\nrouting_policy: {strategy: least-loaded}\n",

@@ -197,6 +197,14 @@ def test_unknown_paths_are_404(client: httpx.Client, path: str) -> None:
     assert reply.json()["error"]["code"] == "not_found"
 
 
+def test_a_path_without_its_v1_says_so(client: httpx.Client) -> None:
+    reply = client.post("/chat/completions", json={"model": MODEL})
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+    assert "did you mean /v1/chat/completions?" in reply.json()["error"]["message"]
+    other = client.post("/nothing/here", json={"model": MODEL})
+    assert "did you mean" not in other.json()["error"]["message"]
+
+
 def test_wrong_method_is_405(client: httpx.Client) -> None:
     reply = client.get(CHAT)
     assert reply.status_code == 405

@@ -269,7 +269,11 @@ class Routes:
             raise ApiError(
                 ErrorCode.METHOD_NOT_ALLOWED, f"{path} accepts {', '.join(sorted(allowed))} only"
             )
-        raise ApiError(ErrorCode.NOT_FOUND, f"no route {request.method} {path}")
+        hint = ""
+        if not path.startswith("/v1/") and self._find(request.method, "/v1" + path) is not None:
+            # A client whose base URL left out the /v1 (found by a new user).
+            hint = f" (did you mean /v1{path}? a client's base URL ends in /v1)"
+        raise ApiError(ErrorCode.NOT_FOUND, f"no route {request.method} {path[:PATH_CHARS]}{hint}")
 
 
 def build_app(

@@ -327,8 +327,10 @@ class RouterProcess:
             refusal=TOO_MANY_CONNECTIONS,
             malformed=QuietServerLog("hivenet.http").malformed,
         )
+        flag = "--grpc-port"  # which listener failed, for the message
         try:
             await auth_server.start(cfg.grpc_port.host, cfg.grpc_port.port)
+            flag = "--p2p-port"
             link = await start_site(
                 router.control.link_app(),
                 cfg.p2p_listen_addr,
@@ -342,6 +344,7 @@ class RouterProcess:
             gate = gate_of(link)
             if gate is not None:
                 router.control.admit_link = _promotion(gate, guards["agent links"])
+            flag = "--metrics-port"
             runners.append(
                 await start_site(
                     _metrics_app(router),
@@ -351,9 +354,10 @@ class RouterProcess:
                     refusal=METRICS_REFUSAL,
                 )
             )
+            flag = "--http-port"
             await public.listen(cfg.http_port.host, cfg.http_port.port, reuse_port=cfg.reuse_port)
         except (OSError, RuntimeError) as exc:
-            log.error("cannot listen: %s", exc)
+            log.error("cannot listen (%s): %s", flag, exc)
             await auth_server.stop()
             await public.close()
             for runner in runners:

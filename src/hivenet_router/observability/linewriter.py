@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -110,11 +109,14 @@ class LineWriter:
             fd = os.open(self.path, _FLAGS, self.mode)
         except OSError as exc:
             self.fallback = True
-            print(
-                f"{self.what}: cannot open {self.path}: {exc.strerror or exc} "
-                "— falling back to stdout",
-                file=sys.stderr,
-                flush=True,
+            # Through logging, so that --log-format json keeps every line JSON; and
+            # hivenet_log_fallback says so for as long as it lasts (a collector tailing the
+            # file misses these lines).
+            log.error(
+                "%s: cannot open %s: %s; writing to standard output instead",
+                self.what,
+                self.path,
+                exc.strerror or exc,
             )
             return 1
         self.fallback = False
@@ -229,8 +231,15 @@ class WriterCollector(Collector):
         waiting = GaugeMetricFamily(
             "hivenet_log_lines_buffered", "Lines waiting for the writer thread", labels=labels
         )
+        fallback = GaugeMetricFamily(
+            "hivenet_log_fallback",
+            "1 while a log writer writes to standard output because its file could not be "
+            "opened",
+            labels=labels,
+        )
         for name, writer in self._writers.items():
             written.add_metric([name], writer.written)
             dropped.add_metric([name], writer.dropped)
             waiting.add_metric([name], writer.buffered)
-        yield from (written, dropped, waiting)
+            fallback.add_metric([name], 1.0 if writer.fallback else 0.0)
+        yield from (written, dropped, waiting, fallback)

@@ -14,7 +14,12 @@ from collections.abc import Iterable, Sequence
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+# OpenTelemetry's HTTP server buckets, then on to 30 minutes: an LLM answer often takes
+# longer than their last, 10 s, where every slower one read 10 s.
+DEFAULT_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+    *(30.0, 60.0, 120.0, 300.0, 600.0, 1800.0),
+)
 
 
 class CounterSeries:

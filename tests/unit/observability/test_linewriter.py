@@ -44,19 +44,25 @@ def test_reopen_follows_a_rotated_file(tmp_path: Path) -> None:
     assert path.read_bytes() == b"after\n"
 
 
-def test_a_path_that_cannot_be_opened_falls_back_to_stdout(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+def test_a_path_that_cannot_be_opened_falls_back_to_stdout_and_says_so(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     writer = LineWriter(str(blocker / "audit.jsonl"), what="audit", gather=0.001)
-    writer.put(b'{"line":1}\n')
-    writer.close()
-    out, err = capfd.readouterr()
+    with caplog.at_level(logging.ERROR, logger="hivenet.router"):
+        writer.put(b'{"line":1}\n')
+        writer.close()
+    out, _err = capfd.readouterr()
     assert writer.fallback
     assert out == '{"line":1}\n'
-    assert err.count("audit: cannot open") == 1
-    assert "falling back to stdout" in err
+    # Through logging (a JSON line under --log-format json), once; and as a metric for as
+    # long as it lasts (found by an SRE: a collector tailing the file lost these lines).
+    said = [r.getMessage() for r in caplog.records if "cannot open" in r.getMessage()]
+    assert len(said) == 1 and "writing to standard output instead" in said[0]
+    metrics = WriterCollector({"audit": writer})
+    (family,) = [f for f in metrics.collect() if f.name == "hivenet_log_fallback"]
+    assert [s.value for s in family.samples] == [1.0]
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")

@@ -76,10 +76,18 @@ def _keygen(args: Sequence[str]) -> int:
     parser.add_argument("--tenant", default="my-tenant", help="owner of the key (tenant ID)")
     parser.add_argument("--name", default="", help="label of the key (default: the tenant)")
     options = parse_args(parser, args)
+    from hivenet_router.auth.config import MAX_NAME
+
     tenant = options.tenant
     name = options.name or tenant
-    if not tenant.strip() or len(tenant) > 200:
-        return _fail("hivenet-router keygen", "--tenant must be 1 to 200 characters")
+    if not tenant.strip() or len(tenant) > MAX_NAME or not tenant.isprintable():
+        return _fail(
+            "hivenet-router keygen", f"--tenant must be 1 to {MAX_NAME} printable characters"
+        )
+    if len(name) > MAX_NAME or not name.isprintable():
+        return _fail(
+            "hivenet-router keygen", f"--name must be at most {MAX_NAME} printable characters"
+        )
     key = generate()
     today = datetime.datetime.now(datetime.UTC).strftime("%d-%m-%Y")
     print(f"API key (shown once): {key.raw}")

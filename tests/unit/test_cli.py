@@ -75,7 +75,6 @@ def test_help_never_crashes(
     ("tenant", "name"),
     [
         ('acme "eu"', "C:\\new"),
-        ("line\nbreak", "tab\tand \x7f"),
         ("emoji \U0001f600 and é", "# not a comment: [x], {y}"),
     ],
 )
@@ -89,6 +88,18 @@ def test_keygen_escapes_what_it_writes(
     entry = capsys.readouterr().out.split("(under api.keys):\n\n")[1]
     key = parse_auth("api:\n  mode: api-key\n  keys:\n" + entry, "generated").keys[0]
     assert (key.owner, key.name) == (tenant, name)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--tenant", "line\nbreak"], ["--name", "tab\tand \x7f"], ["--tenant", "t" * 201]]
+)
+def test_keygen_refuses_what_auth_yaml_would(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A tenant or name with a control character, or too long, makes an entry that auth.yaml
+    # refuses (api.keys[].metadata): refused here, where it is typed.
+    assert router_main(["keygen", *argv]) == 2
+    assert "printable characters" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -162,9 +162,10 @@ def _string(value: Any, where: str, required: bool = False) -> str:
     return value
 
 
-# The most characters of a key's owner (its tenant) and name: a tenant owns a wallet
-# (gateway/ledger_admin.MAX_TENANT) and labels metric series, and neither takes more.
-MAX_NAME = 128
+# The most characters of a key's owner (its tenant) and name, as the reference's keygen
+# bounds a tenant: it labels metric series and names a tenant in every record. (A tenant
+# that owns a wallet takes at most 128: gateway/ledger_admin.MAX_TENANT.)
+MAX_NAME = 200
 
 
 def name_field(value: Any, where: str) -> str:

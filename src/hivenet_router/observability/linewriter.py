@@ -233,8 +233,7 @@ class WriterCollector(Collector):
         )
         fallback = GaugeMetricFamily(
             "hivenet_log_fallback",
-            "1 while a log writer writes to standard output because its file could not be "
-            "opened",
+            "1 while a log writer writes to standard output because its file could not be opened",
             labels=labels,
         )
         for name, writer in self._writers.items():

@@ -176,6 +176,10 @@ class MetricsObserver:
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)
 
+    def policy_written(self, ok: bool) -> None:
+        """A policy written through the admin API, meant to apply: a reload by the API."""
+        self.policy_reload.inc(("api", "success" if ok else "error"))
+
     def provider_call(self, provider: str, status: int, seconds: float) -> None:
         self.http_client.observe((provider, str(status)), seconds)
 

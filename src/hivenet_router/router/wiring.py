@@ -301,7 +301,6 @@ def assemble(
     admission = Admission(clock, healthy, ports, cfg.admit_fraction, cfg.admit_park_timeout)
     rate = RequestRate(ports.rates, healthy)
     dispatcher = Dispatcher(registry, clock, dispatch_limits(cfg), policies, shared.providers)
-    relay = Relay(cfg.stream_idle_timeout)
     sessions = Sessions(clock, cfg.session_ttl)
     keeper = HistoryKeeper(registry, store, cfg.universal_flush_interval)
     router = Router(
@@ -312,7 +311,7 @@ def assemble(
         admission=admission,
         daily=daily,
         dispatcher=dispatcher,
-        relay=relay,
+        relay=Relay(cfg.stream_idle_timeout),
         tracing=tracing,
         edge=_edge(shared, observers, tracing),
         public_app=_not_yet,
@@ -351,9 +350,7 @@ def assemble(
             body_timeout=cfg.http_body_timeout,
             sync_view=site.view if site is not None else None,
             site_usage=site.usage if site is not None else None,
-            policy_written=lambda ok: metrics.policy_reload.inc(
-                ("api", "success" if ok else "error")
-            ),
+            policy_written=metrics.policy_written,
         ),
     )
     _gateway(router, cfg, policy_for)

@@ -98,6 +98,7 @@ class Site:
         self._pool_lock = asyncio.Lock()  # grants and the rounds' pool writes, one at a time
         self._round_number = 0
         self._missed = False  # a round failed since the last good one
+        self._primary: object = None  # the primary the Sentinels named at the last good round
         # What the agents this router hears from say: the router IDs each has a session
         # with (None for an agent that does not say). Set by the wiring.
         self.reports: Callable[[], list[tuple[str, ...] | None]] = list
@@ -331,7 +332,14 @@ class Site:
             raise
         self._absorb_days(days.hashes(later, reads.keys[inline:]))
         self.credits.handed_back(holdings)
-        self._succeeded()
+        primary = store.primary_of(self.client)
+        moved = self._primary is not None and primary not in (None, self._primary)
+        self._primary = primary or self._primary
+        if moved:
+            # Not one more command to the old primary: one a failover left up takes writes
+            # until the Sentinels make it a replica, and they are gone then.
+            await self.client.connection_pool.disconnect()
+        self._succeeded(moved)
 
     async def _give_up_the_gone(self, now_ms: int) -> None:
         """Give up a router whose heartbeat stopped when no agent this router hears from
@@ -488,14 +496,22 @@ class Site:
         for key, fields in hashes:
             self.daily.absorb(key, fields, live)
 
-    def _succeeded(self) -> None:
+    def _succeeded(self, moved: bool = False) -> None:
+        """`moved`: the client follows another primary since the last good round. It
+        follows a failover without an error when no command was under way at the wrong
+        moment (it opens a connection the Sentinels closed again, to the new primary),
+        and one the failover left open to an old primary that still answers takes writes
+        there until the Sentinels make it a replica and discard them."""
         self.trouble.answered(len(self.live))
-        if not self.synced and self.ever_synced:
-            # After an outage (a Sentinel failover among them) the store may have lost
-            # writes it had acknowledged: a replica promoted before it had them. Totals
-            # are written whole, so writing every one of today's again heals the store;
-            # a total nobody changes afterwards would otherwise stay lost for good, and
-            # the routers' /admin/usage (read from the store) disagree.
+        if moved:
+            log.warning("the site store's primary changed: today's totals are written again")
+            self._missed = True  # and what the others wrote is read again
+        if (moved or not self.synced) and self.ever_synced:
+            # After an outage or a failover the store may have lost writes it had
+            # acknowledged: a replica promoted before it had them, or an old primary that
+            # took them after another was promoted. Totals are written whole, so writing
+            # every one of today's again heals the store; a total nobody changes afterwards
+            # would otherwise stay lost for good, and the routers' /admin/usage disagree.
             self.daily.store_lost()
         if self._missed:
             # Usage entries may have been trimmed unread meanwhile: read every followed

@@ -259,6 +259,13 @@ def connect(config: RouterConfig) -> tuple[Any, str]:
     return valkey_asyncio.Valkey(host=address.host, port=address.port, **options), "primary"
 
 
+def primary_of(client: Any) -> tuple[Any, Any] | None:
+    """The primary (host, port) a client through Sentinel last found; None for another
+    client, or before it found one."""
+    address = getattr(getattr(client, "connection_pool", None), "master_address", None)
+    return address if isinstance(address, tuple) else None
+
+
 async def control_node(client: Any, keys: Keys) -> dict[str, Any]:
     """On a cluster, the options that send a keyless command (WAIT, TIME) to the primary
     holding the site's control slot; nothing otherwise (one primary)."""

@@ -543,3 +543,30 @@ def test_a_store_error_in_the_log_says_its_cause_not_the_clients_repr() -> None:
     assert "Connection(" not in said and "Connection refused" in said
     assert said.startswith("No master found for 'hivenet' : ...")
     assert len(reason(RuntimeError("x" * 1000))) == REASON_CHARS
+
+
+async def test_a_router_moved_to_another_primary_writes_its_totals_again(
+    make: Maker, flushed: str
+) -> None:
+    """A Sentinel client follows a failover without an error when no command is under way
+    at that moment (it opens a connection the Sentinels closed again, to the new primary),
+    and keeps writing on a connection the failover left open to an old primary still
+    answering, until the Sentinels make it a replica and discard those writes. No round
+    failed, so nothing was written again, and the routers' /admin/usage disagreed for good
+    (the accounting check under a second, spurious failover)."""
+    a = make("a")
+    pool = a.client.connection_pool
+    pool.master_address = ("127.0.0.1", 1)  # as a Sentinel-managed pool names its primary
+    await rounds(a)
+    assert (await a.daily.charge("team", 50, 100)).ok
+    await a.daily.settle("team", 50, 40)
+    await rounds(a)
+    valkey_client = store(flushed)
+    name = a.keys.day(a.daily.day(), "team")
+    valkey_client.hdel(name, "a")  # the writes the old primary took, discarded
+    pool.master_address = ("127.0.0.1", 2)  # the Sentinels named another primary
+    await rounds(a)  # no error: the move is seen
+    assert a.synced
+    await rounds(a)  # and today's totals go out again
+    again = valkey_client.hget(name, "a")
+    assert again is not None and int(again) == 40

@@ -180,19 +180,28 @@ def _measure(decoded: Any) -> tuple[_Tally, int]:
         for message in messages:
             if isinstance(message, dict) and message:
                 _message(message, tally)
-    # A completion's prompt, an embedding's input, a rerank's query: read alike (texts,
-    # token IDs, or batches of either).
-    for field in ("prompt", "input", "query"):
-        prompt = getattr(decoded, field, None)
-        if isinstance(prompt, str):
-            tally.text(prompt)
-        elif isinstance(prompt, list):
-            _prompts(prompt, tally)
-    for field in ("tools", "functions", "documents"):
+    prompt = getattr(decoded, "prompt", None)
+    if isinstance(prompt, str):
+        tally.text(prompt)
+    elif isinstance(prompt, list):
+        _prompts(prompt, tally)
+    # An embedding's input, a rerank's query and documents: their size feeds the input
+    # estimate (the daily budget holds it), and no piece (no prefix cache to route to).
+    for field in ("input", "query", "documents"):
+        value = getattr(decoded, field, None)
+        if isinstance(value, str | list):
+            sized = _Tally()
+            sized.room = 0
+            if isinstance(value, str):
+                sized.text(value)
+            else:
+                _prompts(value, sized)
+            tally.text_bytes += sized.text_bytes
+        elif isinstance(value, msgspec.Raw):  # vLLM's chat documents, kept raw
+            tally.text_bytes += len(value)
+    for field in ("tools", "functions"):
         raw = getattr(decoded, field, None)
-        if isinstance(raw, list):  # a rerank's documents, decoded
-            _prompts(raw, tally)
-        elif raw is not None:
+        if raw is not None:
             tally.text_bytes += len(raw)
     return tally, count
 

@@ -505,6 +505,15 @@ async def test_a_bucket_idle_for_rounds_gets_its_share_of_what_the_site_has_left
     assert 1990 <= taken <= 2100
 
 
+async def _spend_forty(a: Site, flushed: str) -> tuple[Any, str]:
+    """Router `a` settles 40 tokens of team's day and writes them: the store's client and
+    the day's key."""
+    assert (await a.daily.charge("team", 50, 100)).ok
+    await a.daily.settle("team", 50, 40)
+    await rounds(a)
+    return store(flushed), a.keys.day(a.daily.day(), "team")
+
+
 async def test_after_an_outage_a_router_writes_its_totals_again(make: Maker, flushed: str) -> None:
     """A failover can promote a replica that missed writes it had acknowledged. Totals are
     written whole, only when they change: one nobody changes afterwards stayed lost, and
@@ -512,11 +521,7 @@ async def test_after_an_outage_a_router_writes_its_totals_again(make: Maker, flu
     check under a Sentinel failover)."""
     a = make("a")
     await rounds(a)
-    assert (await a.daily.charge("team", 50, 100)).ok
-    await a.daily.settle("team", 50, 40)
-    await rounds(a)
-    valkey_client = store(flushed)
-    name = a.keys.day(a.daily.day(), "team")
+    valkey_client, name = await _spend_forty(a, flushed)
     written = valkey_client.hget(name, "a")
     assert written is not None and int(written) == 40
     valkey_client.hdel(name, "a")  # what the promoted replica never had
@@ -558,11 +563,7 @@ async def test_a_router_moved_to_another_primary_writes_its_totals_again(
     pool = a.client.connection_pool
     pool.master_address = ("127.0.0.1", 1)  # as a Sentinel-managed pool names its primary
     await rounds(a)
-    assert (await a.daily.charge("team", 50, 100)).ok
-    await a.daily.settle("team", 50, 40)
-    await rounds(a)
-    valkey_client = store(flushed)
-    name = a.keys.day(a.daily.day(), "team")
+    valkey_client, name = await _spend_forty(a, flushed)
     valkey_client.hdel(name, "a")  # the writes the old primary took, discarded
     pool.master_address = ("127.0.0.1", 2)  # the Sentinels named another primary
     await rounds(a)  # no error: the move is seen

@@ -273,13 +273,16 @@ def test_agent_sigterm_lets_its_streams_finish_and_takes_nothing_new(
     gives what it has in flight up to --shutdown-grace: the stream ends whole, a new request
     goes elsewhere (here nowhere: 503), and the agent exits 0 once the stream is done."""
     router = make_cluster.router()
-    sim = make_cluster.sim(MODEL, "--itl", "50ms", "--ttft-base", "0")
+    sim = make_cluster.sim(MODEL, "--itl", "100ms", "--ttft-base", "0")
     agent = make_cluster.agent(router, sim)
     wait_registered(router, MODEL)
-    body = {**CHAT, "max_tokens": 60, "stream": True}  # about 3 s of tokens
-    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=20) as reply:
+    body = {**CHAT, "max_tokens": 20, "stream": True}
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=30) as reply:
         lines = reply.iter_lines()
         next(lines)
+        # The stream all but paused (3 s a token) while the checks below run, however slow
+        # the machine, then let go: it must still be running when they look.
+        sim.set_faults(slowdown=30)
         agent.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         # The router hears it from the next heartbeat, sent at once: out of the pool.
         wait_until(lambda: router.healthy_replicas(MODEL) == 0, timeout=5)
@@ -293,6 +296,7 @@ def test_agent_sigterm_lets_its_streams_finish_and_takes_nothing_new(
         assert agent.alive  # still carrying the stream
         refused = httpx.post(router.url + "/v1/chat/completions", json=CHAT, timeout=10)
         assert refused.json()["error"]["code"] == "no_agents_available", refused.text
+        sim.set_faults(slowdown=1)  # within the 25 s grace: the stream ends whole
         rest = "\n".join(lines)
     assert rest.rstrip().endswith("data: [DONE]"), rest[-300:]
     agent.popen.wait(timeout=10)  # type: ignore[union-attr]

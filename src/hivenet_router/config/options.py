@@ -205,15 +205,13 @@ def load(
     for name, spec in specs(config_type):
         raw = getattr(namespace, name, None)
         origin = spec.flag or ""
-        if raw is None and spec.env is not None:
-            variable = spec.env if spec.env in environ else None
-            if variable is not None:
-                raw = environ[variable]
-                origin = f"{variable} (environment)"
-                if spec.flag:
-                    origin = f"{spec.flag} / {variable} (environment)"
-                if not raw.strip() and not _takes(spec, raw):
-                    continue  # blank: unset, as the Go router reads it
+        if raw is None and spec.env is not None and spec.env in environ:
+            raw = environ[spec.env]
+            origin = f"{spec.env} (environment)"
+            if spec.flag:
+                origin = f"{spec.flag} / {spec.env} (environment)"
+            if not raw.strip() and not _takes(spec, raw):
+                continue  # blank: unset, as the Go router reads it
         if raw is None:
             continue
         try:

@@ -224,9 +224,12 @@ class Answer:
             return None
         reported = self._reported or meter.reported()
         if reported is not None and reported[1] is not None:
-            # An input the stream did not report (its start not found) is the estimate.
-            prompt = reported[0] if reported[0] is not None else self.input_estimate
-            return Usage(prompt, reported[1])
+            if reported[0] is None:
+                # An input the stream did not report (its start not found) is the estimate,
+                # which admission must not learn from as if an engine had counted it.
+                self.usage_estimated = True
+                return Usage(self.input_estimate, reported[1])
+            return Usage(reported[0], reported[1])
         # No output count: counted from the events or the text relayed, the input as
         # reported or estimated.
         self.usage_estimated = True

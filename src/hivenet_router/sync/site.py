@@ -98,7 +98,7 @@ class Site:
         self._pool_lock = asyncio.Lock()  # grants and the rounds' pool writes, one at a time
         self._round_number = 0
         self._missed = False  # a round failed since the last good one
-        self._primary: object = None  # the primary the Sentinels named at the last good round
+        self._primary: tuple[Any, Any] | None = None  # the Sentinels' pick, last good round
         # What the agents this router hears from say: the router IDs each has a session
         # with (None for an agent that does not say). Set by the wiring.
         self.reports: Callable[[], list[tuple[str, ...] | None]] = list

@@ -420,6 +420,7 @@ async def test_an_anthropic_stream_whose_start_is_lost_counts_the_estimate_not_z
         meter.feed(chunk)
     await answer.close(Outcome.OK)
     assert answer.usage == Usage(77, 20)
+    assert answer.usage_estimated  # so admission's estimator does not learn from itself
 
 
 def test_a_line_is_never_read_across_the_chunks_dropped_between_head_and_tail() -> None:
